@@ -1,0 +1,158 @@
+package workspace
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"path"
+	"strings"
+
+	"github.com/bmatcuk/doublestar/v4"
+)
+
+// WalkRequest asks for the entries of a tree.
+type WalkRequest struct {
+	// Dir is where the walk starts, a workspace name; "" is the root. When Dir
+	// is a file the walk yields that file alone (if it matches).
+	Dir string
+	// Pattern selects entries by their name relative to the workspace root
+	// (see GlobMatch); "" selects every entry.
+	Pattern string
+	// Exclude names directories and files the walk skips (the start itself is
+	// never skipped).
+	Exclude Exclude
+	// FilesOnly leaves directories out of the result (they are still entered).
+	FilesOnly bool
+	// Limit stops the walk after that many entries, with Truncated set; zero
+	// means no limit.
+	Limit int
+}
+
+// WalkEntry is one entry a walk found.
+type WalkEntry struct {
+	// Path is the entry's workspace name.
+	Path string
+	// Type is the entry's type bits (fs.ModeDir, fs.ModeSymlink, …; 0 for a
+	// regular file), as fs.DirEntry.Type reports them.
+	Type fs.FileMode
+}
+
+// WalkResult is what a walk found, in walk order: depth first, each
+// directory's entries sorted by name (the order of fs.WalkDir).
+type WalkResult struct {
+	Entries []WalkEntry
+	// Truncated says the walk stopped at the request's Limit with more to go.
+	Truncated bool
+}
+
+// Walk lists a tree: through the adapter's WalkFS when it has one, otherwise
+// with WalkGeneric. A walk never follows a symbolic link into a directory and
+// never enters an excluded name. Directories it cannot read below the start
+// are skipped; a start that cannot be read fails the walk.
+func Walk(ctx context.Context, fsys FileSystem, req WalkRequest) (WalkResult, error) {
+	if w, ok := fsys.(WalkFS); ok {
+		return w.Walk(ctx, req)
+	}
+	return WalkGeneric(ctx, fsys, req)
+}
+
+// WalkGeneric is Walk over the core FileSystem methods alone. Adapters that
+// implement WalkFS may call it; the conformance kit compares the two.
+func WalkGeneric(ctx context.Context, fsys FileSystem, req WalkRequest) (WalkResult, error) {
+	start := req.Dir
+	if start == "" {
+		start = "."
+	}
+	if req.Pattern != "" && !doublestar.ValidatePattern(req.Pattern) {
+		return WalkResult{}, PathError("walk", req.Pattern, ErrInvalidArgument)
+	}
+	info, err := fsys.Lstat(ctx, start)
+	if err != nil {
+		return WalkResult{}, err
+	}
+	w := walker{ctx: ctx, fsys: fsys, req: req}
+	if !info.IsDir() {
+		if info.Mode()&fs.ModeSymlink != 0 {
+			// A link named as the start is followed once, as a user would expect.
+			if ti, err := fsys.Stat(ctx, start); err == nil && ti.IsDir() {
+				return w.result(w.dir(start))
+			}
+		}
+		w.visit(start, info.Mode().Type())
+		return w.result(nil)
+	}
+	return w.result(w.dir(start))
+}
+
+type walker struct {
+	ctx  context.Context
+	fsys FileSystem
+	req  WalkRequest
+	out  WalkResult
+}
+
+var errWalkDone = errors.New("walk limit reached")
+
+func (w *walker) result(err error) (WalkResult, error) {
+	if err != nil && err != errWalkDone {
+		return WalkResult{}, err
+	}
+	return w.out, nil
+}
+
+// visit records an entry; it returns errWalkDone when the limit is passed.
+func (w *walker) visit(name string, typ fs.FileMode) error {
+	if w.req.FilesOnly && typ.IsDir() {
+		return nil
+	}
+	if w.req.Pattern != "" && !GlobMatch(w.req.Pattern, name) {
+		return nil
+	}
+	if w.req.Limit > 0 && len(w.out.Entries) >= w.req.Limit {
+		w.out.Truncated = true
+		return errWalkDone
+	}
+	w.out.Entries = append(w.out.Entries, WalkEntry{Path: name, Type: typ})
+	return nil
+}
+
+func (w *walker) dir(name string) error {
+	if err := w.ctx.Err(); err != nil {
+		return err
+	}
+	entries, err := w.fsys.ReadDir(w.ctx, name)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		child := path.Join(name, e.Name())
+		if w.req.Exclude.Skip(child) {
+			continue
+		}
+		if err := w.visit(child, e.Type()); err != nil {
+			return err
+		}
+		if e.IsDir() { // a link to a directory is not IsDir: never entered
+			if err := w.dir(child); err != nil {
+				if err == errWalkDone || w.ctx.Err() != nil {
+					return err
+				}
+				// an unreadable directory below the start is skipped
+			}
+		}
+	}
+	return nil
+}
+
+// GlobMatch reports whether a workspace name matches a doublestar pattern
+// written relative to the workspace root. A pattern without a slash matches
+// the base name at any depth ("*.go" matches "a/b/c.go"); a leading "./" or
+// "/" is ignored. An invalid pattern matches nothing.
+func GlobMatch(pattern, name string) bool {
+	pattern = strings.TrimPrefix(strings.TrimPrefix(pattern, "./"), "/")
+	if !strings.Contains(pattern, "/") {
+		name = path.Base(name)
+	}
+	ok, _ := doublestar.Match(pattern, name)
+	return ok
+}

@@ -1,0 +1,286 @@
+package tools
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"path"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/sandboxd/sandboxd/workspace"
+)
+
+// BashResult is the structured content of bash. A command that exits
+// non-zero, is killed or times out is a BashResult, not a failure.
+type BashResult struct {
+	ExitCode int    `json:"exitCode"` // -1 when killed by a signal
+	Signal   string `json:"signal"`   // "" when none
+	TimedOut bool   `json:"timedOut"`
+	// Output is the kept tail of stdout and stderr, interleaved as they
+	// arrived: the last maxLines lines or maxBytes bytes.
+	Output    string `json:"output"`
+	Truncated bool   `json:"truncated"`
+	// OutputPath is where the whole output was saved (relative to the
+	// workspace root), or "" when Output is all of it.
+	OutputPath string `json:"outputPath"`
+	// OutputBytes is the size of the whole output; SavedBytes how much of it
+	// OutputPath holds (less when it was over maxFileBytes).
+	OutputBytes int64 `json:"outputBytes"`
+	SavedBytes  int64 `json:"savedBytes,omitempty"`
+	DurationMs  int64 `json:"durationMs"`
+}
+
+func (s *Set) bash(ctx context.Context, args json.RawMessage, c *call) (Result, error) {
+	var p struct {
+		Command string   `json:"command"`
+		Timeout *float64 `json:"timeout"`
+		Stdin   *string  `json:"stdin"`
+	}
+	if err := decodeArgs(args, &p); err != nil {
+		return Result{}, err
+	}
+	if strings.TrimSpace(p.Command) == "" {
+		return Result{}, invalid("command is required")
+	}
+	timeout := time.Duration(s.cfg.BashTimeoutMs) * time.Millisecond
+	if p.Timeout != nil {
+		maxS := float64(s.cfg.BashMaxTimeoutMs) / 1000
+		switch t := *p.Timeout; {
+		case t <= 0:
+			return Result{}, invalid("timeout must be a positive number of seconds, got %v", t)
+		case t > maxS:
+			return Result{}, invalid("timeout %vs is over the %vs a command may ask for", t, maxS)
+		default:
+			timeout = time.Duration(t * float64(time.Second))
+		}
+	}
+	cmd := workspace.Command{Script: p.Command, Env: s.commandEnv(c), Timeout: timeout}
+	if p.Stdin != nil {
+		cmd.Stdin = strings.NewReader(*p.Stdin)
+	}
+	out := newCapture(s.cfg.MaxFileBytes, s.cfg.MaxBytes)
+	cmd.Output = out.write
+	var stop func()
+	if c.opts.Progress != nil {
+		stop = out.publish(time.Duration(s.cfg.ProgressMs)*time.Millisecond, func(stream, text string) {
+			c.opts.Progress(Progress{Tool: c.tool, Stream: stream, Text: text})
+		})
+	}
+	res, err := s.env.Bash.Run(ctx, cmd)
+	if stop != nil {
+		stop()
+	}
+	if err != nil {
+		return Result{}, err
+	}
+	r := &BashResult{
+		ExitCode: res.ExitCode, Signal: res.Signal, TimedOut: res.TimedOut,
+		OutputBytes: out.total, DurationMs: res.Duration.Milliseconds(),
+	}
+	tail, tailLines := out.tail(s.cfg.MaxLines, s.cfg.MaxBytes)
+	r.Output = tail
+	var notes []string
+	if int64(len(tail)) < out.total {
+		r.Truncated = true
+		saved, err := s.saveOutput(ctx, out.all)
+		if err != nil {
+			notes = append(notes, fmt.Sprintf("[Output cut to its last %d lines (%s of %s); saving the whole output failed: %v]", tailLines, kb(int64(len(tail))), kb(out.total), err))
+		} else {
+			r.OutputPath, r.SavedBytes = saved, int64(len(out.all))
+			note := fmt.Sprintf("[Output cut to its last %d lines (%s of %s). The whole output is in %s; read it with read or grep.]", tailLines, kb(int64(len(tail))), kb(out.total), saved)
+			if r.SavedBytes < out.total {
+				note = fmt.Sprintf("[Output cut to its last %d lines (%s of %s). Its first %s is in %s; the rest was over maxFileBytes and was not saved.]", tailLines, kb(int64(len(tail))), kb(out.total), kb(r.SavedBytes), saved)
+			}
+			notes = append(notes, note)
+		}
+	}
+	switch {
+	case res.TimedOut:
+		notes = append(notes, fmt.Sprintf("[Timed out after %v: the command and everything it started were killed.]", timeout))
+	case res.Signal != "":
+		notes = append(notes, fmt.Sprintf("[Killed by signal %s.]", res.Signal))
+	default:
+		notes = append(notes, fmt.Sprintf("[Exit code %d.]", res.ExitCode))
+	}
+	text := tail
+	if text == "" {
+		text = "(no output)"
+	}
+	if !strings.HasSuffix(text, "\n") {
+		text += "\n"
+	}
+	return Result{Text: text + "\n" + strings.Join(notes, "\n"), Structured: r}, nil
+}
+
+// commandEnv is what a command gets on top of the adapter's base
+// environment: the session's variables, bashEnv, and the SANDBOXD_*
+// variables when bashSessionEnv is set.
+func (s *Set) commandEnv(c *call) map[string]string {
+	env := maps.Clone(s.env.Session.Vars)
+	if env == nil {
+		env = map[string]string{}
+	}
+	maps.Copy(env, s.cfg.BashEnv)
+	if s.cfg.BashSessionEnv {
+		env["SANDBOXD_SESSION_ID"] = s.env.Session.ID
+		env["SANDBOXD_RUN_ID"] = c.runID
+		env["SANDBOXD_WORKSPACE"] = s.root
+	}
+	return env
+}
+
+// saveOutput writes a command's whole output to a new file of the spill
+// directory, removes all but the newest spillKeep there, and returns the
+// file's workspace name.
+func (s *Set) saveOutput(ctx context.Context, data []byte) (string, error) {
+	dir := path.Clean(s.cfg.SpillDir)
+	if err := workspace.MkdirAll(ctx, s.env.FS, dir, 0o755); err != nil {
+		return "", err
+	}
+	var rnd [4]byte
+	_, _ = rand.Read(rnd[:])
+	name := path.Join(dir, "bash-"+time.Now().UTC().Format("20060102-150405.000000000")+"-"+hex.EncodeToString(rnd[:])+".log")
+	if err := s.env.FS.WriteFile(ctx, name, data, 0o644); err != nil {
+		return "", err
+	}
+	s.spill.Lock()
+	defer s.spill.Unlock()
+	entries, err := s.env.FS.ReadDir(ctx, dir)
+	if err != nil {
+		return name, nil // saved; pruning waits for the next time
+	}
+	var spills []string // sorted by name, which is by time
+	for _, e := range entries {
+		if n := e.Name(); e.Type().IsRegular() && strings.HasPrefix(n, "bash-") && strings.HasSuffix(n, ".log") {
+			spills = append(spills, n)
+		}
+	}
+	for _, n := range spills[:max(0, len(spills)-s.cfg.SpillKeep)] {
+		if err := s.env.FS.Remove(ctx, path.Join(dir, n)); err != nil && !errors.Is(err, workspace.ErrNotFound) {
+			break
+		}
+	}
+	return name, nil
+}
+
+// capture gathers a command's output: all of it up to a cap, its tail, and
+// what is pending publication as progress.
+type capture struct {
+	mu       sync.Mutex
+	all      []byte // the first max bytes
+	max      int64
+	total    int64
+	last     []byte // the last keep bytes at least (all of them while few)
+	keep     int
+	pending  [3][]byte // by workspace.Stream, while publishing
+	progress bool
+}
+
+func newCapture(max int64, keep int) *capture {
+	return &capture{max: max, keep: keep}
+}
+
+func (c *capture) write(s workspace.Stream, p []byte) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.total += int64(len(p))
+	if room := c.max - int64(len(c.all)); room > 0 {
+		c.all = append(c.all, p[:min(int64(len(p)), room)]...)
+	}
+	c.last = append(c.last, p...)
+	if len(c.last) > 2*c.keep {
+		c.last = append(c.last[:0], c.last[len(c.last)-c.keep:]...)
+	}
+	if c.progress && (s == workspace.Stdout || s == workspace.Stderr) {
+		c.pending[s] = append(c.pending[s], p...)
+	}
+}
+
+// tail returns the last maxLines lines within maxBytes of the output, cut
+// to whole runes, and how many lines that is.
+func (c *capture) tail(maxLines, maxBytes int) (string, int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	src := c.last
+	t := src[max(0, len(src)-maxBytes):]
+	body := t
+	if len(body) > 0 && body[len(body)-1] == '\n' {
+		body = body[:len(body)-1]
+	}
+	lines := 0
+	for i := len(body) - 1; i >= 0; i-- {
+		if body[i] == '\n' {
+			if lines++; lines == maxLines {
+				t = t[i+1:]
+				break
+			}
+		}
+	}
+	if int64(len(t)) < c.total {
+		for len(t) > 0 && !utf8.RuneStart(t[0]) { // do not start inside a rune
+			t = t[1:]
+		}
+	}
+	n := bytes.Count(t, []byte("\n"))
+	if len(t) > 0 && t[len(t)-1] != '\n' {
+		n++
+	}
+	return string(t), n
+}
+
+// publish sends pending output to emit every interval, one event per stream
+// with something new, until the returned stop function is called; stop
+// sends what is left and returns once emit is done. Only whole runes are
+// sent: a rune split between two writes waits for its end.
+func (c *capture) publish(interval time.Duration, emit func(stream, text string)) (stop func()) {
+	c.mu.Lock()
+	c.progress = true
+	c.mu.Unlock()
+	var emitMu sync.Mutex
+	flush := func(final bool) {
+		emitMu.Lock()
+		defer emitMu.Unlock()
+		for _, s := range []workspace.Stream{workspace.Stdout, workspace.Stderr} {
+			c.mu.Lock()
+			p := c.pending[s]
+			n := len(p)
+			if !final {
+				n = validPrefix(p)
+			}
+			text := string(p[:n])
+			c.pending[s] = append(p[:0], p[n:]...)
+			c.mu.Unlock()
+			if text != "" {
+				emit(s.String(), strings.ToValidUTF8(text, "\uFFFD"))
+			}
+		}
+	}
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-t.C:
+				flush(false)
+			case <-done:
+				return
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-finished
+		flush(true)
+	}
+}

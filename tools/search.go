@@ -1,0 +1,259 @@
+package tools
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/bmatcuk/doublestar/v4"
+	"github.com/sandboxd/sandboxd/workspace"
+)
+
+// LsResult is the structured content of ls.
+type LsResult struct {
+	Path      string   `json:"path"`
+	Entries   []string `json:"entries"` // directories end in "/", links in "@"
+	Truncated bool     `json:"truncated"`
+}
+
+// FindResult is the structured content of find.
+type FindResult struct {
+	Paths     []string `json:"paths"` // relative to the workspace root
+	Truncated bool     `json:"truncated"`
+}
+
+// GrepMatch is one line grep found: a match, or a line of context.
+type GrepMatch struct {
+	Path string `json:"path"`
+	Line int    `json:"line"`
+	Text string `json:"text"`
+}
+
+// GrepResult is the structured content of grep. Matches are the matching
+// lines; Context the lines around them that the context argument asked for.
+type GrepResult struct {
+	Matches   []GrepMatch `json:"matches"`
+	Context   []GrepMatch `json:"context,omitempty"`
+	Truncated bool        `json:"truncated"`
+}
+
+// listArgs are the arguments ls, find and grep share.
+type listArgs struct {
+	Path  string `json:"path"`
+	Limit *int   `json:"limit"`
+}
+
+// limit applies a call's limit under the configured cap.
+func (a listArgs) limit(max int) (int, error) {
+	if a.Limit == nil {
+		return max, nil
+	}
+	if *a.Limit < 1 {
+		return 0, invalid("limit must be at least 1, got %d", *a.Limit)
+	}
+	return min(*a.Limit, max), nil
+}
+
+// capOutput keeps the lines that fit in maxLines and maxBytes.
+func (s *Set) capOutput(lines []string) (kept int, cut bool) {
+	size := 0
+	for i, l := range lines {
+		size += len(l) + 1
+		if i >= s.cfg.MaxLines || size > s.cfg.MaxBytes {
+			return i, true
+		}
+	}
+	return len(lines), false
+}
+
+func (s *Set) outputCutNote() string {
+	return fmt.Sprintf("[Output cut to %d lines or %s.", s.cfg.MaxLines, kb(int64(s.cfg.MaxBytes)))
+}
+
+func (s *Set) ls(ctx context.Context, args json.RawMessage, _ *call) (Result, error) {
+	var p listArgs
+	if err := decodeArgs(args, &p); err != nil {
+		return Result{}, err
+	}
+	limit, err := p.limit(s.cfg.LsEntries)
+	if err != nil {
+		return Result{}, err
+	}
+	name, err := s.resolve(p.Path)
+	if err != nil {
+		return Result{}, err
+	}
+	entries, err := s.env.FS.ReadDir(ctx, name)
+	if err != nil {
+		return Result{}, err
+	}
+	r := &LsResult{Path: name, Entries: []string{}}
+	for _, e := range entries[:min(len(entries), limit)] {
+		n := e.Name()
+		switch {
+		case e.Type()&fs.ModeSymlink != 0:
+			n += "@"
+		case e.IsDir():
+			n += "/"
+		}
+		r.Entries = append(r.Entries, n)
+	}
+	r.Truncated = len(entries) > limit
+	text := strings.Join(r.Entries, "\n")
+	switch {
+	case len(entries) == 0:
+		text = "(empty directory)"
+	case r.Truncated:
+		text += fmt.Sprintf("\n\n[Showing %d of %d entries. Use find with a pattern to narrow the listing.]", limit, len(entries))
+	}
+	return Result{Text: text, Structured: r}, nil
+}
+
+func (s *Set) find(ctx context.Context, args json.RawMessage, _ *call) (Result, error) {
+	var p struct {
+		listArgs
+		Pattern string `json:"pattern"`
+	}
+	if err := decodeArgs(args, &p); err != nil {
+		return Result{}, err
+	}
+	if p.Pattern == "" {
+		return Result{}, invalid("pattern is required (e.g. **/*.go)")
+	}
+	if !doublestar.ValidatePattern(strings.TrimPrefix(p.Pattern, "/")) {
+		return Result{}, invalid("pattern %q is not a valid glob", p.Pattern)
+	}
+	limit, err := p.limit(s.cfg.FindResults)
+	if err != nil {
+		return Result{}, err
+	}
+	name, err := s.resolve(p.Path)
+	if err != nil {
+		return Result{}, err
+	}
+	w, err := workspace.Walk(ctx, s.env.FS, workspace.WalkRequest{
+		Dir: name, Pattern: p.Pattern, Exclude: s.cfg.Exclude, FilesOnly: true, Limit: limit,
+	})
+	if err != nil {
+		return Result{}, err
+	}
+	paths := make([]string, len(w.Entries))
+	for i, e := range w.Entries {
+		paths[i] = e.Path
+	}
+	kept, cut := s.capOutput(paths)
+	r := &FindResult{Paths: paths[:kept], Truncated: w.Truncated || cut}
+	if len(paths) == 0 {
+		return Result{Text: fmt.Sprintf("No files found matching %s.", p.Pattern), Structured: r}, nil
+	}
+	text := strings.Join(r.Paths, "\n")
+	switch {
+	case cut:
+		text += fmt.Sprintf("\n\n%s Showing %d paths; there are more. Narrow the pattern or the path.]", s.outputCutNote(), kept)
+	case w.Truncated:
+		text += fmt.Sprintf("\n\n[Showing the first %d paths; there are more. Narrow the pattern or the path.]", limit)
+	}
+	return Result{Text: text, Structured: r}, nil
+}
+
+func (s *Set) grep(ctx context.Context, args json.RawMessage, _ *call) (Result, error) {
+	var p struct {
+		listArgs
+		Pattern    string `json:"pattern"`
+		Glob       string `json:"glob"`
+		IgnoreCase bool   `json:"ignoreCase"`
+		Literal    bool   `json:"literal"`
+		Context    int    `json:"context"`
+	}
+	if err := decodeArgs(args, &p); err != nil {
+		return Result{}, err
+	}
+	if p.Pattern == "" {
+		return Result{}, invalid("pattern is required")
+	}
+	if p.Context < 0 {
+		return Result{}, invalid("context must not be negative, got %d", p.Context)
+	}
+	if p.Glob != "" && !doublestar.ValidatePattern(strings.TrimPrefix(p.Glob, "/")) {
+		return Result{}, invalid("glob %q is not a valid glob", p.Glob)
+	}
+	limit, err := p.limit(s.cfg.GrepMatches)
+	if err != nil {
+		return Result{}, err
+	}
+	name, err := s.resolve(p.Path)
+	if err != nil {
+		return Result{}, err
+	}
+	info, err := s.env.FS.Stat(ctx, name)
+	if err != nil {
+		return Result{}, err
+	}
+	if !info.IsDir() {
+		if _, err := s.regularFile(ctx, name, "grep"); err != nil {
+			return Result{}, err
+		}
+	}
+	g, err := workspace.Grep(ctx, s.env.FS, workspace.GrepRequest{
+		Pattern: p.Pattern, Literal: p.Literal, IgnoreCase: p.IgnoreCase, Dir: name, Glob: p.Glob,
+		Exclude: s.cfg.Exclude, Context: p.Context, Limit: limit,
+		MaxLineChars: s.cfg.GrepLineChars, MaxFileBytes: s.cfg.MaxFileBytes,
+	})
+	if err != nil {
+		if pe, ok := err.(*workspace.PatternError); ok {
+			return Result{}, invalid("pattern %q is not a valid Go (RE2) regular expression: %v", p.Pattern, pe.Err)
+		}
+		return Result{}, err
+	}
+	r := &GrepResult{Matches: []GrepMatch{}}
+	lines := make([]string, 0, len(g.Lines))
+	longLines := false
+	for i, l := range g.Lines {
+		if p.Context > 0 && i > 0 && (l.Path != g.Lines[i-1].Path || l.Line != g.Lines[i-1].Line+1) {
+			lines = append(lines, "--")
+		}
+		sep := "-"
+		if l.Match {
+			sep = ":"
+		}
+		lines = append(lines, l.Path+sep+strconv.Itoa(l.Line)+sep+l.Text)
+		longLines = longLines || utf8.RuneCountInString(l.Text) >= s.cfg.GrepLineChars
+	}
+	kept, cut := s.capOutput(lines)
+	shown := 0 // grep lines behind the kept output lines
+	for _, l := range lines[:kept] {
+		if l != "--" {
+			shown++
+		}
+	}
+	for _, l := range g.Lines[:shown] {
+		m := GrepMatch{Path: l.Path, Line: l.Line, Text: l.Text}
+		if l.Match {
+			r.Matches = append(r.Matches, m)
+		} else {
+			r.Context = append(r.Context, m)
+		}
+	}
+	r.Truncated = g.Truncated || cut
+	if g.Matches == 0 {
+		return Result{Text: "No matches found.", Structured: r}, nil
+	}
+	text := strings.Join(lines[:kept], "\n")
+	var notes []string
+	if cut {
+		notes = append(notes, fmt.Sprintf("%s Showing %d of the matching lines; narrow the pattern, path or glob.]", s.outputCutNote(), len(r.Matches)))
+	} else if g.Truncated {
+		notes = append(notes, fmt.Sprintf("[Stopped at %d matches; there are more. Narrow the pattern, path or glob.]", limit))
+	}
+	if longLines {
+		notes = append(notes, fmt.Sprintf("[Lines are cut to %d characters; read the file for whole lines.]", s.cfg.GrepLineChars))
+	}
+	if len(notes) > 0 {
+		text += "\n\n" + strings.Join(notes, "\n")
+	}
+	return Result{Text: text, Structured: r}, nil
+}

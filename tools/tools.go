@@ -1,0 +1,430 @@
+// Package tools is the workspace tool layer: read, ls, find, grep, write,
+// edit and bash over any workspace.FileSystem and workspace.Bash, with the
+// skills, grants, guardrails and limits of the contract.
+//
+// It is a Go library first. A host builds a Set over its adapters and calls
+// tools by name with JSON arguments; MCP serving (sandboxd mcp) is one such
+// host:
+//
+//	set, err := tools.New(tools.Env{FS: fsys, Bash: sh, Session: sess}, tools.DefaultConfig())
+//	res := set.Call(ctx, "grep", json.RawMessage(`{"pattern":"TODO"}`), tools.CallOptions{})
+//	fmt.Println(res.Text) // for the model; res.Structured is for programs
+//
+// A failure is a Result too (IsError, with Structured an *ErrorResult naming
+// the kind), so a model can read it and correct itself. A Set is safe for
+// concurrent use.
+package tools
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"path"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/sandboxd/sandboxd/workspace"
+)
+
+// Env is what a tool set works on.
+type Env struct {
+	// FS is the workspace's files. Required.
+	FS workspace.FileSystem
+	// Bash runs commands in the workspace. When nil, the bash tool is left
+	// out of the catalogue (and "shell" in Config.Always is an error).
+	Bash workspace.Bash
+	// Session names the session; Session.Root is the workspace root as an
+	// absolute path ("/workspace" when empty), against which paths the model
+	// writes are resolved.
+	Session workspace.Session
+}
+
+// Tool describes one tool of the catalogue; it marshals to the shape of
+// `sandboxd tools --json`.
+type Tool struct {
+	Name        string          `json:"name"`
+	Skill       string          `json:"skill"`
+	Active      bool            `json:"active"`
+	Description string          `json:"description"`
+	InputSchema json.RawMessage `json:"inputSchema"`
+}
+
+// Skill describes one skill of the catalogue.
+type Skill struct {
+	Name        string   `json:"name"`            // "workspace.edit"
+	Grant       string   `json:"grant,omitempty"` // the grant it needs, if any
+	Granted     bool     `json:"granted"`
+	Active      bool     `json:"active"`
+	Tools       []string `json:"tools"`
+	Description string   `json:"description"`
+}
+
+// CallOptions are the per-call hooks of Call.
+type CallOptions struct {
+	// RunID names the run (an agent's turn) the call belongs to: calls are
+	// counted per run against maxCallsPerRun, and bash sees it as
+	// SANDBOXD_RUN_ID. Empty means Env.Session.RunID.
+	RunID string
+	// Progress, when set, receives bash output while the command runs: one
+	// event per stream every progressMs that the stream wrote something.
+	// Calls are serial, never concurrent, and end before Call returns.
+	Progress func(Progress)
+	// ToolsChanged, when set, is called after load_skill changed which tools
+	// are active (an MCP server sends tools/list_changed).
+	ToolsChanged func()
+}
+
+// Progress is a run of output from one stream of a running command.
+type Progress struct {
+	Tool   string `json:"tool"`
+	Stream string `json:"stream"` // "stdout" or "stderr"
+	Text   string `json:"text"`
+}
+
+// Result is what a call gives back: Text for the model, Structured for
+// programs (one of the *Result types of this package, or *ErrorResult when
+// IsError), and Image for read of an image.
+type Result struct {
+	Text       string
+	Structured any
+	Image      *Image
+	IsError    bool
+}
+
+// Image is an image for the model.
+type Image struct {
+	MIMEType string
+	Data     []byte
+}
+
+// Error kinds of the tool layer itself, besides the workspace kinds
+// (workspace.Kind names: NotFound, OutsideWorkspace, Protected, …).
+const (
+	// KindCapabilityForbidden: load_skill for a skill whose grant is missing.
+	KindCapabilityForbidden = "capability.forbidden"
+	// KindToolUnavailable: the tool is not registered, or its skill is not
+	// active yet (load it with load_skill).
+	KindToolUnavailable = "ToolUnavailable"
+	// KindCallLimit: the run made maxCallsPerRun calls already.
+	KindCallLimit = "CallLimit"
+	// KindInternal: a failure of no known kind.
+	KindInternal = "Internal"
+)
+
+// ErrorResult is the structured content of a failed call.
+type ErrorResult struct {
+	Error   string `json:"error"`
+	Message string `json:"message"`
+	// For ImageRejected and FileTooLarge: what was refused.
+	Path     string `json:"path,omitempty"`
+	MIMEType string `json:"mimeType,omitempty"`
+	Bytes    int64  `json:"bytes,omitempty"`
+}
+
+// LoadSkillResult is the structured content of load_skill.
+type LoadSkillResult struct {
+	Skill string   `json:"skill"`
+	Tools []string `json:"tools"` // the tools the skill made active
+}
+
+// LoadSkill is the name of the tool that activates skills.
+const LoadSkill = "load_skill"
+
+type skillDef struct {
+	name, short, grant string
+	tools              []string
+	desc               string
+}
+
+var skillDefs = []skillDef{
+	{"workspace.read", "read", "", []string{"read", "ls", "find", "grep"}, "look around the workspace: read, ls, find, grep"},
+	{"workspace.edit", "edit", GrantFSWrite, []string{"write", "edit"}, "change files: write, edit"},
+	{"workspace.shell", "shell", GrantShellExec, []string{"bash"}, "run commands: bash"},
+}
+
+// skillByName finds a skill by its full or short name.
+func skillByName(name string) *skillDef {
+	for i := range skillDefs {
+		if skillDefs[i].name == name || skillDefs[i].short == name {
+			return &skillDefs[i]
+		}
+	}
+	return nil
+}
+
+func skillOf(tool string) *skillDef {
+	for i := range skillDefs {
+		if slices.Contains(skillDefs[i].tools, tool) {
+			return &skillDefs[i]
+		}
+	}
+	return nil
+}
+
+// call is one call in progress.
+type call struct {
+	tool  string
+	runID string
+	opts  CallOptions
+}
+
+type toolFunc func(s *Set, ctx context.Context, args json.RawMessage, c *call) (Result, error)
+
+type toolDef struct {
+	name   string
+	skill  string
+	desc   string
+	schema json.RawMessage
+	run    toolFunc
+}
+
+// Set is a session's workspace tools.
+type Set struct {
+	env   Env
+	cfg   Config
+	root  string
+	defs  []*toolDef // catalogue order; load_skill last
+	spill sync.Mutex // serialises pruning of the spill directory
+
+	mu     sync.Mutex
+	active map[string]bool // skill name → active
+	runs   map[string]int  // run ID → calls made
+}
+
+// New builds a tool set. It validates cfg, and fails when Config.Always
+// names a skill whose grant is missing (the message names the grant).
+func New(env Env, cfg Config) (*Set, error) {
+	if env.FS == nil {
+		return nil, errors.New("tools: Env.FS is required")
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("tools: %w", err)
+	}
+	root := env.Session.Root
+	if root == "" {
+		root = "/workspace"
+	}
+	if !path.IsAbs(root) {
+		return nil, fmt.Errorf("tools: Session.Root %q is not an absolute path", root)
+	}
+	s := &Set{env: env, cfg: cfg, root: path.Clean(root), active: map[string]bool{"workspace.read": true}, runs: map[string]int{}}
+	for _, a := range cfg.Always {
+		sk := skillByName(a)
+		if sk.grant != "" && !slices.Contains(cfg.Grants, sk.grant) {
+			return nil, fmt.Errorf("tools: always-on skill %s needs the grant %s, which is not given", sk.name, sk.grant)
+		}
+		if sk.name == "workspace.shell" && env.Bash == nil {
+			return nil, errors.New("tools: always-on skill workspace.shell needs a Bash (Env.Bash is nil)")
+		}
+		s.active[sk.name] = true
+	}
+	for _, name := range AllTools {
+		if !slices.Contains(cfg.Tools, name) || (name == "bash" && env.Bash == nil) {
+			continue
+		}
+		d := s.define(name)
+		d.skill = skillOf(name).name
+		s.defs = append(s.defs, d)
+	}
+	s.defs = append(s.defs, s.define(LoadSkill))
+	return s, nil
+}
+
+// Config returns the set's configuration.
+func (s *Set) Config() Config { return s.cfg }
+
+// Root returns the workspace root paths are resolved against.
+func (s *Set) Root() string { return s.root }
+
+// List returns the catalogue: every registered tool, whether active or not,
+// and load_skill (skill "", always active).
+func (s *Set) List() []Tool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]Tool, 0, len(s.defs))
+	for _, d := range s.defs {
+		out = append(out, Tool{Name: d.name, Skill: d.skill, Active: s.isActive(d), Description: d.desc, InputSchema: d.schema})
+	}
+	return out
+}
+
+// Active returns the tools a model may call now.
+func (s *Set) Active() []Tool {
+	var out []Tool
+	for _, t := range s.List() {
+		if t.Active {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// Skills returns the skill catalogue.
+func (s *Set) Skills() []Skill {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]Skill, 0, len(skillDefs))
+	for _, sk := range skillDefs {
+		out = append(out, Skill{
+			Name: sk.name, Grant: sk.grant, Granted: s.granted(&sk), Active: s.active[sk.name],
+			Tools: s.registered(&sk), Description: sk.desc,
+		})
+	}
+	return out
+}
+
+func (s *Set) granted(sk *skillDef) bool {
+	return sk.grant == "" || slices.Contains(s.cfg.Grants, sk.grant)
+}
+
+// registered lists the skill's tools that this set has.
+func (s *Set) registered(sk *skillDef) []string {
+	var out []string
+	for _, d := range s.defs {
+		if d.skill == sk.name {
+			out = append(out, d.name)
+		}
+	}
+	return out
+}
+
+func (s *Set) isActive(d *toolDef) bool { return d.skill == "" || s.active[d.skill] }
+
+func (s *Set) lookup(name string) *toolDef {
+	for _, d := range s.defs {
+		if d.name == name {
+			return d
+		}
+	}
+	return nil
+}
+
+// EndRun forgets a run's call count.
+func (s *Set) EndRun(runID string) {
+	s.mu.Lock()
+	delete(s.runs, runID)
+	s.mu.Unlock()
+}
+
+// Call runs one tool with JSON arguments (nil or "null" is {}). Unknown
+// argument names are refused (InvalidArgument), as are tools that are not
+// active and calls past maxCallsPerRun. Call never panics on bad input and
+// never returns a Go error: every failure is a Result with IsError set.
+func (s *Set) Call(ctx context.Context, name string, args json.RawMessage, opts CallOptions) Result {
+	c := &call{tool: name, runID: opts.RunID, opts: opts}
+	if c.runID == "" {
+		c.runID = s.env.Session.RunID
+	}
+	d := s.lookup(name)
+	if d == nil {
+		return failure(KindToolUnavailable, fmt.Sprintf("no tool named %q", name))
+	}
+	s.mu.Lock()
+	active := s.isActive(d)
+	over := s.cfg.MaxCallsPerRun > 0 && s.runs[c.runID] >= s.cfg.MaxCallsPerRun
+	if !over {
+		s.runs[c.runID]++
+	}
+	s.mu.Unlock()
+	if over {
+		return failure(KindCallLimit, fmt.Sprintf("this run made its %d tool calls (maxCallsPerRun); finish the turn", s.cfg.MaxCallsPerRun))
+	}
+	if !active {
+		return failure(KindToolUnavailable, fmt.Sprintf("tool %s is not active: call load_skill with skill %q first", name, d.skill))
+	}
+	res, err := d.run(s, ctx, args, c)
+	if err != nil {
+		return errorResult(err)
+	}
+	return res
+}
+
+// decodeArgs decodes a call's arguments strictly into p.
+func decodeArgs(args json.RawMessage, p any) error {
+	args = bytes.TrimSpace(args)
+	if len(args) == 0 || string(args) == "null" {
+		args = []byte("{}")
+	}
+	dec := json.NewDecoder(bytes.NewReader(args))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(p); err != nil {
+		msg := err.Error()
+		var te *json.UnmarshalTypeError
+		switch {
+		case errors.As(err, &te) && te.Field != "":
+			msg = fmt.Sprintf("argument %s: want %s, got JSON %s", te.Field, te.Type, te.Value)
+		case strings.HasPrefix(msg, "json: unknown field "):
+			msg = "unknown argument " + strings.TrimPrefix(msg, "json: unknown field ")
+		default:
+			msg = "arguments: " + strings.TrimPrefix(msg, "json: ")
+		}
+		return invalid("%s", msg)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return invalid("arguments: more than one JSON value")
+	}
+	return nil
+}
+
+// toolError is a failure with a kind and a message written for the model.
+type toolError struct {
+	res ErrorResult
+}
+
+func (e *toolError) Error() string { return e.res.Error + ": " + e.res.Message }
+
+func newError(kind *workspace.Kind, format string, args ...any) *toolError {
+	return &toolError{ErrorResult{Error: kind.Name(), Message: fmt.Sprintf(format, args...)}}
+}
+
+func invalid(format string, args ...any) *toolError {
+	return newError(workspace.ErrInvalidArgument, format, args...)
+}
+
+func failure(kind, msg string) Result {
+	return Result{Text: kind + ": " + msg, Structured: &ErrorResult{Error: kind, Message: msg}, IsError: true}
+}
+
+// errorResult turns an error into a failure the model can act on.
+func errorResult(err error) Result {
+	var te *toolError
+	if errors.As(err, &te) {
+		r := te.res
+		return Result{Text: r.Error + ": " + r.Message, Structured: &r, IsError: true}
+	}
+	kind := KindInternal
+	if k := workspace.KindOf(err); k != nil {
+		kind = k.Name()
+	} else if errors.Is(err, context.Canceled) {
+		kind = "Canceled"
+	}
+	msg := err.Error()
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		msg = displayName(pe.Path) + ": " + pe.Err.Error()
+	}
+	if hint := kindHints[kind]; hint != "" {
+		msg += " (" + hint + ")"
+	}
+	return failure(kind, msg)
+}
+
+var kindHints = map[string]string{
+	"OutsideWorkspace": "paths must stay inside the workspace; use a path relative to its root",
+	"Protected":        "write and edit refuse this path",
+	"NotAFile":         "only regular files can be read or changed; use ls for a directory",
+	"NotADirectory":    "use read for a file",
+	"NotUtf8":          "edit changes UTF-8 text only; rewrite the file with write or bash",
+}
+
+func displayName(name string) string {
+	if name == "" {
+		return "."
+	}
+	return name
+}

@@ -1,0 +1,64 @@
+package proctree
+
+import (
+	"os"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// directTree runs the program as our own child in a new process group and
+// kills that group: the portable part of the guarantee, and all of it where
+// there is no shim. A process that leaves the group escapes it.
+type directTree struct {
+	proc  *os.Process
+	start time.Time
+
+	mu     sync.Mutex
+	killed bool // kill was called before the main process was reaped
+	reaped bool
+}
+
+func startDirect(path string, spec Spec, stdio [3]*os.File) (tree, error) {
+	start := time.Now()
+	proc, err := os.StartProcess(path, spec.Argv, &os.ProcAttr{
+		Dir:   spec.Dir,
+		Env:   spec.Env,
+		Files: stdio[:],
+		Sys:   &syscall.SysProcAttr{Setpgid: true},
+	})
+	if err != nil {
+		return nil, startError(spec.Argv[0], err)
+	}
+	return &directTree{proc: proc, start: start}, nil
+}
+
+func (t *directTree) kill() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.reaped {
+		t.killed = true
+		// The group's id is the main process's pid, which cannot be reused
+		// while that process is unreaped.
+		syscall.Kill(-t.proc.Pid, syscall.SIGKILL)
+	}
+}
+
+func (t *directTree) wait() (Exit, error) {
+	state, err := t.proc.Wait()
+	d := time.Since(t.start)
+	t.mu.Lock()
+	t.reaped = true
+	killed := t.killed
+	// The rest of the group: background jobs and their children. The group
+	// id stays taken while any of them lives; once all are gone this finds
+	// no one (a new group of the same id within these microseconds would
+	// need the pid to be reused at once).
+	syscall.Kill(-t.proc.Pid, syscall.SIGKILL)
+	t.mu.Unlock()
+	if err != nil {
+		return Exit{Code: -1}, err
+	}
+	ws := state.Sys().(syscall.WaitStatus)
+	return exitOf(ws, killed, d), nil
+}

@@ -1,0 +1,415 @@
+// Package proctree runs a command so that nothing it starts outlives it.
+//
+// Start runs a program in a process group of its own. When the program exits,
+// when the caller calls KillTree, or when the context given to Start ends, the
+// program's whole process tree is killed, and Wait returns only once it is gone
+// and its output has been delivered:
+//
+//	p, err := proctree.Start(ctx, proctree.Spec{Argv: []string{"bash", "-c", script}, Stdout: w})
+//	if err != nil { … }
+//	exit, err := p.Wait()
+//
+// What "whole tree" means depends on the system:
+//
+//   - On Linux the program runs under a shim: the current executable, started
+//     again through /proc/self/exe, becomes a child subreaper
+//     (PR_SET_CHILD_SUBREAPER), so every process the program starts stays its
+//     descendant — background jobs, nohup, double forks and setsid included.
+//     When the program ends or the tree is killed, the shim sends SIGKILL to
+//     every descendant it finds in /proc, reaps them, and repeats until it has
+//     no children left. The shim dies with its parent (PR_SET_PDEATHSIG), and
+//     kills the tree first when it can. The shim is this package's init
+//     function: any binary that links proctree can act as one, with no change
+//     to its main.
+//   - Elsewhere (macOS) only the program's process group is killed. A process
+//     that leaves the group (setsid, or a shell's job control) survives, and if
+//     it keeps the output open Wait gives up waiting for it after WaitDelay.
+//
+// Not covered anywhere: processes started on the command's behalf by other
+// services (systemd-run, at, a container engine), and processes stuck in
+// uninterruptible sleep, which die only when the kernel lets them.
+package proctree
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// DefaultWaitDelay is how long Wait waits for the output pipes to close after
+// the process tree is gone, when Spec.WaitDelay is zero.
+const DefaultWaitDelay = 2 * time.Second
+
+// killGrace is how long the parent lets the shim clean up after it was told to
+// (or after the program ended) before it kills the shim itself.
+const killGrace = 5 * time.Second
+
+// ErrOutputHeld is returned by Wait, with a valid Exit, when the output pipes
+// were still open WaitDelay after the process tree was gone: a process outside
+// the tree holds them. The output read until then was delivered.
+var ErrOutputHeld = errors.New("proctree: output still held open after the process tree ended")
+
+// Spec describes a command to start.
+type Spec struct {
+	// Argv is the program and its arguments. A program name without a slash
+	// is looked up in the PATH of Env, as execvp does (and in /usr/local/bin,
+	// /usr/bin and /bin when Env has no PATH); a name with a slash is relative
+	// to Dir.
+	Argv []string
+	// Dir is the working directory; "" is the caller's.
+	Dir string
+	// Env is the command's whole environment.
+	Env []string
+	// Stdin is the command's standard input; nil is empty input. An *os.File
+	// is handed to the command as it is; any other reader is copied into a
+	// pipe by a goroutine, and the command sees end of input when Read
+	// returns an error (io.EOF). A reader whose Read blocks after the command
+	// ended keeps that goroutine until Read returns.
+	Stdin io.Reader
+	// Stdout and Stderr receive the command's output; nil discards it. An
+	// *os.File is handed to the command as it is. Any other writer is written
+	// by a goroutine of its own as output arrives, so the two may be called
+	// concurrently; a writer's first error is returned by Wait, and the rest
+	// of that stream is discarded.
+	Stdout, Stderr io.Writer
+	// WaitDelay bounds how long Wait waits for output after the process tree
+	// is gone; zero means DefaultWaitDelay.
+	WaitDelay time.Duration
+
+	direct bool // tests: use the process-group implementation on Linux too
+}
+
+// Exit says how a command's main process ended.
+type Exit struct {
+	// Code is the exit status, or -1 when a signal killed the process.
+	Code int
+	// Signal names the signal that killed it ("SIGKILL"), or is empty.
+	Signal string
+	// Killed is set when the tree was killed (KillTree, or the context)
+	// while the main process was still running, and that killed it.
+	Killed bool
+	// Duration is how long the main process ran.
+	Duration time.Duration
+}
+
+// tree is a started command: the shim on Linux, a process group elsewhere.
+type tree interface {
+	// kill starts killing the whole tree and returns at once. It may be
+	// called any number of times, concurrently with wait.
+	kill()
+	// wait returns once the main process has ended and the tree is gone, as
+	// far as the implementation can tell.
+	wait() (Exit, error)
+}
+
+// Process is a started command. Its methods are safe for concurrent use;
+// Wait must be called exactly once.
+type Process struct {
+	tree      tree
+	waitDelay time.Duration
+
+	stdin   *os.File   // our end of the stdin pipe, nil when none
+	outputs []*os.File // our ends of the output pipes
+	pumps   sync.WaitGroup
+
+	errMu    sync.Mutex
+	writeErr error // first error of an output writer
+
+	done   chan struct{} // closed when Wait has seen the tree end
+	waited sync.Once
+}
+
+// Start starts the command described by spec. When ctx ends before the
+// command does, its tree is killed, as by KillTree. Start fails with an
+// *fs.PathError whose Op is "exec" when the program cannot be executed (its
+// Err matches fs.ErrNotExist when it is not found, fs.ErrPermission when it is
+// not executable), and with another error when the system would not start it.
+func Start(ctx context.Context, spec Spec) (*Process, error) {
+	if len(spec.Argv) == 0 || spec.Argv[0] == "" {
+		return nil, errors.New("proctree: empty Argv")
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	path, err := lookPath(spec.Argv[0], spec.Env, spec.Dir)
+	if err != nil {
+		return nil, &fs.PathError{Op: "exec", Path: spec.Argv[0], Err: err}
+	}
+	spec.Env = withoutMarker(spec.Env)
+
+	p := &Process{waitDelay: spec.WaitDelay, done: make(chan struct{})}
+	if p.waitDelay <= 0 {
+		p.waitDelay = DefaultWaitDelay
+	}
+	stdio, writers, opened, err := p.openStdio(spec)
+	defer closeAll(opened) // the child's ends: it has its own copies now
+	if err != nil {
+		p.closeOurs()
+		return nil, err
+	}
+	if spec.direct {
+		p.tree, err = startDirect(path, spec, stdio)
+	} else {
+		p.tree, err = startTree(path, spec, stdio)
+	}
+	if err != nil {
+		p.closeOurs()
+		return nil, err
+	}
+	if p.stdin != nil {
+		go copyStdin(p.stdin, spec.Stdin)
+	}
+	for i, r := range p.outputs {
+		p.pumps.Add(1)
+		go p.pump(r, writers[i])
+	}
+	if ctx.Done() != nil {
+		go func() {
+			select {
+			case <-ctx.Done():
+				p.KillTree()
+			case <-p.done:
+			}
+		}()
+	}
+	return p, nil
+}
+
+// KillTree starts killing the command's whole process tree and returns at
+// once; Wait reports when it is gone. It does nothing once the tree has ended.
+func (p *Process) KillTree() {
+	select {
+	case <-p.done:
+	default:
+		p.tree.kill()
+	}
+}
+
+// Wait waits for the command's main process to end and for its process tree
+// to be gone, then for the output pipes to reach end of file (at most
+// WaitDelay more), and returns how the main process ended. The Exit is valid
+// even when Wait also returns ErrOutputHeld or an output writer's error; any
+// other error means the outcome is not known. No output writer is called after
+// Wait returns.
+func (p *Process) Wait() (Exit, error) {
+	err := errors.New("proctree: Wait called twice")
+	var exit Exit
+	p.waited.Do(func() {
+		exit, err = p.tree.wait()
+		close(p.done)
+		if p.stdin != nil {
+			p.stdin.Close() // unblocks a copy stuck on a full pipe
+		}
+		drained := make(chan struct{})
+		go func() { p.pumps.Wait(); close(drained) }()
+		t := time.NewTimer(p.waitDelay)
+		defer t.Stop()
+		select {
+		case <-drained:
+		case <-t.C:
+			closeAll(p.outputs) // the pumps' reads fail now
+			<-drained
+			if err == nil {
+				err = ErrOutputHeld
+			}
+		}
+		p.errMu.Lock()
+		if err == nil {
+			err = p.writeErr
+		}
+		p.errMu.Unlock()
+	})
+	return exit, err
+}
+
+// openStdio returns the three files the child gets, the writers for our
+// ends of the output pipes (parallel to p.outputs), and the files this call
+// opened that the parent must close once the child has started.
+func (p *Process) openStdio(spec Spec) (stdio [3]*os.File, writers []io.Writer, opened []*os.File, err error) {
+	switch in := spec.Stdin.(type) {
+	case nil:
+		stdio[0], err = os.Open(os.DevNull)
+		opened = append(opened, stdio[0])
+	case *os.File:
+		stdio[0] = in
+	default:
+		stdio[0], p.stdin, err = os.Pipe()
+		opened = append(opened, stdio[0])
+	}
+	if err != nil {
+		return stdio, nil, opened, err
+	}
+	for i, w := range []io.Writer{spec.Stdout, spec.Stderr} {
+		switch w := w.(type) {
+		case nil:
+			stdio[i+1], err = os.OpenFile(os.DevNull, os.O_WRONLY, 0)
+			opened = append(opened, stdio[i+1])
+		case *os.File:
+			stdio[i+1] = w
+		default:
+			var r *os.File
+			r, stdio[i+1], err = os.Pipe()
+			if err == nil {
+				opened = append(opened, stdio[i+1])
+				p.outputs = append(p.outputs, r)
+				writers = append(writers, w)
+			}
+		}
+		if err != nil {
+			return stdio, nil, opened, err
+		}
+	}
+	return stdio, writers, opened, nil
+}
+
+// closeOurs closes the parent's pipe ends after a failed start.
+func (p *Process) closeOurs() {
+	if p.stdin != nil {
+		p.stdin.Close()
+	}
+	closeAll(p.outputs)
+}
+
+// pump copies one output pipe to its writer until end of file.
+func (p *Process) pump(r *os.File, w io.Writer) {
+	defer p.pumps.Done()
+	defer r.Close()
+	buf := make([]byte, 32<<10)
+	failed := false
+	for {
+		n, err := r.Read(buf)
+		if n > 0 && !failed {
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				failed = true
+				p.errMu.Lock()
+				if p.writeErr == nil {
+					p.writeErr = werr
+				}
+				p.errMu.Unlock()
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// copyStdin feeds the command's standard input and then closes it, so the
+// command sees end of input. A write error (the command has gone, or stopped
+// reading and exited) ends the copy: the rest is of no use to anyone.
+func copyStdin(w *os.File, r io.Reader) {
+	io.Copy(w, r)
+	w.Close()
+}
+
+// markerEnv, set to markerValue, tells a process started through
+// /proc/self/exe to act as the shim. Commands never see it.
+const (
+	markerEnv   = "SANDBOXD_PROCTREE_SHIM"
+	markerValue = "v1"
+)
+
+// withoutMarker drops markerEnv from env, so that a command that runs a
+// binary linking this package does not make it a shim.
+func withoutMarker(env []string) []string {
+	out := make([]string, 0, len(env))
+	for _, kv := range env {
+		if !strings.HasPrefix(kv, markerEnv+"=") {
+			out = append(out, kv)
+		}
+	}
+	return out
+}
+
+func closeAll(files []*os.File) {
+	for _, f := range files {
+		f.Close()
+	}
+}
+
+// exitOf turns a wait status into an Exit.
+func exitOf(ws syscall.WaitStatus, killed bool, d time.Duration) Exit {
+	if ws.Signaled() {
+		return Exit{Code: -1, Signal: unix.SignalName(ws.Signal()), Killed: killed, Duration: d}
+	}
+	return Exit{Code: ws.ExitStatus(), Duration: d}
+}
+
+// notFoundError is the lookPath failure for a name in no PATH directory.
+type notFoundError struct{}
+
+func (notFoundError) Error() string        { return "executable file not found in $PATH" }
+func (notFoundError) Is(target error) bool { return target == fs.ErrNotExist }
+
+// defaultPath is searched when the environment has no PATH, as execvp does.
+const defaultPath = "/usr/local/bin:/usr/bin:/bin"
+
+// lookPath finds the program named name the way execvp would for a process
+// with environment env running in dir: in the PATH of env, not of the caller.
+// A name with a slash is returned as it is, for exec to resolve against dir.
+func lookPath(name string, env []string, dir string) (string, error) {
+	if strings.Contains(name, "/") {
+		return name, nil
+	}
+	search := defaultPath
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
+			search = v
+		}
+	}
+	var denied bool
+	for _, d := range filepath.SplitList(search) {
+		if d == "" {
+			d = "."
+		}
+		cand := d + "/" + name
+		check := cand
+		if !filepath.IsAbs(check) && dir != "" {
+			check = filepath.Join(dir, check)
+		}
+		fi, err := os.Stat(check)
+		if err != nil || fi.IsDir() {
+			continue
+		}
+		if fi.Mode()&0o111 == 0 {
+			denied = true
+			continue
+		}
+		return cand, nil
+	}
+	if denied {
+		return "", fs.ErrPermission
+	}
+	return "", notFoundError{}
+}
+
+// execErrnos are the errors of execve and chdir that say the program (or the
+// directory) is at fault, not the system.
+var execErrnos = []syscall.Errno{
+	syscall.ENOENT, syscall.ENOTDIR, syscall.EACCES, syscall.ENOEXEC,
+	syscall.EISDIR, syscall.ETXTBSY, syscall.ELOOP, syscall.ENAMETOOLONG,
+}
+
+// startError classifies an error of starting argv0: an *fs.PathError with Op
+// "exec" when the program is at fault, the error wrapped otherwise.
+func startError(argv0 string, err error) error {
+	var errno syscall.Errno
+	if errors.As(err, &errno) {
+		for _, e := range execErrnos {
+			if errno == e {
+				return &fs.PathError{Op: "exec", Path: argv0, Err: errno}
+			}
+		}
+	}
+	return fmt.Errorf("proctree: starting %s: %w", argv0, err)
+}

@@ -1,0 +1,229 @@
+package proctree
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// impls are the implementations a test runs against: the platform's own and,
+// where that is the shim, the process-group one too.
+func impls() map[string]bool {
+	if startsShim {
+		return map[string]bool{"shim": false, "group": true}
+	}
+	return map[string]bool{"group": true}
+}
+
+// bash runs script and returns its exit, output and Wait error.
+func bash(t *testing.T, ctx context.Context, direct bool, script string) (Exit, string, error) {
+	t.Helper()
+	var out bytes.Buffer
+	p, err := Start(ctx, Spec{
+		Argv: []string{"bash", "-c", script}, Env: os.Environ(), Dir: t.TempDir(),
+		Stdout: &out, Stderr: &out, WaitDelay: 500 * time.Millisecond, direct: direct,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	exit, err := p.Wait()
+	return exit, out.String(), err
+}
+
+func TestExit(t *testing.T) {
+	tests := []struct {
+		script string
+		code   int
+		signal string
+	}{
+		{"true", 0, ""},
+		{"exit 3", 3, ""},
+		{"kill -TERM $$", -1, "SIGTERM"},
+		{"kill -KILL $$", -1, "SIGKILL"},
+	}
+	for name, direct := range impls() {
+		for _, tt := range tests {
+			t.Run(name+"/"+tt.script, func(t *testing.T) {
+				exit, _, err := bash(t, t.Context(), direct, tt.script)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if exit.Code != tt.code || exit.Signal != tt.signal || exit.Killed {
+					t.Errorf("exit = %+v, want code %d signal %q", exit, tt.code, tt.signal)
+				}
+			})
+		}
+	}
+	noChildren(t)
+}
+
+func TestStartErrors(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "hello"), "#!/bin/sh\necho hi from $0\n", 0o755)
+	writeFile(t, filepath.Join(dir, "plain"), "echo no\n", 0o644)
+	env := []string{"PATH=" + dir}
+	tests := []struct {
+		argv0 string
+		want  error
+	}{
+		{"no-such-program-xyz", fs.ErrNotExist},
+		{"plain", fs.ErrPermission},
+		{"./plain", fs.ErrPermission},
+		{"./missing", fs.ErrNotExist},
+	}
+	for name, direct := range impls() {
+		for _, tt := range tests {
+			t.Run(name+"/"+tt.argv0, func(t *testing.T) {
+				_, err := Start(t.Context(), Spec{Argv: []string{tt.argv0}, Env: env, Dir: dir, direct: direct})
+				var pe *fs.PathError
+				if !errors.As(err, &pe) || pe.Op != "exec" || !errors.Is(err, tt.want) {
+					t.Fatalf("Start = %v, want an exec *fs.PathError matching %v", err, tt.want)
+				}
+			})
+		}
+		t.Run(name+"/PATH of Env", func(t *testing.T) {
+			var out bytes.Buffer
+			p, err := Start(t.Context(), Spec{Argv: []string{"hello"}, Env: env, Stdout: &out, direct: direct})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := p.Wait(); err != nil || out.String() != "hi from "+dir+"/hello\n" {
+				t.Fatalf("Wait = %v, output %q", err, out.String())
+			}
+		})
+	}
+	noChildren(t)
+}
+
+func TestEnvironment(t *testing.T) {
+	for name, direct := range impls() {
+		t.Run(name, func(t *testing.T) {
+			var out bytes.Buffer
+			p, err := Start(t.Context(), Spec{
+				Argv:   []string{"/usr/bin/env"},
+				Env:    []string{"A=1", markerEnv + "=" + markerValue},
+				Stdout: &out, direct: direct,
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := p.Wait(); err != nil {
+				t.Fatal(err)
+			}
+			if out.String() != "A=1\n" {
+				t.Errorf("environment = %q, want only A=1", out.String())
+			}
+		})
+	}
+}
+
+type failingWriter struct{ calls int }
+
+func (w *failingWriter) Write(p []byte) (int, error) {
+	w.calls++
+	return 0, errors.New("full")
+}
+
+func TestWriterError(t *testing.T) {
+	w := &failingWriter{}
+	p, err := Start(t.Context(), Spec{Argv: []string{"bash", "-c", "head -c 1000000 /dev/zero"}, Env: os.Environ(), Stdout: w})
+	if err != nil {
+		t.Fatal(err)
+	}
+	exit, err := p.Wait()
+	if err == nil || err.Error() != "full" || exit.Code != 0 || w.calls != 1 {
+		t.Fatalf("Wait = %+v, %v after %d writes; want the writer's error once and a whole run", exit, err, w.calls)
+	}
+}
+
+// The process-group implementation kills the group when the main process
+// exits, and, since it cannot find a process that left the group, gives up
+// on the output after WaitDelay.
+func TestGroupKill(t *testing.T) {
+	if _, err := exec.LookPath("setsid"); err != nil {
+		t.Skip("no setsid command")
+	}
+	dir := t.TempDir()
+	exit, _, err := bash(t, t.Context(), true, `
+		cd `+dir+`
+		sleep 600 & echo $! > bg
+		setsid bash -c 'echo $$ > escaped.tmp; mv escaped.tmp escaped; exec sleep 600' &
+		until [ -e escaped ]; do sleep 0.01; done # it has left the group
+		exit 0`)
+	escaped := readPid(t, filepath.Join(dir, "escaped"))
+	defer syscall.Kill(escaped, syscall.SIGKILL)
+	if exit.Code != 0 || !errors.Is(err, ErrOutputHeld) {
+		t.Errorf("Wait = %+v, %v; want exit 0 and ErrOutputHeld", exit, err)
+	}
+	if pid := readPid(t, filepath.Join(dir, "bg")); alive(pid) {
+		t.Errorf("background job %d survived", pid)
+	}
+	if !alive(escaped) {
+		t.Errorf("setsid escapee %d died; this test documents that the group kill misses it", escaped)
+	}
+}
+
+func writeFile(t *testing.T, name, data string, mode os.FileMode) {
+	t.Helper()
+	if err := os.WriteFile(name, []byte(data), mode); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func readPid(t *testing.T, name string) int {
+	t.Helper()
+	b, err := os.ReadFile(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pid
+}
+
+// alive reports whether pid is still a "sleep 600" (so that a reused pid is
+// not mistaken for the process).
+func alive(pid int) bool {
+	if syscall.Kill(pid, 0) != nil {
+		return false
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+	return err != nil || string(b) == "sleep\x00600\x00"
+}
+
+// noChildren fails when the test process has children left: zombies the
+// package did not reap, or shims that did not exit.
+func noChildren(t *testing.T) {
+	t.Helper()
+	if _, err := os.Stat("/proc/self/task"); err != nil {
+		return
+	}
+	pids := childrenOfSelf()
+	if len(pids) > 0 {
+		t.Errorf("children left behind: %v", pids)
+	}
+}
+
+func childrenOfSelf() []int {
+	var out []int
+	tasks, _ := os.ReadDir("/proc/self/task")
+	for _, task := range tasks {
+		b, _ := os.ReadFile("/proc/self/task/" + task.Name() + "/children")
+		for _, f := range strings.Fields(string(b)) {
+			pid, _ := strconv.Atoi(f)
+			out = append(out, pid)
+		}
+	}
+	return out
+}

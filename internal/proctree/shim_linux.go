@@ -1,0 +1,392 @@
+package proctree
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// The shim protocol. The parent starts /proc/self/exe with markerEnv set and
+// two extra descriptors: fd 3, from which the shim reads one shimSpec, and fd
+// 4, on which it writes shimMsg lines: {pid} once the program started (or
+// {error} when it could not be), {exit} once the program ended. The shim
+// exits when the program's tree is gone. The spec travels over a pipe, not the
+// command line, so that the command's environment is not visible in ps.
+
+type shimSpec struct {
+	Path string   `json:"path"`
+	Argv []string `json:"argv"`
+	Dir  string   `json:"dir"`
+	Env  []string `json:"env"`
+}
+
+type shimMsg struct {
+	Pid   int    `json:"pid,omitempty"`
+	Error string `json:"error,omitempty"`
+	Errno int    `json:"errno,omitempty"`
+	Exit  *Exit  `json:"exit,omitempty"`
+}
+
+// startsShim tells tests which implementation startTree uses.
+const startsShim = true
+
+const (
+	specFD   = 3
+	statusFD = 4
+	// maxSpec bounds what the shim reads as its spec (argv and environment).
+	maxSpec = 64 << 20
+)
+
+func init() {
+	if os.Getenv(markerEnv) == markerValue {
+		// syscall.Exit, not os.Exit: no exit hooks (coverage, race reports)
+		// of the host binary may write to the command's output.
+		syscall.Exit(shim())
+	}
+}
+
+// shimTree is the parent's handle on a running shim.
+type shimTree struct {
+	proc   *os.Process // the shim
+	status *os.File
+	dec    *json.Decoder
+	pid    int // the program's pid, and its process group's id
+
+	mu       sync.Mutex
+	termSent bool
+	exited   bool        // the shim has been reaped
+	timer    *time.Timer // the last resort, once armed
+}
+
+// startTree starts the shim, hands it the program, and returns once the
+// program has started (or failed to).
+func startTree(path string, spec Spec, stdio [3]*os.File) (tree, error) {
+	specR, specW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	statR, statW, err := os.Pipe()
+	if err != nil {
+		specR.Close()
+		specW.Close()
+		return nil, err
+	}
+	proc, err := os.StartProcess("/proc/self/exe", []string{"proctree-shim"}, &os.ProcAttr{
+		Env:   []string{markerEnv + "=" + markerValue, "GOMAXPROCS=1"},
+		Files: []*os.File{stdio[0], stdio[1], stdio[2], specR, statW},
+		// Own group: signals meant for the program's group (kill 0) miss
+		// it. SIGTERM when we die: the shim kills the tree, then itself.
+		Sys: &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM},
+	})
+	specR.Close()
+	statW.Close()
+	if err != nil {
+		specW.Close()
+		statR.Close()
+		return nil, fmt.Errorf("proctree: starting the shim: %w", err)
+	}
+	// An encoding error means the shim died; the decode below sees EOF.
+	json.NewEncoder(specW).Encode(shimSpec{Path: path, Argv: spec.Argv, Dir: spec.Dir, Env: spec.Env})
+	specW.Close()
+
+	t := &shimTree{proc: proc, status: statR, dec: json.NewDecoder(io.LimitReader(statR, 1<<20))}
+	var m shimMsg
+	if err := t.dec.Decode(&m); err != nil || m.Pid <= 0 {
+		proc.Kill()
+		state, _ := proc.Wait()
+		statR.Close()
+		switch {
+		case m.Errno != 0:
+			return nil, startError(spec.Argv[0], syscall.Errno(m.Errno))
+		case m.Error != "":
+			return nil, fmt.Errorf("proctree: shim: %s", m.Error)
+		}
+		return nil, fmt.Errorf("proctree: the shim failed (%v)", state)
+	}
+	t.pid = m.Pid
+	return t, nil
+}
+
+func (t *shimTree) kill() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.exited || t.termSent {
+		return
+	}
+	t.termSent = true
+	t.proc.Signal(syscall.SIGTERM)
+	t.armLocked()
+}
+
+// armLocked starts the countdown after which the shim is killed outright.
+func (t *shimTree) armLocked() {
+	if t.timer == nil && !t.exited {
+		t.timer = time.AfterFunc(killGrace, t.lastResort)
+	}
+}
+
+// lastResort kills a shim that did not finish its work in time, and what is
+// left of the program's process group. Descendants that left the group are
+// then beyond reach: they are the shim's, and it is gone.
+func (t *shimTree) lastResort() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.exited {
+		syscall.Kill(-t.pid, syscall.SIGKILL)
+		t.proc.Kill()
+	}
+}
+
+func (t *shimTree) wait() (Exit, error) {
+	var m shimMsg
+	err := t.dec.Decode(&m)
+	if err == nil && m.Exit != nil {
+		t.mu.Lock()
+		t.armLocked() // the cleanup is bounded too
+		t.mu.Unlock()
+	}
+	state, werr := t.proc.Wait()
+	t.mu.Lock()
+	t.exited = true
+	if t.timer != nil {
+		t.timer.Stop()
+	}
+	t.mu.Unlock()
+	t.status.Close()
+	if err != nil || m.Exit == nil {
+		syscall.Kill(-t.pid, syscall.SIGKILL)
+		if werr == nil {
+			werr = fmt.Errorf("shim %v", state)
+		}
+		return Exit{Code: -1}, fmt.Errorf("proctree: the shim ended without a report: %w", werr)
+	}
+	return *m.Exit, nil
+}
+
+// shim is the shim's main function; it returns its exit status.
+func shim() int {
+	closeOnExec() // the program gets stdin, stdout and stderr, nothing else
+	specF, statF := os.NewFile(specFD, "spec"), os.NewFile(statusFD, "status")
+	var s shimSpec
+	if err := json.NewDecoder(io.LimitReader(specF, maxSpec)).Decode(&s); err != nil {
+		return 125
+	}
+	specF.Close()
+	enc := json.NewEncoder(statF)
+
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		enc.Encode(shimMsg{Error: "PR_SET_CHILD_SUBREAPER: " + err.Error()})
+		return 125
+	}
+	term := make(chan os.Signal, 1)
+	signal.Notify(term, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+
+	start := time.Now()
+	pid, err := syscall.ForkExec(s.Path, s.Argv, &syscall.ProcAttr{
+		Dir:   s.Dir,
+		Env:   s.Env,
+		Files: []uintptr{0, 1, 2},
+		Sys:   &syscall.SysProcAttr{Setpgid: true},
+	})
+	if err != nil {
+		m := shimMsg{Error: err.Error()}
+		var errno syscall.Errno
+		if errors.As(err, &errno) {
+			m.Errno = int(errno)
+		}
+		enc.Encode(m)
+		return 125
+	}
+	enc.Encode(shimMsg{Pid: pid}) // if the parent is gone, SIGTERM is on its way
+	r := startReaper(pid)
+
+	killed := false
+	var end mainEnd
+	select {
+	case end = <-r.main:
+	case <-term:
+		killed = true
+		killAll(r)
+		end = <-r.main
+	}
+	exit := exitOf(end.status, killed, end.at.Sub(start))
+	enc.Encode(shimMsg{Exit: &exit})
+	killAll(r) // the program ended on its own: now the rest of its tree
+	return 0
+}
+
+// closeOnExec marks every descriptor above stderr close-on-exec: the
+// protocol's, and any the host process inherited without the flag and so
+// passed on to the shim.
+func closeOnExec() {
+	if unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC) == nil {
+		return
+	}
+	ents, _ := os.ReadDir("/proc/self/fd") // kernels before 5.11
+	for _, e := range ents {
+		if fd, err := strconv.Atoi(e.Name()); err == nil && fd > 2 {
+			syscall.CloseOnExec(fd)
+		}
+	}
+}
+
+type mainEnd struct {
+	status syscall.WaitStatus
+	at     time.Time
+}
+
+// reaper reaps every child of the shim: the program, and every orphan of its
+// tree, which the kernel hands to the shim as their subreaper.
+type reaper struct {
+	main   chan mainEnd  // the program's end, once
+	reaped chan struct{} // a token after any reap
+	gone   chan struct{} // closed when the shim has no child left
+}
+
+func startReaper(mainPid int) *reaper {
+	r := &reaper{main: make(chan mainEnd, 1), reaped: make(chan struct{}, 1), gone: make(chan struct{})}
+	go func() {
+		defer close(r.gone)
+		for {
+			var ws syscall.WaitStatus
+			pid, err := syscall.Wait4(-1, &ws, 0, nil)
+			if err == syscall.EINTR {
+				continue
+			}
+			if err != nil {
+				// ECHILD. With no child there is no descendant either:
+				// a process's orphans go to the shim before it dies.
+				return
+			}
+			if pid == mainPid {
+				r.main <- mainEnd{ws, time.Now()}
+			}
+			select {
+			case r.reaped <- struct{}{}:
+			default:
+			}
+		}
+	}()
+	return r
+}
+
+// killAll sends SIGKILL to every descendant, again and again, until the
+// reaper has reaped the last child. Each round kills all that /proc shows;
+// what is forked meanwhile is found in the next, which comes as soon as
+// anything is reaped.
+func killAll(r *reaper) {
+	pause := time.Millisecond
+	for {
+		pids, family := descendants()
+		for _, pid := range pids {
+			killOne(pid, family)
+		}
+		select {
+		case <-r.gone:
+			return
+		case <-r.reaped:
+		case <-time.After(pause):
+			pause = min(2*pause, 100*time.Millisecond)
+		}
+	}
+}
+
+// killOne sends SIGKILL to pid, unless pid is no longer the process that was
+// listed: through a pidfd, and only after checking that the process it pins
+// still has its parent in family (the shim or a descendant) — a pid reused
+// by a stranger fails that test.
+func killOne(pid int, family map[int]bool) {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err == unix.ENOSYS {
+		syscall.Kill(pid, syscall.SIGKILL) // kernels before 5.3
+		return
+	}
+	if err != nil {
+		return // gone
+	}
+	defer unix.Close(fd)
+	if ppid, err := parentOf(pid); err == nil && !family[ppid] {
+		return
+	}
+	unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+}
+
+// descendants lists the shim's descendants, parents first, and returns them
+// with the shim itself as a set.
+func descendants() ([]int, map[int]bool) {
+	self := os.Getpid()
+	childrenOf := children
+	if _, err := os.Stat("/proc/self/task/" + strconv.Itoa(self) + "/children"); err != nil {
+		byParent := parentMap() // a kernel without CONFIG_PROC_CHILDREN
+		childrenOf = func(pid int) []int { return byParent[pid] }
+	}
+	family := map[int]bool{self: true}
+	var pids []int
+	for queue := []int{self}; len(queue) > 0; queue = queue[1:] {
+		for _, c := range childrenOf(queue[0]) {
+			if !family[c] {
+				family[c] = true
+				pids = append(pids, c)
+				queue = append(queue, c)
+			}
+		}
+	}
+	return pids, family
+}
+
+// children lists pid's children from /proc/PID/task/*/children.
+func children(pid int) []int {
+	dir := "/proc/" + strconv.Itoa(pid) + "/task/"
+	tasks, _ := os.ReadDir(dir)
+	var out []int
+	for _, t := range tasks {
+		b, _ := os.ReadFile(dir + t.Name() + "/children")
+		for _, f := range strings.Fields(string(b)) {
+			if c, err := strconv.Atoi(f); err == nil {
+				out = append(out, c)
+			}
+		}
+	}
+	return out
+}
+
+// parentMap maps every process's parent to its children, from /proc/*/stat.
+func parentMap() map[int][]int {
+	m := map[int][]int{}
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if ppid, err := parentOf(pid); err == nil {
+			m[ppid] = append(m[ppid], pid)
+		}
+	}
+	return m
+}
+
+// parentOf reads pid's parent from /proc/PID/stat.
+func parentOf(pid int) (int, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	// "pid (comm) state ppid …"; comm may hold spaces and parentheses.
+	i := strings.LastIndexByte(string(b), ')')
+	f := strings.Fields(string(b[i+1:]))
+	if i < 0 || len(f) < 2 {
+		return 0, fmt.Errorf("proctree: bad stat for %d", pid)
+	}
+	return strconv.Atoi(f[1])
+}

@@ -1,0 +1,140 @@
+package proctree
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// escapes starts "sleep 600" in every way a process can try to outlive a
+// command, each writing its pid to a file in dir.
+func escapes(dir string) string {
+	return fmt.Sprintf(`
+		cd %q
+		sleep 600 & echo $! > background
+		nohup sleep 600 >/dev/null 2>&1 & echo $! > nohup
+		setsid sleep 600 & echo $! > setsid
+		(sleep 600 & echo $! > doublefork) &
+		setsid bash -c 'sleep 600 & echo $! > setsid-child' &
+		( trap '' TERM HUP; exec sleep 600 ) & echo $! > ignores-term
+		for f in background nohup setsid doublefork setsid-child ignores-term; do
+			until [ -s $f ]; do sleep 0.01; done
+		done
+		echo started
+	`, dir)
+}
+
+var escapeFiles = []string{"background", "nohup", "setsid", "doublefork", "setsid-child", "ignores-term"}
+
+func checkGone(t *testing.T, dir string) {
+	t.Helper()
+	for _, f := range escapeFiles {
+		if pid := readPid(t, filepath.Join(dir, f)); alive(pid) {
+			syscall.Kill(pid, syscall.SIGKILL)
+			t.Errorf("%s: process %d survived", f, pid)
+		}
+	}
+}
+
+func TestShimKillsTreeWhenMainExits(t *testing.T) {
+	dir := t.TempDir()
+	exit, out, err := bash(t, t.Context(), false, escapes(dir)+"exit 7")
+	if err != nil || exit.Code != 7 || exit.Killed {
+		t.Fatalf("Wait = %+v, %v (output %q); want exit 7, no error: the tree kill closes the pipes", exit, err, out)
+	}
+	checkGone(t, dir)
+	noChildren(t)
+}
+
+func TestShimKillsTreeOnCancel(t *testing.T) {
+	dir := t.TempDir()
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	p, err := Start(ctx, Spec{Argv: []string{"bash", "-c", escapes(dir) + "sleep 600"}, Env: os.Environ(), Stdout: w})
+	w.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	line, _ := bufio.NewReader(r).ReadString('\n')
+	if line != "started\n" {
+		t.Fatalf("output %q", line)
+	}
+	cancel()
+	exit, err := p.Wait()
+	if err != nil || exit.Code != -1 || exit.Signal != "SIGKILL" || !exit.Killed {
+		t.Fatalf("Wait = %+v, %v; want killed by SIGKILL", exit, err)
+	}
+	checkGone(t, dir)
+	noChildren(t)
+}
+
+// A command that kills its own process group does not take the shim along.
+func TestShimSurvivesKillZero(t *testing.T) {
+	exit, _, err := bash(t, t.Context(), false, "sleep 600 & kill -KILL 0")
+	if err != nil || exit.Signal != "SIGKILL" || exit.Killed {
+		t.Fatalf("Wait = %+v, %v; want the command's own SIGKILL reported", exit, err)
+	}
+	noChildren(t)
+}
+
+// When the process that started the shim dies, the shim kills the tree.
+func TestShimKillsTreeWhenParentDies(t *testing.T) {
+	if os.Getenv("PROCTREE_TEST_PARENT") != "" {
+		p, err := Start(context.Background(), Spec{Argv: []string{"bash", "-c", escapes(os.Getenv("PROCTREE_TEST_PARENT")) + "echo 1 > started; sleep 600"}, Env: os.Environ()})
+		if err != nil {
+			os.Exit(2)
+		}
+		p.Wait()
+		os.Exit(3)
+	}
+	dir := t.TempDir()
+	parent := exec.Command(os.Args[0], "-test.run=^TestShimKillsTreeWhenParentDies$")
+	parent.Env = append(os.Environ(), "PROCTREE_TEST_PARENT="+dir)
+	if err := parent.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if fi, err := os.Stat(filepath.Join(dir, "started")); err == nil && fi.Size() > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			parent.Process.Kill()
+			t.Fatal("the command never started")
+		}
+	}
+	parent.Process.Kill()
+	parent.Wait()
+	// The shim's cleanup runs on its own now; give it a moment.
+	deadline := time.Now().Add(5 * time.Second)
+	for _, f := range escapeFiles {
+		pid := readPid(t, filepath.Join(dir, f))
+		for alive(pid) && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	checkGone(t, dir)
+}
+
+// The shim must not leak its protocol descriptors into the command, nor
+// descriptors the test process inherited without close-on-exec.
+func TestShimDescriptors(t *testing.T) {
+	exit, out, err := bash(t, t.Context(), false, "ls /proc/self/fd")
+	if err != nil || exit.Code != 0 {
+		t.Fatal(exit, err)
+	}
+	// ls itself opens one descriptor for the directory: 0 1 2 and 3.
+	if out != "0\n1\n2\n3\n" {
+		t.Errorf("descriptors of the command: %q", out)
+	}
+}

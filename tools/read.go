@@ -327,20 +327,20 @@ func imageSize(mime string, b []byte) (w, h int, ok bool) {
 			w, h = le16(6), le16(8)
 		}
 	case "image/webp":
-		if len(b) < 30 {
+		if len(b) < 16 {
 			break
 		}
-		switch string(b[12:16]) {
-		case "VP8 ":
+		switch chunk := string(b[12:16]); {
+		case chunk == "VP8 " && len(b) >= 30:
 			if b[23] == 0x9d && b[24] == 0x01 && b[25] == 0x2a {
 				w, h = le16(26)&0x3fff, le16(28)&0x3fff
 			}
-		case "VP8L":
+		case chunk == "VP8L" && len(b) >= 25:
 			if b[20] == 0x2f {
 				bits := binary.LittleEndian.Uint32(b[21:])
 				w, h = int(bits&0x3fff)+1, int(bits>>14&0x3fff)+1
 			}
-		case "VP8X":
+		case chunk == "VP8X" && len(b) >= 30:
 			w, h = le24(24)+1, le24(27)+1
 		}
 	case "image/jpeg":

@@ -25,6 +25,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"path"
 	"slices"
 	"strings"
@@ -310,11 +311,11 @@ func (f *FS) ReadDir(ctx context.Context, name string) ([]fs.DirEntry, error) {
 	if !l.n.isDir() {
 		return nil, pathErr("readdir", name, workspace.ErrNotADirectory)
 	}
-	out := make([]fs.DirEntry, 0, len(l.n.entries))
-	for base, child := range l.n.entries {
-		out = append(out, fs.FileInfoToDirEntry(child.info(base)))
+	names := slices.Sorted(maps.Keys(l.n.entries))
+	out := make([]fs.DirEntry, len(names))
+	for i, base := range names {
+		out[i] = fs.FileInfoToDirEntry(l.n.entries[base].info(base))
 	}
-	slices.SortFunc(out, func(a, b fs.DirEntry) int { return strings.Compare(a.Name(), b.Name()) })
 	return out, nil
 }
 

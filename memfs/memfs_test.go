@@ -499,6 +499,22 @@ func TestWriteFileReplacesHardLinks(t *testing.T) {
 		t.Errorf("b.txt after renaming it onto its own hard link: %v", err)
 	}
 
+	// A file shared with another workspace, as one outside a disk workspace
+	// may be: writing it here leaves the other alone.
+	other := build(t, "secret: s3cret")
+	if err := f.LinkFrom(other, "secret", "in.txt"); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := f.ReadFile(ctx, "in.txt", 100); string(got) != "s3cret" {
+		t.Fatalf("linked file reads %q", got)
+	}
+	if err := f.WriteFile(ctx, "in.txt", []byte("pwned"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := other.ReadFile(ctx, "secret", 100); string(got) != "s3cret" {
+		t.Errorf("writing a shared file changed the other workspace: %q", got)
+	}
+
 	for _, tt := range []struct {
 		old, new string
 		kind     *workspace.Kind

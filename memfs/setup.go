@@ -147,14 +147,24 @@ func (f *FS) Mknod(name string, mode fs.FileMode) error {
 // with ErrNotFound when oldname does not exist, ErrExists when newname does
 // and ErrForbidden for a directory.
 func (f *FS) Link(oldname, newname string) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	src, err := f.lookup("link", oldname, false)
+	return f.LinkFrom(f, oldname, newname)
+}
+
+// LinkFrom is Link with oldname in src, which may be another FS: a file
+// shared between two workspaces, as a hard link from outside a workspace on
+// disk would be.
+func (f *FS) LinkFrom(src *FS, oldname, newname string) error {
+	src.mu.RLock()
+	l, err := src.lookup("link", oldname, false)
+	src.mu.RUnlock()
 	if err != nil {
 		return err
 	}
-	if src.n.isDir() {
+	if l.n.isDir() {
 		return pathErr("link", oldname, workspace.ErrForbidden)
 	}
-	return f.create("link", newname, src.n)
+	// A file node is never changed once in a tree, so sharing it is safe.
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.create("link", newname, l.n)
 }

@@ -1,0 +1,43 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"io"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/sandboxd/sandboxd/mcpserver"
+)
+
+var cmdMCP = &command{
+	name:    "mcp",
+	args:    "[--backend memory|local|docker] [--workspace DIR] [--config FILE] [--grant fs.write] [--grant shell.exec] [--always read,edit,shell] [--image IMAGE]",
+	summary: "serve one session's workspace tools over MCP on standard input and output; the session ends when input closes",
+	setup: func(fs *flag.FlagSet) runFunc {
+		return withSession(fs, serveMCP)
+	},
+}
+
+// serveMCP serves the session over MCP on sio until the client closes its
+// end or ctx ends.
+func serveMCP(ctx context.Context, sio stdio, s *session) error {
+	srv := mcpserver.New(s.set, mcpserver.WithImplementation("sandboxd", sandboxdVersion()))
+	t := &mcp.IOTransport{
+		Reader: io.NopCloser(sio.in),
+		Writer: nopWriteCloser{sio.out},
+		// A write's content arrives in one frame: let through a file of
+		// maxFileBytes even with JSON escaping.
+		MaxLineLength: int(max(mcp.DefaultMaxLineLength, 2*s.set.Config().MaxFileBytes+1<<20)),
+	}
+	err := srv.Run(ctx, t)
+	if errors.Is(err, context.Canceled) || errors.Is(err, io.EOF) {
+		return nil // interrupted, or the client closed its end: the session is over
+	}
+	return err
+}
+
+type nopWriteCloser struct{ io.Writer }
+
+func (nopWriteCloser) Close() error { return nil }

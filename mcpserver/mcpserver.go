@@ -1,0 +1,222 @@
+// Package mcpserver serves a session's workspace tools (package tools) over
+// the Model Context Protocol, with github.com/modelcontextprotocol/go-sdk.
+//
+//	set, err := tools.New(tools.Env{FS: fsys, Bash: sh, Session: sess}, cfg)
+//	...
+//	err = mcpserver.New(set).Run(ctx, &mcp.StdioTransport{})
+//
+// What a client sees:
+//
+//   - tools/list names the tools active now, each with its input schema, and
+//     load_skill. When load_skill activates a skill, the skill's tools are
+//     added and the server sends notifications/tools/list_changed.
+//   - A tool result carries the text for the model as text content, the
+//     tool's structured result as structuredContent and, for read of an
+//     image, the image as image content. A failure sets isError, with
+//     structuredContent {"error": KIND, "message": …}.
+//   - While bash runs, a call that carries a progress token gets
+//     notifications/progress: each one's message is a run of output from one
+//     stream (named in _meta["sandboxd/stream"]), its progress the number of
+//     output bytes published so far.
+//   - The server's instructions are the set's environment section.
+//
+// Runs. The tool set caps calls per run (maxCallsPerRun). MCP has no notion
+// of an agent's turn, so a client that has one names it in the call's
+// _meta["sandboxd/runId"]; calls without it count against the session's run.
+package mcpserver
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/sandboxd/sandboxd/tools"
+)
+
+// Meta keys sandboxd reads from and writes to MCP messages' _meta.
+const (
+	// MetaRunID, in a tools/call's _meta, names the run the call belongs to.
+	MetaRunID = "sandboxd/runId"
+	// MetaStream, in a progress notification's _meta, names the stream
+	// ("stdout" or "stderr") the message's output came from.
+	MetaStream = "sandboxd/stream"
+)
+
+// Server serves one tool set over MCP. It is safe for concurrent use.
+type Server struct {
+	set *tools.Set
+	mcp *mcp.Server
+
+	mu     sync.Mutex
+	served []string // the tool names registered with mcp, in catalogue order
+}
+
+// Option configures New.
+type Option func(*options)
+
+type options struct {
+	impl         mcp.Implementation
+	logger       *slog.Logger
+	instructions *string
+}
+
+// WithImplementation sets the name and version the server reports to
+// clients (default "sandboxd", "devel").
+func WithImplementation(name, version string) Option {
+	return func(o *options) { o.impl.Name, o.impl.Version = name, version }
+}
+
+// WithLogger logs the MCP server's activity to l (default: nothing).
+func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
+
+// WithInstructions replaces the server's instructions, which are by default
+// the tool set's environment section.
+func WithInstructions(s string) Option { return func(o *options) { o.instructions = &s } }
+
+// New returns a server for set's tools. It serves the tools active now; the
+// set of served tools follows load_skill from then on.
+func New(set *tools.Set, opts ...Option) *Server {
+	o := options{impl: mcp.Implementation{Name: "sandboxd", Title: "sandboxd workspace", Version: "devel"}}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	instructions := set.EnvironmentSection()
+	if o.instructions != nil {
+		instructions = *o.instructions
+	}
+	s := &Server{set: set}
+	s.mcp = mcp.NewServer(&o.impl, &mcp.ServerOptions{
+		Instructions: instructions,
+		Logger:       o.logger,
+		// Tools with list_changed, and nothing else: no logging capability.
+		Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{ListChanged: true}},
+	})
+	s.sync()
+	return s
+}
+
+// MCP returns the underlying go-sdk server, for transports other than Run's
+// (mcp.NewStreamableHTTPHandler, say).
+func (s *Server) MCP() *mcp.Server { return s.mcp }
+
+// Run serves one client over t until the client disconnects or ctx ends;
+// over mcp.StdioTransport, until standard input closes.
+func (s *Server) Run(ctx context.Context, t mcp.Transport) error {
+	return s.mcp.Run(ctx, t)
+}
+
+// sync makes the tools registered with the MCP server those the set has
+// active now. Adding or removing tools makes the SDK send
+// notifications/tools/list_changed to connected clients.
+func (s *Server) sync() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var active []string
+	for _, t := range s.set.Active() {
+		active = append(active, t.Name)
+		if !slices.Contains(s.served, t.Name) {
+			s.mcp.AddTool(mcpTool(t), s.handler(t.Name))
+		}
+	}
+	var gone []string
+	for _, name := range s.served {
+		if !slices.Contains(active, name) {
+			gone = append(gone, name)
+		}
+	}
+	if len(gone) > 0 {
+		s.mcp.RemoveTools(gone...)
+	}
+	s.served = active
+}
+
+// readOnly are the tools that change nothing.
+var readOnly = []string{"read", "ls", "find", "grep", tools.LoadSkill}
+
+func mcpTool(t tools.Tool) *mcp.Tool {
+	ro := slices.Contains(readOnly, t.Name)
+	closed, destructive := false, !ro
+	ann := &mcp.ToolAnnotations{ReadOnlyHint: ro, OpenWorldHint: &closed}
+	if !ro {
+		ann.DestructiveHint = &destructive
+	}
+	return &mcp.Tool{
+		Name:        t.Name,
+		Description: t.Description,
+		InputSchema: t.InputSchema,
+		Annotations: ann,
+	}
+}
+
+func (s *Server) handler(name string) mcp.ToolHandler {
+	return func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		opts := tools.CallOptions{ToolsChanged: s.sync}
+		if id, ok := req.Params.GetMeta()[MetaRunID].(string); ok {
+			opts.RunID = id
+		}
+		if tok := req.Params.GetProgressToken(); tok != nil && req.Session != nil {
+			opts.Progress = s.progress(ctx, req.Session, tok)
+		}
+		return result(s.set.Call(ctx, name, req.Params.Arguments, opts)), nil
+	}
+}
+
+// progress returns a tools progress hook that sends each run of output as a
+// notifications/progress for token. A run longer than the set's maxBytes is
+// cut to its end, like bash's own output.
+func (s *Server) progress(ctx context.Context, ss *mcp.ServerSession, token any) func(tools.Progress) {
+	limit := s.set.Config().MaxBytes
+	var sent int64
+	return func(p tools.Progress) {
+		sent += int64(len(p.Text))
+		text := p.Text
+		if len(text) > limit {
+			text = fmt.Sprintf("[… %d bytes not shown]\n", len(text)-limit) + validTail(text, limit)
+		}
+		// A progress notification is advice: a client gone away is noticed
+		// by the call itself, so a failed send is not an error of the call.
+		_ = ss.NotifyProgress(ctx, &mcp.ProgressNotificationParams{
+			Meta:          mcp.Meta{MetaStream: p.Stream},
+			ProgressToken: token,
+			Progress:      float64(sent),
+			Message:       text,
+		})
+	}
+}
+
+// validTail returns at most n bytes from the end of s, starting on a rune
+// boundary.
+func validTail(s string, n int) string {
+	i := len(s) - n
+	for i < len(s) && i > 0 && s[i]&0xC0 == 0x80 {
+		i++
+	}
+	return s[i:]
+}
+
+// result turns a tool result into an MCP result.
+func result(r tools.Result) *mcp.CallToolResult {
+	out := &mcp.CallToolResult{
+		Content:           []mcp.Content{&mcp.TextContent{Text: r.Text}},
+		StructuredContent: structured(r.Structured),
+		IsError:           r.IsError,
+	}
+	if r.Image != nil {
+		out.Content = append(out.Content, &mcp.ImageContent{Data: r.Image.Data, MIMEType: r.Image.MIMEType})
+	}
+	return out
+}
+
+// structured returns v as a JSON object for structuredContent, which must be
+// one. Every structured result of the tools is a struct pointer, so this only
+// guards against a nil.
+func structured(v any) any {
+	if v == nil {
+		return map[string]any{}
+	}
+	return v
+}

@@ -1,0 +1,165 @@
+//go:build unix
+
+package localfs
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"io/fs"
+	"os"
+	"path"
+	"syscall"
+
+	"github.com/sandboxd/sandboxd/workspace"
+	"golang.org/x/sys/unix"
+)
+
+// tmpInfix marks WriteFile's temporary files: ".NAME.sandboxd-tmp-RANDOM".
+const tmpInfix = ".sandboxd-tmp-"
+
+// WriteFile replaces the named regular file with data, or creates it.
+//
+// It opens the parent directory through the root and does everything else
+// relative to that descriptor: it creates a temporary file beside the target
+// (O_CREATE|O_EXCL, hidden, with an unpredictable name), writes and syncs it,
+// gives it the target's permission bits and owner (or perm less the umask for
+// a new file) and renames it over the target. So readers see the old contents
+// or the new, never a mix; a file with other hard links is replaced, never
+// written through; and a directory swapped for a link while WriteFile runs
+// cannot redirect the write, since the descriptor stays on the directory that
+// was resolved inside the root. On failure the temporary file is removed and
+// the target is unchanged.
+//
+// When name is a link, the link's target is written and the link stays; a link
+// that leads outside the workspace fails with workspace.ErrOutsideWorkspace.
+// A directory, pipe, socket or device fails with workspace.ErrNotAFile, never
+// opened. What a replaced file loses: extended attributes, ACLs, and its
+// owner when the process may not chown.
+func (f *FS) WriteFile(ctx context.Context, name string, data []byte, perm fs.FileMode) error {
+	if err := f.check(ctx, "write", name); err != nil {
+		return err
+	}
+	target := name
+	// A link at the target is resolved and the resolved name written; a few
+	// rounds cover a link that a concurrent process keeps replacing.
+	for range 4 {
+		err := f.replace(ctx, target, data, perm)
+		var link linkError
+		if !errors.As(err, &link) {
+			if err != nil {
+				return pathError("write", name, err)
+			}
+			return nil
+		}
+		if target, err = f.realPath(ctx, target); err != nil {
+			return pathError("write", name, err)
+		}
+	}
+	return &fs.PathError{Op: "write", Path: name, Err: &kindError{workspace.ErrInvalidArgument, syscall.ELOOP}}
+}
+
+// linkError says the name to replace is a link, to be resolved first.
+type linkError struct{}
+
+func (linkError) Error() string { return "is a symbolic link" }
+
+// replace writes data to name, whose last element must not be a link.
+func (f *FS) replace(ctx context.Context, name string, data []byte, perm fs.FileMode) error {
+	if name == "." {
+		return workspace.ErrNotAFile
+	}
+	// The parent is resolved through the root, and opened with O_DIRECTORY
+	// so that nothing else (a pipe) is ever opened; from here on every call
+	// is relative to its descriptor and names one entry, not following links.
+	dirName, base := path.Dir(name), path.Base(name)
+	openDir := func(name string) (*os.File, error) {
+		return f.root.OpenFile(name, os.O_RDONLY|unix.O_DIRECTORY|unix.O_NONBLOCK, 0)
+	}
+	dir, err := openDir(dirName)
+	if alt, ok := f.retryName(ctx, dirName, true, err); ok {
+		dir, err = openDir(alt)
+	}
+	if err != nil {
+		return err
+	}
+	defer dir.Close()
+	dfd := int(dir.Fd())
+
+	// A new file is created with perm, less the umask. An existing file's
+	// replacement is created private and given the file's bits once written.
+	var st unix.Stat_t
+	existing := false
+	switch err := unix.Fstatat(dfd, base, &st, unix.AT_SYMLINK_NOFOLLOW); {
+	case err == unix.ENOENT:
+	case err != nil:
+		return err
+	case st.Mode&unix.S_IFMT == unix.S_IFLNK:
+		return linkError{}
+	case st.Mode&unix.S_IFMT != unix.S_IFREG:
+		return workspace.ErrNotAFile
+	default:
+		existing, perm = true, 0o600
+	}
+
+	tmpName, fd, err := createTemp(dfd, base, perm)
+	if err != nil {
+		return err
+	}
+	tmp := os.NewFile(uintptr(fd), base)
+	err = func() error {
+		defer tmp.Close()
+		if _, err := tmp.Write(data); err != nil {
+			return err
+		}
+		if existing {
+			unix.Fchown(fd, int(st.Uid), int(st.Gid)) // where the process may
+			if err := unix.Fchmod(fd, uint32(st.Mode)&0o7777); err != nil {
+				return err
+			}
+		}
+		if f.opts.sync {
+			if err := tmp.Sync(); err != nil {
+				return err
+			}
+		}
+		return tmp.Close()
+	}()
+	if err == nil {
+		err = unix.Renameat(dfd, tmpName, dfd, base)
+	}
+	if err != nil {
+		unix.Unlinkat(dfd, tmpName, 0)
+		return err
+	}
+	if f.opts.sync {
+		dir.Sync() // best effort: some file systems refuse to sync a directory
+	}
+	return nil
+}
+
+// createTemp creates a new hidden file beside base in the directory dfd with
+// perm (less the umask), under a name no other process can predict, and
+// returns its name and descriptor.
+func createTemp(dfd int, base string, perm fs.FileMode) (string, int, error) {
+	if len(base) > 128 { // leave room for the rest within NAME_MAX
+		base = base[:128]
+	}
+	mode := uint32(perm.Perm())
+	for bit, m := range map[fs.FileMode]uint32{fs.ModeSetuid: unix.S_ISUID, fs.ModeSetgid: unix.S_ISGID, fs.ModeSticky: unix.S_ISVTX} {
+		if perm&bit != 0 {
+			mode |= m
+		}
+	}
+	for range 8 {
+		var r [8]byte
+		rand.Read(r[:])
+		name := "." + base + tmpInfix + hex.EncodeToString(r[:])
+		fd, err := unix.Openat(dfd, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, mode)
+		if err != unix.EEXIST {
+			return name, fd, err
+		}
+	}
+	return "", -1, unix.EEXIST
+}

@@ -324,7 +324,9 @@ func TestGrep(t *testing.T) {
 	if err := f.fs.Mknod("fifo", fs.ModeNamedPipe|0o644); err != nil {
 		t.Fatal(err)
 	}
-	m := func(p string, l int, text string) tools.GrepMatch { return tools.GrepMatch{Path: p, Line: l, Text: text} }
+	m := func(p string, l int, text string) tools.GrepMatch {
+		return tools.GrepMatch{Path: p, Line: l, Text: text}
+	}
 	tests := []struct {
 		args map[string]any
 		kind string

@@ -1,0 +1,197 @@
+package tools_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"path"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/memfs"
+	"github.com/sandboxd/sandboxd/tools"
+	"github.com/sandboxd/sandboxd/workspace"
+)
+
+// fakeBash runs a Go function in place of a shell, so the tool's handling of
+// output, endings and spills is tested exactly and fast.
+type fakeBash struct {
+	mu   sync.Mutex
+	last workspace.Command
+	run  func(ctx context.Context, cmd workspace.Command) (workspace.Result, error)
+}
+
+func (b *fakeBash) Run(ctx context.Context, cmd workspace.Command) (workspace.Result, error) {
+	b.mu.Lock()
+	b.last = cmd
+	b.mu.Unlock()
+	return b.run(ctx, cmd)
+}
+
+func bashSet(t *testing.T, fsys workspace.FileSystem, run func(context.Context, workspace.Command) (workspace.Result, error), configure ...func(*tools.Config)) (*tools.Set, *fakeBash) {
+	t.Helper()
+	cfg := tools.DefaultConfig()
+	cfg.Grants = []string{tools.GrantShellExec}
+	cfg.Always = []string{"shell"}
+	for _, c := range configure {
+		c(&cfg)
+	}
+	fb := &fakeBash{run: run}
+	set, err := tools.New(tools.Env{FS: fsys, Bash: fb, Session: workspace.Session{ID: "sess", RunID: "run", Root: "/workspace", Vars: map[string]string{"V": "session"}}}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return set, fb
+}
+
+// prints returns a fake command that writes out to stdout and ends with res.
+func prints(out string, res workspace.Result) func(context.Context, workspace.Command) (workspace.Result, error) {
+	return func(_ context.Context, cmd workspace.Command) (workspace.Result, error) {
+		cmd.Output(workspace.Stdout, []byte(out))
+		return res, nil
+	}
+}
+
+func TestBashEndings(t *testing.T) {
+	tests := []struct {
+		name string
+		out  string
+		res  workspace.Result
+		text string
+		want *tools.BashResult
+	}{
+		{"ok", "hi\n", workspace.Result{}, "hi\n\n[Exit code 0.]", &tools.BashResult{Output: "hi\n", OutputBytes: 3}},
+		{"no output", "", workspace.Result{ExitCode: 3}, "(no output)\n\n[Exit code 3.]", &tools.BashResult{ExitCode: 3}},
+		{"signal", "x", workspace.Result{ExitCode: -1, Signal: "SIGKILL"}, "x\n\n[Killed by signal SIGKILL.]",
+			&tools.BashResult{ExitCode: -1, Signal: "SIGKILL", Output: "x", OutputBytes: 1}},
+		{"timeout", "", workspace.Result{ExitCode: -1, Signal: "SIGKILL", TimedOut: true}, "(no output)\n\n[Timed out after 2m0s: the command and everything it started were killed.]",
+			&tools.BashResult{ExitCode: -1, Signal: "SIGKILL", TimedOut: true}},
+	}
+	for _, tt := range tests {
+		set, _ := bashSet(t, memfs.New(), prints(tt.out, tt.res))
+		r := set.Call(context.Background(), "bash", json.RawMessage(`{"command":"x"}`), tools.CallOptions{})
+		if r.IsError || r.Text != tt.text || !reflect.DeepEqual(r.Structured, tt.want) {
+			t.Errorf("%s: %q %+v", tt.name, r.Text, r.Structured)
+		}
+	}
+}
+
+func TestBashArguments(t *testing.T) {
+	set, fb := bashSet(t, memfs.New(), func(_ context.Context, cmd workspace.Command) (workspace.Result, error) {
+		if cmd.Stdin != nil {
+			in, _ := io.ReadAll(cmd.Stdin)
+			cmd.Output(workspace.Stdout, in)
+		}
+		return workspace.Result{}, nil
+	}, func(c *tools.Config) {
+		c.BashEnv = map[string]string{"A": "1", "V": "config"}
+		c.BashSessionEnv = true
+	})
+	call := func(args string) tools.Result {
+		return set.Call(context.Background(), "bash", json.RawMessage(args), tools.CallOptions{RunID: "turn7"})
+	}
+	if r := call(`{"command":"cat","stdin":"fed"}`); r.Structured.(*tools.BashResult).Output != "fed" {
+		t.Errorf("stdin: %s", r.Text)
+	}
+	want := map[string]string{"A": "1", "V": "config", "SANDBOXD_SESSION_ID": "sess", "SANDBOXD_RUN_ID": "turn7", "SANDBOXD_WORKSPACE": "/workspace"}
+	if !reflect.DeepEqual(fb.last.Env, want) || fb.last.Timeout != 120*time.Second || fb.last.Script != "cat" {
+		t.Errorf("command %+v", fb.last)
+	}
+	if r := call(`{"command":"x","timeout":1.5}`); r.IsError || fb.last.Timeout != 1500*time.Millisecond {
+		t.Errorf("timeout 1.5: %s %v", r.Text, fb.last.Timeout)
+	}
+	for _, args := range []string{`{"command":"x","timeout":601}`, `{"command":"x","timeout":0}`, `{"command":""}`, `{"command":"x","timeout":"5"}`} {
+		if r := call(args); errKind(r) != "InvalidArgument" {
+			t.Errorf("%s: %s", args, r.Text)
+		}
+	}
+}
+
+func TestBashSpill(t *testing.T) {
+	var whole strings.Builder
+	for i := range 3000 {
+		whole.WriteString(strings.Repeat("y", i%10) + "\n")
+	}
+	fsys := memfs.New()
+	set, _ := bashSet(t, fsys, prints(whole.String(), workspace.Result{}), func(c *tools.Config) { c.SpillKeep = 2 })
+	var paths []string
+	for range 3 {
+		r := set.Call(context.Background(), "bash", json.RawMessage(`{"command":"seq"}`), tools.CallOptions{})
+		b := r.Structured.(*tools.BashResult)
+		lines := strings.Split(whole.String(), "\n")
+		if !b.Truncated || b.Output != strings.Join(lines[1000:], "\n") || b.OutputBytes != int64(whole.Len()) {
+			t.Fatalf("tail: %d bytes, truncated %v", len(b.Output), b.Truncated)
+		}
+		if path.Dir(b.OutputPath) != ".sandboxd/runtime/tool-output" || !strings.Contains(r.Text, b.OutputPath) {
+			t.Fatalf("output path %q: %s", b.OutputPath, r.Text[len(r.Text)-200:])
+		}
+		saved, err := fsys.ReadFile(context.Background(), b.OutputPath, 1<<30)
+		if err != nil || string(saved) != whole.String() {
+			t.Fatalf("saved %d bytes, %v", len(saved), err)
+		}
+		paths = append(paths, b.OutputPath)
+	}
+	entries, _ := fsys.ReadDir(context.Background(), ".sandboxd/runtime/tool-output")
+	var names []string
+	for _, e := range entries {
+		names = append(names, path.Join(".sandboxd/runtime/tool-output", e.Name()))
+	}
+	if !reflect.DeepEqual(names, paths[1:]) {
+		t.Errorf("kept %v, want the newest two of %v", names, paths)
+	}
+
+	// Past maxFileBytes only the start is saved, and the result says so.
+	set, _ = bashSet(t, fsys, prints(strings.Repeat("z", 5000), workspace.Result{}), func(c *tools.Config) { c.MaxFileBytes = 1000; c.MaxBytes = 100 })
+	r := set.Call(context.Background(), "bash", json.RawMessage(`{"command":"z"}`), tools.CallOptions{})
+	b := r.Structured.(*tools.BashResult)
+	if b.SavedBytes != 1000 || b.OutputBytes != 5000 || len(b.Output) != 100 || !strings.Contains(r.Text, "was not saved") {
+		t.Errorf("over maxFileBytes: %+v\n%s", b, r.Text)
+	}
+}
+
+func TestBashProgress(t *testing.T) {
+	set, _ := bashSet(t, memfs.New(), func(_ context.Context, cmd workspace.Command) (workspace.Result, error) {
+		for i := range 6 {
+			cmd.Output(workspace.Stdout, []byte("out"))
+			cmd.Output(workspace.Stderr, []byte("err\xc3")) // a rune split between writes
+			cmd.Output(workspace.Stderr, []byte("\xa9"))
+			if i%2 == 1 {
+				time.Sleep(15 * time.Millisecond)
+			}
+		}
+		return workspace.Result{}, nil
+	}, func(c *tools.Config) { c.ProgressMs = 5 })
+	var mu sync.Mutex
+	got := map[string]string{}
+	events := 0
+	done := false
+	r := set.Call(context.Background(), "bash", json.RawMessage(`{"command":"x"}`), tools.CallOptions{Progress: func(p tools.Progress) {
+		mu.Lock()
+		defer mu.Unlock()
+		if done || p.Tool != "bash" || p.Text == "" || strings.ContainsRune(p.Text, '\uFFFD') {
+			t.Errorf("event %+v (after the call: %v)", p, done)
+		}
+		got[p.Stream] += p.Text
+		events++
+	}})
+	mu.Lock()
+	done = true
+	mu.Unlock()
+	if r.IsError || got["stdout"] != strings.Repeat("out", 6) || got["stderr"] != strings.Repeat("err\u00e9", 6) || events < 4 {
+		t.Errorf("progress %q, %d events", got, events)
+	}
+}
+
+func TestBashCanceled(t *testing.T) {
+	set, _ := bashSet(t, memfs.New(), func(ctx context.Context, _ workspace.Command) (workspace.Result, error) {
+		return workspace.Result{}, ctx.Err()
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if r := set.Call(ctx, "bash", json.RawMessage(`{"command":"x"}`), tools.CallOptions{}); errKind(r) != "Canceled" {
+		t.Errorf("canceled: %s", r.Text)
+	}
+}

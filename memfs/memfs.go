@@ -64,6 +64,8 @@ type FS struct {
 	rootPath string
 	umask    fs.FileMode
 	now      func() time.Time
+	maxBytes int64 // 0: no limit
+	used     int64 // bytes of file contents, counted once per name
 }
 
 // Option configures an FS made by New or FromDir.
@@ -88,6 +90,16 @@ func WithRoot(root string) Option {
 	return func(f *FS) { f.rootPath = path.Clean("/" + root) }
 }
 
+// WithMaxBytes bounds the bytes of file contents the workspace holds (0, the
+// default, is no bound), so that a runaway writer fails instead of
+// exhausting the process's memory. A write, link or FromDir copy that would
+// go over it fails with workspace.ErrForbidden and changes nothing. A file
+// with several names (see Link) counts once per name; directories, links and
+// special files count nothing.
+func WithMaxBytes(n int64) Option {
+	return func(f *FS) { f.maxBytes = max(n, 0) }
+}
+
 // New returns an empty workspace: a root directory with mode 0755.
 func New(opts ...Option) *FS {
 	f := &FS{rootPath: DefaultRoot, umask: 0o022, now: time.Now}
@@ -101,6 +113,14 @@ func New(opts ...Option) *FS {
 // Root returns the workspace's absolute path, for workspace.Resolve and
 // workspace.RealPath.
 func (f *FS) Root() string { return f.rootPath }
+
+// Used returns the bytes of file contents the workspace holds, as
+// WithMaxBytes counts them.
+func (f *FS) Used() int64 {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.used
+}
 
 // node is one file. Directories are changed in place under the FS's write
 // lock; a regular file's data is never changed once the node is in the tree —
@@ -116,6 +136,18 @@ type node struct {
 
 func (n *node) isDir() bool  { return n.mode.IsDir() }
 func (n *node) isLink() bool { return n.mode&fs.ModeSymlink != 0 }
+
+// bytes is what n and everything under it count against WithMaxBytes.
+func (n *node) bytes() int64 {
+	if n == nil {
+		return 0
+	}
+	sum := int64(len(n.data))
+	for _, child := range n.entries {
+		sum += child.bytes()
+	}
+	return sum
+}
 
 func (n *node) info(name string) fs.FileInfo {
 	fi := &fileInfo{name: name, mode: n.mode, modTime: n.modTime}
@@ -266,10 +298,25 @@ func (f *FS) perm(mode fs.FileMode) fs.FileMode {
 	return mode & (fs.ModePerm | fs.ModeSetuid | fs.ModeSetgid | fs.ModeSticky) &^ f.umask
 }
 
-// put makes n the entry base of dir and stamps dir as modified. The caller
-// holds f.mu for writing.
-func (f *FS) put(dir *node, base string, n *node) {
+// reserve checks that the workspace has room for delta more bytes.
+func (f *FS) reserve(op, name string, delta int64) error {
+	if f.maxBytes > 0 && delta > 0 && f.used+delta > f.maxBytes {
+		return pathErr(op, name, fmt.Errorf("workspace full: %d of its %d bytes used, %d more needed: %w",
+			f.used, f.maxBytes, delta, workspace.ErrForbidden))
+	}
+	return nil
+}
+
+// attach makes n the entry base of dir, in place of what was there, and
+// counts the bytes. The caller holds f.mu for writing and has reserved room.
+func (f *FS) attach(dir *node, base string, n *node) {
+	f.used += n.bytes() - dir.entries[base].bytes()
 	dir.entries[base] = n
+}
+
+// put is attach that also stamps dir as modified.
+func (f *FS) put(dir *node, base string, n *node) {
+	f.attach(dir, base, n)
 	dir.modTime = f.now()
 }
 
@@ -368,6 +415,9 @@ func (f *FS) WriteFile(ctx context.Context, name string, data []byte, perm fs.Fi
 		}
 		mode = l.n.mode
 	}
+	if err := f.reserve("write", name, int64(len(data))-l.n.bytes()); err != nil {
+		return err
+	}
 	f.put(l.dir, l.base, &node{mode: mode, modTime: f.now(), data: data})
 	return nil
 }
@@ -397,6 +447,9 @@ func (f *FS) create(op, name string, n *node) error {
 	if err != nil {
 		return pathErr(op, name, err)
 	}
+	if err := f.reserve(op, name, n.bytes()); err != nil {
+		return err
+	}
 	f.put(l.dir, l.base, n)
 	return nil
 }
@@ -422,7 +475,9 @@ func (f *FS) Remove(ctx context.Context, name string) error {
 	return nil
 }
 
+// unlink removes the entry l, with everything under it.
 func (f *FS) unlink(l loc) {
+	f.used -= l.n.bytes()
 	delete(l.dir.entries, l.base)
 	l.dir.modTime = f.now()
 }
@@ -466,8 +521,14 @@ func (f *FS) Rename(ctx context.Context, oldname, newname string) error {
 	case dst.n.isDir() && len(dst.n.entries) > 0:
 		return pathErr("rename", newname, workspace.ErrNotEmpty)
 	}
-	f.unlink(src)
-	f.put(dst.dir, dst.base, src.n)
+	if dst.n != nil {
+		f.unlink(dst) // a file, link, special file or empty directory
+	}
+	// Moved by hand rather than by unlink and put, which would count the
+	// bytes of a whole moved tree twice over.
+	delete(src.dir.entries, src.base)
+	dst.dir.entries[dst.base] = src.n
+	src.dir.modTime, dst.dir.modTime = f.now(), f.now()
 	return nil
 }
 

@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"net"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -432,6 +433,7 @@ func TestWriteFile(t *testing.T) {
 					t.Errorf("link %q after WriteFile: %v, %v", tt.keeps, info, err)
 				}
 			}
+			checkUsed(t, f)
 		})
 	}
 }
@@ -469,6 +471,82 @@ func snapshot(t *testing.T, f *memfs.FS) string {
 	}
 	walk(".")
 	return b.String()
+}
+
+// checkUsed fails the test unless Used counts the bytes of every name of a
+// regular file in the tree.
+func checkUsed(t *testing.T, f *memfs.FS) {
+	t.Helper()
+	var sum int64
+	var walk func(dir string)
+	walk = func(dir string) {
+		entries, err := f.ReadDir(ctx, dir)
+		if err != nil {
+			t.Fatalf("ReadDir(%q): %v", dir, err)
+		}
+		for _, e := range entries {
+			info, _ := e.Info()
+			if e.Type().IsRegular() {
+				sum += info.Size()
+			}
+			if e.IsDir() {
+				walk(path.Join(dir, e.Name()))
+			}
+		}
+	}
+	walk(".")
+	if got := f.Used(); got != sum {
+		t.Errorf("Used() = %d, but the files hold %d bytes", got, sum)
+	}
+}
+
+func TestMaxBytes(t *testing.T) {
+	f := build(t, "d/\nd/sub/", memfs.WithMaxBytes(10))
+	steps := []struct {
+		desc string
+		do   func() error
+		kind *workspace.Kind
+		used int64
+	}{
+		{"write 6", func() error { return f.WriteFile(ctx, "a", []byte("123456"), 0o644) }, nil, 6},
+		{"write 5 more", func() error { return f.WriteFile(ctx, "b", []byte("12345"), 0o644) }, workspace.ErrForbidden, 6},
+		{"grow a to 10", func() error { return f.WriteFile(ctx, "a", []byte("1234567890"), 0o644) }, nil, 10},
+		{"grow a to 11", func() error { return f.WriteFile(ctx, "a", []byte("12345678901"), 0o644) }, workspace.ErrForbidden, 10},
+		{"shrink a to 2", func() error { return f.WriteFile(ctx, "a", []byte("12"), 0o644) }, nil, 2},
+		{"empty file", func() error { return f.WriteFile(ctx, "d/e", nil, 0o644) }, nil, 2},
+		{"dirs and links cost nothing", func() error { return f.Symlink(ctx, "a", "l") }, nil, 2},
+		{"write 4 deep", func() error { return f.WriteFile(ctx, "d/sub/x", []byte("1234"), 0o644) }, nil, 6},
+		{"link counts per name", func() error { return f.Link("d/sub/x", "y") }, nil, 10},
+		{"one link too many", func() error { return f.Link("d/sub/x", "z") }, workspace.ErrForbidden, 10},
+		{"rename over frees", func() error { return f.Rename(ctx, "a", "y") }, nil, 6},
+		{"rename a tree", func() error { return f.Rename(ctx, "d", "e") }, nil, 6},
+		{"remove frees", func() error { return f.Remove(ctx, "y") }, nil, 4},
+		{"removeall frees", func() error { return f.RemoveAll(ctx, "e") }, nil, 0},
+		{"room again", func() error { return f.WriteFile(ctx, "b", []byte("1234567890"), 0o644) }, nil, 10},
+	}
+	for _, s := range steps {
+		before := snapshot(t, f)
+		err := s.do()
+		wantKind(t, s.desc, err, s.kind)
+		if s.kind != nil && snapshot(t, f) != before {
+			t.Errorf("%s: failed but changed the tree", s.desc)
+		}
+		if got := f.Used(); got != s.used {
+			t.Errorf("%s: Used() = %d, want %d", s.desc, got, s.used)
+		}
+		checkUsed(t, f)
+	}
+
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "big"), make([]byte, 11), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := memfs.FromDir(ctx, dir, memfs.WithMaxBytes(10)); !errors.Is(err, workspace.ErrForbidden) {
+		t.Errorf("FromDir over the bound: %v, want Forbidden", err)
+	}
+	if f, err := memfs.FromDir(ctx, dir, memfs.WithMaxBytes(11)); err != nil || f.Used() != 11 {
+		t.Errorf("FromDir at the bound: %v", err)
+	}
 }
 
 func TestWriteFileReplacesHardLinks(t *testing.T) {
@@ -734,6 +812,7 @@ func TestRemove(t *testing.T) {
 					t.Errorf("Lstat(%q) after %s: %v", n, op, err)
 				}
 			}
+			checkUsed(t, f)
 		})
 	}
 }
@@ -794,6 +873,7 @@ func TestRename(t *testing.T) {
 					t.Errorf("Lstat(%q) after Rename: %v", tt.old, err)
 				}
 			}
+			checkUsed(t, f)
 		})
 	}
 }
@@ -1059,6 +1139,7 @@ func TestFromDir(t *testing.T) {
 
 	f, err := memfs.FromDir(ctx, dir)
 	must(err)
+	checkUsed(t, f)
 	for _, tt := range []struct {
 		name string
 		mode fs.FileMode

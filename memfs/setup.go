@@ -52,6 +52,9 @@ func FromDir(ctx context.Context, dir string, opts ...Option) (*FS, error) {
 			}
 			n.entries = map[string]*node{}
 		case 0:
+			if err := f.reserve("copy", name, info.Size()); err != nil {
+				return err // before reading a file that cannot fit
+			}
 			n.data, err = readRegular(root, name)
 		case fs.ModeSymlink:
 			n.target, err = fs.ReadLink(src, name)
@@ -62,12 +65,15 @@ func FromDir(ctx context.Context, dir string, opts ...Option) (*FS, error) {
 		if err != nil {
 			return err
 		}
-		// Added directly, so the copied directories keep their times.
+		// Attached without put, so the copied directories keep their times.
 		l, err := f.resolve(name, false)
 		if err != nil {
 			return pathErr("copy", name, err)
 		}
-		l.dir.entries[l.base] = n
+		if err := f.reserve("copy", name, n.bytes()); err != nil {
+			return err
+		}
+		f.attach(l.dir, l.base, n)
 		return nil
 	})
 	if err != nil {

@@ -9,7 +9,6 @@ import (
 	"io/fs"
 	"net"
 	"os"
-	"path"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -438,38 +437,38 @@ func TestWriteFile(t *testing.T) {
 	}
 }
 
+// eachEntry calls visit for every entry of the tree, in walk order.
+func eachEntry(t *testing.T, f *memfs.FS, visit func(name string, info fs.FileInfo)) {
+	t.Helper()
+	res, err := workspace.Walk(ctx, f, workspace.WalkRequest{})
+	if err != nil {
+		t.Fatalf("walk: %v", err)
+	}
+	for _, e := range res.Entries {
+		info, err := f.Lstat(ctx, e.Path)
+		if err != nil {
+			t.Fatalf("Lstat(%q): %v", e.Path, err)
+		}
+		visit(e.Path, info)
+	}
+}
+
 // snapshot describes a whole tree, to tell whether anything changed.
 func snapshot(t *testing.T, f *memfs.FS) string {
 	t.Helper()
 	var b strings.Builder
-	var walk func(dir string)
-	walk = func(dir string) {
-		entries, err := f.ReadDir(ctx, dir)
-		if err != nil {
-			t.Fatalf("ReadDir(%q): %v", dir, err)
+	eachEntry(t, f, func(name string, info fs.FileInfo) {
+		fmt.Fprintf(&b, "%s %v %d", name, info.Mode(), info.Size())
+		switch {
+		case info.Mode()&fs.ModeSymlink != 0:
+			target, _ := f.Readlink(ctx, name)
+			fmt.Fprintf(&b, " -> %s", target)
+		case info.Mode().IsRegular():
+			data, _ := f.ReadFile(ctx, name, 1<<20)
+			fmt.Fprintf(&b, " %q", data)
 		}
-		for _, e := range entries {
-			name := dir + "/" + e.Name()
-			if dir == "." {
-				name = e.Name()
-			}
-			info, _ := e.Info()
-			fmt.Fprintf(&b, "%s %v %d", name, info.Mode(), info.Size())
-			switch {
-			case e.Type()&fs.ModeSymlink != 0:
-				target, _ := f.Readlink(ctx, name)
-				fmt.Fprintf(&b, " -> %s", target)
-			case e.Type().IsRegular():
-				data, _ := f.ReadFile(ctx, name, 1<<20)
-				fmt.Fprintf(&b, " %q", data)
-			}
-			b.WriteByte('\n')
-			if e.IsDir() {
-				walk(name)
-			}
-		}
-	}
-	walk(".")
+		b.WriteByte('\n')
+	})
 	return b.String()
 }
 
@@ -478,23 +477,11 @@ func snapshot(t *testing.T, f *memfs.FS) string {
 func checkUsed(t *testing.T, f *memfs.FS) {
 	t.Helper()
 	var sum int64
-	var walk func(dir string)
-	walk = func(dir string) {
-		entries, err := f.ReadDir(ctx, dir)
-		if err != nil {
-			t.Fatalf("ReadDir(%q): %v", dir, err)
+	eachEntry(t, f, func(_ string, info fs.FileInfo) {
+		if info.Mode().IsRegular() {
+			sum += info.Size()
 		}
-		for _, e := range entries {
-			info, _ := e.Info()
-			if e.Type().IsRegular() {
-				sum += info.Size()
-			}
-			if e.IsDir() {
-				walk(path.Join(dir, e.Name()))
-			}
-		}
-	}
-	walk(".")
+	})
 	if got := f.Used(); got != sum {
 		t.Errorf("Used() = %d, but the files hold %d bytes", got, sum)
 	}

@@ -30,7 +30,7 @@ import (
 //	"p|"          a named pipe
 //	"a => b"      a link a with target b; "$TOP" in b is the absolute
 //	              directory holding the workspace ("ws") and "out"
-func makeTree(t *testing.T, top string, layout []string) {
+func makeTree(t testing.TB, top string, layout []string) {
 	t.Helper()
 	ws := filepath.Join(top, "ws")
 	for _, e := range append([]string{"./", "../out/"}, layout...) {
@@ -57,7 +57,7 @@ func makeTree(t *testing.T, top string, layout []string) {
 }
 
 // newFS builds layout in a new directory and opens its "ws" as a workspace.
-func newFS(t *testing.T, layout ...string) (*FS, string) {
+func newFS(t testing.TB, layout ...string) (*FS, string) {
 	t.Helper()
 	top := t.TempDir()
 	makeTree(t, top, layout)
@@ -743,5 +743,31 @@ func TestNew(t *testing.T) {
 	}
 	if fsys.Dir() != filepath.Join(top, "ws/link") {
 		t.Errorf("Dir() = %q", fsys.Dir())
+	}
+}
+
+func BenchmarkReadFile(b *testing.B) {
+	fsys, _ := newFS(b, "d/", "d/e/", "d/e/f:"+strings.Repeat("x", 4096))
+	ctx := context.Background()
+	for b.Loop() {
+		if _, err := fsys.ReadFile(ctx, "d/e/f", 1<<20); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkWriteFile(b *testing.B) {
+	data := bytes.Repeat([]byte("x"), 4096)
+	for _, sync := range []bool{true, false} {
+		b.Run(fmt.Sprintf("sync=%v", sync), func(b *testing.B) {
+			fsys, _ := newFS(b, "d/", "d/f")
+			fsys.opts.sync = sync
+			ctx := context.Background()
+			for b.Loop() {
+				if err := fsys.WriteFile(ctx, "d/f", data, 0o644); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }

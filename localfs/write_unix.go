@@ -21,9 +21,11 @@ const tmpInfix = ".sandboxd-tmp-"
 
 // WriteFile replaces the named regular file with data, or creates it.
 //
-// It opens the parent directory through the root and does everything else
-// relative to that descriptor: it creates a temporary file beside the target
-// (O_CREATE|O_EXCL, hidden, with an unpredictable name), writes and syncs it,
+// It opens the parent directory through the root (with O_DIRECTORY, so never
+// a pipe) and does everything else relative to that descriptor, naming single
+// entries with openat, fstatat and renameat: it creates a temporary file
+// beside the target (O_CREAT|O_EXCL|O_NOFOLLOW, hidden, with an unpredictable
+// name), writes and syncs it,
 // gives it the target's permission bits and owner (or perm less the umask for
 // a new file) and renames it over the target. So readers see the old contents
 // or the new, never a mix; a file with other hard links is replaced, never

@@ -175,7 +175,8 @@ func (s *Server) progress(ctx context.Context, ss *mcp.ServerSession, token any)
 		sent += int64(len(p.Text))
 		text := p.Text
 		if len(text) > limit {
-			text = fmt.Sprintf("[… %d bytes not shown]\n", len(text)-limit) + validTail(text, limit)
+			tail := validTail(text, limit)
+			text = fmt.Sprintf("[… %d bytes not shown]\n", len(text)-len(tail)) + tail
 		}
 		// A progress notification is advice: a client gone away is noticed
 		// by the call itself, so a failed send is not an error of the call.

@@ -227,3 +227,22 @@ func childrenOfSelf() []int {
 	}
 	return out
 }
+
+// The cost of starting and reaping a command, with each implementation.
+func benchStart(b *testing.B, direct bool) {
+	for b.Loop() {
+		p, err := Start(b.Context(), Spec{Argv: []string{"/bin/true"}, direct: direct})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := p.Wait(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkStart(b *testing.B) {
+	for name, direct := range impls() {
+		b.Run(name, func(b *testing.B) { benchStart(b, direct) })
+	}
+}

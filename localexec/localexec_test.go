@@ -1,0 +1,438 @@
+package localexec_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/localexec"
+	"github.com/sandboxd/sandboxd/workspace"
+)
+
+// run runs cmd in a fresh workspace and returns its result, stdout and stderr.
+func run(t *testing.T, b *localexec.Bash, ctx context.Context, cmd workspace.Command) (workspace.Result, string, string, error) {
+	t.Helper()
+	var mu sync.Mutex
+	var stdout, stderr bytes.Buffer
+	cmd.Output = func(s workspace.Stream, p []byte) {
+		mu.Lock()
+		defer mu.Unlock()
+		if s == workspace.Stdout {
+			stdout.Write(p)
+		} else {
+			stderr.Write(p)
+		}
+	}
+	res, err := b.Run(ctx, cmd)
+	return res, stdout.String(), stderr.String(), err
+}
+
+func newBash(t *testing.T, opts ...localexec.Option) (*localexec.Bash, string) {
+	t.Helper()
+	dir := t.TempDir()
+	b, err := localexec.New(dir, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b, dir
+}
+
+func TestExitStatus(t *testing.T) {
+	b, _ := newBash(t)
+	tests := []struct {
+		script string
+		want   workspace.Result
+		stdout string
+	}{
+		{"echo hi", workspace.Result{ExitCode: 0}, "hi\n"},
+		{"exit 42", workspace.Result{ExitCode: 42}, ""},
+		{"kill -TERM $$", workspace.Result{ExitCode: -1, Signal: "SIGTERM"}, ""},
+		{"kill -KILL $$", workspace.Result{ExitCode: -1, Signal: "SIGKILL"}, ""},
+		{"kill -INT $$; sleep 1", workspace.Result{ExitCode: -1, Signal: "SIGINT"}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.script, func(t *testing.T) {
+			res, stdout, _, err := run(t, b, t.Context(), workspace.Command{Script: tt.script})
+			if err != nil {
+				t.Fatal(err)
+			}
+			res.Duration = 0
+			if res != tt.want || stdout != tt.stdout {
+				t.Errorf("Run = %+v, %q; want %+v, %q", res, stdout, tt.want, tt.stdout)
+			}
+		})
+	}
+	noChildren(t)
+}
+
+func TestArgv(t *testing.T) {
+	b, dir := newBash(t)
+	if err := os.WriteFile(filepath.Join(dir, "data"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		argv           []string
+		code           int
+		stdout, stderr string
+	}{
+		{[]string{"printf", "%s|", "a b", "$HOME", "*"}, 0, "a b|$HOME|*|", ""},
+		{[]string{"no-such-program-xyz"}, 127, "", "no-such-program-xyz: command not found\n"},
+		{[]string{"./data"}, 126, "", "./data: permission denied\n"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.argv[0], func(t *testing.T) {
+			res, stdout, stderr, err := run(t, b, t.Context(), workspace.Command{Argv: tt.argv})
+			if err != nil || res.ExitCode != tt.code || stdout != tt.stdout || stderr != tt.stderr {
+				t.Errorf("Run = %+v, %v, %q, %q; want exit %d, %q, %q", res, err, stdout, stderr, tt.code, tt.stdout, tt.stderr)
+			}
+		})
+	}
+}
+
+func TestInvalidCommand(t *testing.T) {
+	b, _ := newBash(t)
+	for name, cmd := range map[string]workspace.Command{
+		"neither":      {},
+		"both":         {Script: "true", Argv: []string{"true"}},
+		"empty argv0":  {Argv: []string{""}},
+		"NUL":          {Script: "echo a\x00b"},
+		"bad env name": {Script: "true", Env: map[string]string{"A=B": "c"}},
+		"negative":     {Script: "true", Timeout: -time.Second},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if _, err := b.Run(t.Context(), cmd); !errors.Is(err, workspace.ErrInvalidArgument) {
+				t.Errorf("Run = %v, want ErrInvalidArgument", err)
+			}
+		})
+	}
+}
+
+func TestDir(t *testing.T) {
+	b, root := newBash(t)
+	must(t, os.MkdirAll(filepath.Join(root, "sub", "deep"), 0o755))
+	must(t, os.WriteFile(filepath.Join(root, "file"), nil, 0o644))
+	must(t, os.Symlink("sub", filepath.Join(root, "in")))
+	must(t, os.Symlink(t.TempDir(), filepath.Join(root, "out")))
+	tests := []struct {
+		dir  string
+		pwd  string
+		kind *workspace.Kind
+	}{
+		{"", root, nil},
+		{".", root, nil},
+		{"sub/deep", filepath.Join(root, "sub", "deep"), nil},
+		{filepath.Join(root, "sub"), filepath.Join(root, "sub"), nil},
+		{"in", filepath.Join(root, "in"), nil},
+		{"missing", "", workspace.ErrNotFound},
+		{"file", "", workspace.ErrNotADirectory},
+		{"file/x", "", workspace.ErrNotADirectory},
+		{"..", "", workspace.ErrOutsideWorkspace},
+		{"sub/../../x", "", workspace.ErrOutsideWorkspace},
+		{"/etc", "", workspace.ErrOutsideWorkspace},
+		{"out", "", workspace.ErrOutsideWorkspace},
+	}
+	for _, tt := range tests {
+		t.Run(tt.dir, func(t *testing.T) {
+			_, stdout, _, err := run(t, b, t.Context(), workspace.Command{Script: "pwd", Dir: tt.dir})
+			if tt.kind != nil {
+				if !errors.Is(err, tt.kind) {
+					t.Errorf("Run = %v, want %s", err, tt.kind.Name())
+				}
+				return
+			}
+			if err != nil || stdout != tt.pwd+"\n" {
+				t.Errorf("Run = %v, pwd %q; want %q", err, stdout, tt.pwd)
+			}
+		})
+	}
+}
+
+func TestEnvironment(t *testing.T) {
+	t.Setenv("SANDBOXD_TEST_SECRET", "hunter2")
+	t.Setenv("LC_SANDBOXD_TEST", "allowed by prefix")
+	const script = `echo "${SANDBOXD_TEST_SECRET-unset} ${LC_SANDBOXD_TEST-unset} ${SESSION-unset} ${CMD-unset}"`
+	tests := []struct {
+		name string
+		opts []localexec.Option
+		env  map[string]string
+		want string
+	}{
+		{"default", nil, nil, "unset allowed by prefix unset unset"},
+		{"inherit", []localexec.Option{localexec.WithInheritEnv(true)}, nil, "hunter2 allowed by prefix unset unset"},
+		{"allow", []localexec.Option{localexec.WithEnvAllow([]string{"SANDBOXD_TEST_*"})}, nil, "hunter2 unset unset unset"},
+		{"session", []localexec.Option{localexec.WithEnv(map[string]string{"SESSION": "s", "CMD": "s"})}, map[string]string{"CMD": "c"}, "unset allowed by prefix s c"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b, _ := newBash(t, tt.opts...)
+			_, stdout, _, err := run(t, b, t.Context(), workspace.Command{Script: script, Env: tt.env})
+			if err != nil || stdout != tt.want+"\n" {
+				t.Errorf("Run = %v, %q; want %q", err, stdout, tt.want)
+			}
+		})
+	}
+	t.Run("whole", func(t *testing.T) {
+		b, dir := newBash(t)
+		_, stdout, _, err := run(t, b, t.Context(), workspace.Command{Argv: []string{"env"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := workspace.CommandEnv(os.Environ(), workspace.DefaultEnvAllow, false, map[string]string{"PWD": dir})
+		if got := strings.Split(strings.TrimSuffix(stdout, "\n"), "\n"); strings.Join(got, "\n") != strings.Join(want, "\n") {
+			t.Errorf("env = %q, want %q", got, want)
+		}
+	})
+}
+
+func TestStdin(t *testing.T) {
+	b, _ := newBash(t)
+	big := strings.Repeat("0123456789abcdef", 1<<16) // 1 MiB, more than a pipe holds
+	tests := []struct {
+		name   string
+		script string
+		stdin  io.Reader
+		stdout string
+	}{
+		{"delivered then EOF", "cat", strings.NewReader("hello\x00world"), "hello\x00world"},
+		{"nil is empty", "cat; echo end", nil, "end\n"},
+		{"large", "wc -c", strings.NewReader(big), strconv.Itoa(len(big)) + "\n"},
+		{"never read", "echo done", strings.NewReader(big), "done\n"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			res, stdout, _, err := run(t, b, t.Context(), workspace.Command{Script: tt.script, Stdin: tt.stdin, Timeout: 10 * time.Second})
+			if err != nil || res.ExitCode != 0 || strings.TrimLeft(stdout, " ") != tt.stdout {
+				t.Errorf("Run = %+v, %v, %q; want %q", res, err, stdout, tt.stdout)
+			}
+		})
+	}
+}
+
+// Output is binary-safe, complete, and on the right stream.
+func TestLargeBinaryOutput(t *testing.T) {
+	b, dir := newBash(t)
+	data := make([]byte, 10<<20)
+	rand.Read(data)
+	must(t, os.WriteFile(filepath.Join(dir, "blob"), data, 0o644))
+	res, stdout, stderr, err := run(t, b, t.Context(), workspace.Command{Script: "cat blob & cat blob >&2; wait"})
+	if err != nil || res.ExitCode != 0 {
+		t.Fatal(res, err)
+	}
+	if stdout != string(data) || stderr != string(data) {
+		t.Errorf("got %d bytes on stdout and %d on stderr; want the %d bytes of blob on each", len(stdout), len(stderr), len(data))
+	}
+}
+
+// Output calls never overlap, and p is passed while the command runs.
+func TestOutputSerialAndStreaming(t *testing.T) {
+	b, _ := newBash(t)
+	var inFlight, overlaps atomic.Int32
+	stdinR, stdinW := io.Pipe()
+	var once sync.Once
+	var got strings.Builder
+	res, err := b.Run(t.Context(), workspace.Command{
+		Script: `for i in $(seq 200); do echo out$i; echo err$i >&2; done; echo ready; read answer; echo "got $answer"`,
+		Stdin:  stdinR,
+		// If output only came at the end, the command would wait for its
+		// answer until this timeout.
+		Timeout: 10 * time.Second,
+		Output: func(s workspace.Stream, p []byte) {
+			if inFlight.Add(1) > 1 {
+				overlaps.Add(1)
+			}
+			time.Sleep(50 * time.Microsecond)
+			if s == workspace.Stdout {
+				got.Write(p)
+				if strings.Contains(got.String(), "ready\n") {
+					once.Do(func() { go func() { io.WriteString(stdinW, "yes\n"); stdinW.Close() }() })
+				}
+			}
+			inFlight.Add(-1)
+		},
+	})
+	if err != nil || res.TimedOut || res.ExitCode != 0 {
+		t.Fatalf("Run = %+v, %v; want the answer to arrive while it runs", res, err)
+	}
+	if !strings.HasSuffix(got.String(), "ready\ngot yes\n") {
+		t.Errorf("stdout ends %q", got.String()[max(0, got.Len()-40):])
+	}
+	if n := overlaps.Load(); n > 0 {
+		t.Errorf("%d overlapping Output calls", n)
+	}
+}
+
+// escapes starts "sleep 600" in every way a process can try to outlive its
+// command, each writing its pid to a file; then it prints "started".
+const escapes = `
+	sleep 600 & echo $! > background
+	nohup sleep 600 >/dev/null 2>&1 & echo $! > nohup
+	setsid sleep 600 & echo $! > setsid
+	(sleep 600 & echo $! > doublefork) &
+	setsid bash -c 'sleep 600 & echo $! > setsid-child' &
+	for f in background nohup setsid doublefork setsid-child; do
+		until [ -s $f ]; do sleep 0.01; done
+	done
+	echo started
+`
+
+var escapeFiles = []string{"background", "nohup", "setsid", "doublefork", "setsid-child"}
+
+func TestTreeKilled(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("the whole tree is killed on Linux; elsewhere the process group only")
+	}
+	tests := []struct {
+		name    string
+		script  string
+		timeout time.Duration
+		cancel  bool
+		want    workspace.Result
+		err     error
+	}{
+		{"main exits", escapes + "exit 3", 0, false, workspace.Result{ExitCode: 3}, nil},
+		{"timeout", escapes + "sleep 600", 300 * time.Millisecond, false, workspace.Result{ExitCode: -1, Signal: "SIGKILL", TimedOut: true}, nil},
+		{"context", escapes + "sleep 600", 0, true, workspace.Result{ExitCode: -1, Signal: "SIGKILL"}, context.Canceled},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b, dir := newBash(t)
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			res, err := b.Run(ctx, workspace.Command{Script: tt.script, Timeout: tt.timeout, Output: func(s workspace.Stream, p []byte) {
+				if tt.cancel && strings.Contains(string(p), "started") {
+					cancel()
+				}
+			}})
+			res.Duration = 0
+			if res != tt.want || !errors.Is(err, tt.err) {
+				t.Errorf("Run = %+v, %v; want %+v, %v", res, err, tt.want, tt.err)
+			}
+			for _, f := range escapeFiles {
+				b, err := os.ReadFile(filepath.Join(dir, f))
+				pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+				if err != nil || pid <= 0 {
+					t.Errorf("%s: no pid (%v)", f, err)
+					continue
+				}
+				// kill -0 fails for a process that is gone; a pid reused
+				// since is not a sleep 600.
+				cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+				if syscall.Kill(pid, 0) == nil && string(cmdline) == "sleep\x00600\x00" {
+					syscall.Kill(pid, syscall.SIGKILL)
+					t.Errorf("%s: process %d survived", f, pid)
+				}
+			}
+		})
+	}
+	noChildren(t)
+}
+
+// A killed tree ends Run promptly, with the duration it ran.
+func TestTimeoutDuration(t *testing.T) {
+	b, _ := newBash(t)
+	res, _, _, err := run(t, b, t.Context(), workspace.Command{Script: "sleep 600 & sleep 600", Timeout: 100 * time.Millisecond})
+	if err != nil || !res.TimedOut || res.Duration < 100*time.Millisecond {
+		t.Errorf("Run = %+v, %v; want timed out after at least 100ms", res, err)
+	}
+}
+
+func TestContextDone(t *testing.T) {
+	b, _ := newBash(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	if _, err := b.Run(ctx, workspace.Command{Script: "true"}); !errors.Is(err, context.Canceled) {
+		t.Errorf("Run with a done context = %v", err)
+	}
+	ctx, cancel = context.WithTimeout(t.Context(), 100*time.Millisecond)
+	defer cancel()
+	res, err := b.Run(ctx, workspace.Command{Script: "sleep 600", Timeout: time.Minute})
+	if !errors.Is(err, context.DeadlineExceeded) || res.TimedOut || res.Signal != "SIGKILL" {
+		t.Errorf("Run = %+v, %v; want killed, with ctx's error", res, err)
+	}
+}
+
+func TestNoLeaks(t *testing.T) {
+	b, _ := newBash(t)
+	before := runtime.NumGoroutine()
+	for range 5 {
+		run(t, b, t.Context(), workspace.Command{Script: "sleep 600 & echo x; echo y >&2", Stdin: strings.NewReader("in")})
+		run(t, b, t.Context(), workspace.Command{Script: "sleep 600", Timeout: 10 * time.Millisecond})
+	}
+	noChildren(t)
+	var after int
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if after = runtime.NumGoroutine(); after <= before {
+			return
+		}
+	}
+	t.Errorf("%d goroutines before, %d after", before, after)
+}
+
+func TestNew(t *testing.T) {
+	dir := t.TempDir()
+	must(t, os.WriteFile(filepath.Join(dir, "file"), nil, 0o644))
+	if _, err := localexec.New(filepath.Join(dir, "missing")); !errors.Is(err, workspace.ErrNotFound) {
+		t.Errorf("New(missing) = %v", err)
+	}
+	if _, err := localexec.New(filepath.Join(dir, "file")); !errors.Is(err, workspace.ErrNotADirectory) {
+		t.Errorf("New(file) = %v", err)
+	}
+	if _, err := localexec.New(dir, localexec.WithShell("no-such-shell-xyz")); !errors.Is(err, workspace.ErrUnavailable) {
+		t.Errorf("New(WithShell(missing)) = %v", err)
+	}
+	b, err := localexec.New(dir, localexec.WithShell("sh"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, out, _, err := run(t, b, t.Context(), workspace.Command{Script: `echo "$0"`}); err != nil || filepath.Base(strings.TrimSpace(out)) != "sh" {
+		t.Errorf("WithShell(sh): $0 = %q, %v", out, err)
+	}
+}
+
+func BenchmarkRun(b *testing.B) {
+	sh, err := localexec.New(b.TempDir())
+	if err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if _, err := sh.Run(b.Context(), workspace.Command{Argv: []string{"true"}}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// noChildren fails when the test process has children left: zombies Run did
+// not reap, or shims that did not exit.
+func noChildren(t *testing.T) {
+	t.Helper()
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		return // not Linux
+	}
+	for _, task := range tasks {
+		b, _ := os.ReadFile("/proc/self/task/" + task.Name() + "/children")
+		if s := strings.TrimSpace(string(b)); s != "" {
+			t.Errorf("children left behind: %s", s)
+		}
+	}
+}

@@ -86,8 +86,18 @@ func (x *fixture) parse(layout []string) []entry {
 // build creates a layout in the workspace.
 func (x *fixture) build(layout ...string) {
 	x.t.Helper()
-	if err := buildTree(x.ctx, x.FS, x.MakeSpecial, x.parse(layout)); err != nil {
-		x.t.Fatal(err)
+	buildLayout(x.t, x.ctx, x.FS, x.MakeSpecial, x.vars, layout)
+}
+
+// buildLayout creates a layout in a workspace or fails the test.
+func buildLayout(t *testing.T, ctx context.Context, fsys workspace.FileSystem, special func(string, fs.FileMode) error, vars map[string]string, layout []string) {
+	t.Helper()
+	entries, err := parseLayout(layout, vars)
+	if err == nil {
+		err = buildTree(ctx, fsys, special, entries)
+	}
+	if err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -1,0 +1,594 @@
+package conformance
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"path"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/workspace"
+)
+
+// TestBash checks a workspace.Bash adapter against the port's contract. Its
+// subtests run in parallel, each on a fresh BashInstance from h.New, except
+// the one that sets the host secret (see BashHarness.HostSecret): the test
+// calling TestBash must therefore not call t.Parallel.
+func TestBash(t *testing.T, h BashHarness) {
+	t.Helper()
+	if h.New == nil {
+		t.Fatal("conformance: BashHarness.New is nil")
+	}
+	checkSkips(t, h.Skip)
+	if len(h.Skip) > 0 {
+		t.Logf("declared missing: %s", describeCaps(h.Skip))
+	}
+	for _, bt := range bashTests {
+		t.Run(bt.name, func(t *testing.T) {
+			if !bt.serial {
+				t.Parallel()
+			}
+			x := h.fixture(t, bt)
+			bt.run(x)
+		})
+	}
+}
+
+type bashTest struct {
+	name   string
+	needs  []Capability
+	serial bool // sets the process environment: must not run beside others
+	run    func(x *bashFixture)
+}
+
+// bashFixture is one subtest's fresh Bash.
+type bashFixture struct {
+	t   *testing.T
+	ctx context.Context
+	BashInstance
+	secret string // the host variable no command may see
+}
+
+const secretValue = "conformance-s3cret-value"
+
+func (h BashHarness) fixture(t *testing.T, bt bashTest) *bashFixture {
+	t.Helper()
+	secret := cmpOr(h.HostSecret, "SANDBOXD_CONFORMANCE_SECRET")
+	if bt.serial {
+		t.Setenv(secret, secretValue)
+	}
+	inst := h.New(t)
+	if inst.Bash == nil || inst.FS == nil || !path.IsAbs(inst.Root) {
+		t.Fatalf("conformance: New returned a BashInstance without Bash or FS, or with a root %q that is not absolute", inst.Root)
+	}
+	require(t, h.Skip, inst.has, bt.needs...)
+	return &bashFixture{t: t, ctx: t.Context(), BashInstance: inst, secret: secret}
+}
+
+func cmpOr(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+func (inst BashInstance) has(c Capability) bool {
+	switch c {
+	case CapSymlinks:
+		_, ok := inst.FS.(workspace.SymlinkFS)
+		return ok
+	case CapConfiguredEnv:
+		return len(inst.Env) > 0
+	case CapProcessTree:
+		return true
+	}
+	return false
+}
+
+// ran is what one Run gave.
+type ran struct {
+	res            workspace.Result
+	err            error
+	stdout, stderr []byte
+	overlapped     bool // Output was called while a call was in progress
+}
+
+// runCtx runs cmd, capturing its output, and fails the test when Run does
+// not return within limit.
+func (x *bashFixture) runCtx(ctx context.Context, limit time.Duration, cmd workspace.Command) ran {
+	x.t.Helper()
+	return within(x.t, limit, fmt.Sprintf("Run(%s)", describe(cmd)), func() ran {
+		var r ran
+		var inside atomic.Int32
+		user := cmd.Output
+		cmd.Output = func(s workspace.Stream, p []byte) {
+			if inside.Add(1) > 1 {
+				r.overlapped = true
+			}
+			defer inside.Add(-1)
+			switch s {
+			case workspace.Stdout:
+				r.stdout = append(r.stdout, p...)
+			case workspace.Stderr:
+				r.stderr = append(r.stderr, p...)
+			}
+			if user != nil {
+				user(s, p)
+			}
+		}
+		r.res, r.err = x.Bash.Run(ctx, cmd)
+		return r
+	})
+}
+
+func (x *bashFixture) run(cmd workspace.Command) ran {
+	x.t.Helper()
+	return x.runCtx(x.ctx, hangTimeout, cmd)
+}
+
+// sh runs a script and fails the test unless it exits 0 with nothing on
+// standard error; it returns standard output.
+func (x *bashFixture) sh(script string) string {
+	x.t.Helper()
+	r := x.run(workspace.Command{Script: script})
+	if r.err != nil || r.res.ExitCode != 0 || len(r.stderr) > 0 {
+		x.t.Fatalf("Run(%q) = %+v, %v; stderr %q", script, r.res, r.err, r.stderr)
+	}
+	return string(r.stdout)
+}
+
+func describe(cmd workspace.Command) string {
+	s := fmt.Sprintf("%q", cmd.Script)
+	if cmd.Argv != nil {
+		s = fmt.Sprintf("argv %q", cmd.Argv)
+	}
+	if cmd.Dir != "" {
+		s += fmt.Sprintf(" in %q", cmd.Dir)
+	}
+	if cmd.Timeout > 0 {
+		s += fmt.Sprintf(" with timeout %v", cmd.Timeout)
+	}
+	return s
+}
+
+// expect fails the test unless r ended as want did (Duration aside) with no
+// error.
+func (x *bashFixture) expect(r ran, want workspace.Result) {
+	x.t.Helper()
+	got := r.res
+	got.Duration = 0
+	if r.err != nil || got != want {
+		x.t.Errorf("Run = %+v, %v; want %+v (stdout %q, stderr %q)", got, r.err, want, clip(r.stdout), clip(r.stderr))
+	}
+	if r.overlapped {
+		x.t.Error("Output was called concurrently")
+	}
+}
+
+func clip(b []byte) string {
+	if len(b) > 200 {
+		return string(b[:200]) + "…"
+	}
+	return string(b)
+}
+
+func (x *bashFixture) expectOutput(r ran, stdout, stderr string) {
+	x.t.Helper()
+	if string(r.stdout) != stdout || string(r.stderr) != stderr {
+		x.t.Errorf("output: stdout %q, stderr %q; want %q, %q", clip(r.stdout), clip(r.stderr), clip([]byte(stdout)), clip([]byte(stderr)))
+	}
+}
+
+func exited(code int) workspace.Result { return workspace.Result{ExitCode: code} }
+
+var bashTests = []bashTest{
+	{name: "Exit/Zero", run: func(x *bashFixture) {
+		r := x.run(workspace.Command{Script: "true"})
+		x.expect(r, exited(0))
+		x.expectOutput(r, "", "")
+	}},
+	{name: "Exit/NonZero", run: func(x *bashFixture) { x.expect(x.run(workspace.Command{Script: "exit 3"}), exited(3)) }},
+	{name: "Exit/255", run: func(x *bashFixture) { x.expect(x.run(workspace.Command{Script: "exit 255"}), exited(255)) }},
+	{name: "Exit/LastCommand", run: func(x *bashFixture) { x.expect(x.run(workspace.Command{Script: "true; false"}), exited(1)) }},
+	{name: "Exit/Argv", run: func(x *bashFixture) { x.expect(x.run(workspace.Command{Argv: []string{"false"}}), exited(1)) }},
+	{name: "Signal/TERM", run: func(x *bashFixture) {
+		x.expect(x.run(workspace.Command{Script: "kill -TERM $$; sleep 5"}), workspace.Result{ExitCode: -1, Signal: "SIGTERM"})
+	}},
+	{name: "Signal/KILL", run: func(x *bashFixture) {
+		x.expect(x.run(workspace.Command{Script: "kill -KILL $$; sleep 5"}), workspace.Result{ExitCode: -1, Signal: "SIGKILL"})
+	}},
+	{name: "Timeout/TimedOut", run: timedOut},
+	{name: "Timeout/NotReached", run: func(x *bashFixture) {
+		r := x.run(workspace.Command{Script: "echo hi", Timeout: 10 * time.Second})
+		x.expect(r, exited(0))
+		x.expectOutput(r, "hi\n", "")
+	}},
+	{name: "Timeout/OutputKept", run: func(x *bashFixture) {
+		r := x.runCtx(x.ctx, 5*time.Second, workspace.Command{Script: "echo before; sleep 5", Timeout: 300 * time.Millisecond})
+		if !r.res.TimedOut || r.err != nil {
+			x.t.Errorf("Run = %+v, %v; want TimedOut", r.res, r.err)
+		}
+		x.expectOutput(r, "before\n", "")
+	}},
+	{name: "Timeout/TreeDies", needs: l2(CapProcessTree), run: func(x *bashFixture) { treeDies(x, false) }},
+	{name: "Context/Cancel", run: func(x *bashFixture) { ctxEnds(x, context.Canceled) }},
+	{name: "Context/Deadline", run: func(x *bashFixture) { ctxEnds(x, context.DeadlineExceeded) }},
+	{name: "Context/TreeDies", needs: l2(CapProcessTree), run: func(x *bashFixture) { treeDies(x, true) }},
+	{name: "Stdin/Delivered", run: func(x *bashFixture) {
+		r := x.run(workspace.Command{Script: "cat", Stdin: strings.NewReader("hello\nworld\n")})
+		x.expect(r, exited(0))
+		x.expectOutput(r, "hello\nworld\n", "")
+	}},
+	{name: "Stdin/ThenEOF", run: func(x *bashFixture) {
+		r := x.run(workspace.Command{Script: "read a; read b; read c || echo eof:$a:$b", Stdin: strings.NewReader("1\n2\n")})
+		x.expect(r, exited(0))
+		x.expectOutput(r, "eof:1:2\n", "")
+	}},
+	{name: "Stdin/Nil", run: func(x *bashFixture) {
+		r := x.run(workspace.Command{Script: "cat; read x || echo empty"})
+		x.expect(r, exited(0))
+		x.expectOutput(r, "empty\n", "")
+	}},
+	{name: "Stdin/LargeBinary", run: func(x *bashFixture) {
+		data := randomBytes(3 << 20)
+		r := x.run(workspace.Command{Script: "cat", Stdin: bytes.NewReader(data)})
+		x.expect(r, exited(0))
+		sameBytes(x, "stdout", r.stdout, data)
+	}},
+	{name: "Output/Separated", run: func(x *bashFixture) {
+		r := x.run(workspace.Command{Script: "echo out; echo err >&2; echo out2; echo err2 >&2"})
+		x.expect(r, exited(0))
+		x.expectOutput(r, "out\nout2\n", "err\nerr2\n")
+	}},
+	{name: "Output/Large", run: func(x *bashFixture) {
+		const n = 5 << 20
+		r := x.run(workspace.Command{Script: fmt.Sprintf("head -c %d /dev/zero | tr '\\0' x; echo done >&2", n)})
+		x.expect(r, exited(0))
+		sameBytes(x, "stdout", r.stdout, bytes.Repeat([]byte("x"), n))
+		if string(r.stderr) != "done\n" {
+			x.t.Errorf("stderr %q, want %q", clip(r.stderr), "done\n")
+		}
+	}},
+	{name: "Output/BinaryBothStreams", run: func(x *bashFixture) {
+		data := randomBytes(2 << 20)
+		r := x.run(workspace.Command{Script: "tee /dev/stderr", Stdin: bytes.NewReader(data)})
+		x.expect(r, exited(0))
+		sameBytes(x, "stdout", r.stdout, data)
+		sameBytes(x, "stderr", r.stderr, data)
+	}},
+	{name: "Output/Streamed", run: streamed},
+	{name: "Output/Serial", run: func(x *bashFixture) {
+		r := x.run(workspace.Command{
+			Script: "i=0; while [ $i -lt 2000 ]; do echo o$i; echo e$i >&2; i=$((i+1)); done",
+			Output: func(workspace.Stream, []byte) { time.Sleep(20 * time.Microsecond) },
+		})
+		x.expect(r, exited(0)) // fails when Output overlapped
+		var out, errs strings.Builder
+		for i := range 2000 {
+			fmt.Fprintf(&out, "o%d\n", i)
+			fmt.Fprintf(&errs, "e%d\n", i)
+		}
+		x.expectOutput(r, out.String(), errs.String())
+	}},
+	{name: "Output/NilCallback", run: func(x *bashFixture) {
+		res, err := within(x.t, hangTimeout, "Run with a nil Output", func() result[workspace.Result] {
+			res, err := x.Bash.Run(x.ctx, workspace.Command{Script: "echo discarded; exit 4"})
+			return result[workspace.Result]{res, err}
+		}).unpack()
+		if err != nil || res.ExitCode != 4 {
+			x.t.Errorf("Run = %+v, %v; want exit 4", res, err)
+		}
+	}},
+	{name: "Dir/Root", run: func(x *bashFixture) { inDir(x, "", "here") }},
+	{name: "Dir/Subdir", run: func(x *bashFixture) { inDir(x, "sub", "sub/here", "sub/") }},
+	{name: "Dir/LinkInside", needs: l2(CapSymlinks), run: func(x *bashFixture) { inDir(x, "ld", "d/here", "d/", "ld => d") }},
+	{name: "Dir/NotFound", run: func(x *bashFixture) { dirFails(x, "nothere", notFound) }},
+	{name: "Dir/File", run: func(x *bashFixture) { dirFails(x, "f", notADir, "f") }},
+	{name: "Dir/LinkOut", needs: l2(CapSymlinks), run: func(x *bashFixture) { dirFails(x, "lo", outside, "lo => /") }},
+	{name: "Dir/RelativeLinkOut", needs: l2(CapSymlinks), run: func(x *bashFixture) { dirFails(x, "d/up", outside, "d/up => ../..") }},
+	{name: "Dir/DotDot", run: func(x *bashFixture) {
+		dirFails(x, "../x", is(workspace.ErrInvalidArgument, workspace.ErrOutsideWorkspace))
+	}},
+	{name: "Dir/Absolute", run: func(x *bashFixture) {
+		dirFails(x, "/tmp", is(workspace.ErrInvalidArgument, workspace.ErrOutsideWorkspace))
+	}},
+	{name: "Argv/NoShell", run: func(x *bashFixture) {
+		r := x.run(workspace.Command{Argv: []string{"printf", "%s|", "a b", "$HOME", "*", "`id`"}})
+		x.expect(r, exited(0))
+		x.expectOutput(r, "a b|$HOME|*|`id`|", "")
+	}},
+	{name: "Argv/AbsoluteProgram", run: func(x *bashFixture) {
+		r := x.run(workspace.Command{Argv: []string{"/bin/sh", "-c", `printf '%s' "$0"`, "x  y"}})
+		x.expect(r, exited(0))
+		x.expectOutput(r, "x  y", "")
+	}},
+	{name: "Command/ScriptAndArgv", run: func(x *bashFixture) {
+		r := x.run(workspace.Command{Script: "true", Argv: []string{"true"}})
+		if msg := invalid.check(r.err); msg != "" {
+			x.t.Errorf("Run with Script and Argv: %s", msg)
+		}
+	}},
+	{name: "Command/Empty", run: func(x *bashFixture) {
+		if msg := invalid.check(x.run(workspace.Command{}).err); msg != "" {
+			x.t.Errorf("Run with neither Script nor Argv: %s", msg)
+		}
+	}},
+	{name: "Env/HostSecretHidden", serial: true, run: func(x *bashFixture) {
+		out := x.sh(fmt.Sprintf(`printf '%%s\n' "${%s-unset}"; env`, x.secret))
+		if first, _, _ := strings.Cut(out, "\n"); first != "unset" || strings.Contains(out, secretValue) || strings.Contains(out, x.secret) {
+			x.t.Errorf("the host variable %s reached the command: %q", x.secret, clip([]byte(out)))
+		}
+	}},
+	{name: "Env/Configured", needs: l2(CapConfiguredEnv), run: func(x *bashFixture) {
+		env := parseEnv(x.sh("env"))
+		for k, v := range x.Env {
+			if got, ok := env[k]; !ok || got != v {
+				x.t.Errorf("configured %s=%q; the command sees %q (set: %v)", k, v, got, ok)
+			}
+		}
+	}},
+	{name: "Env/Command", run: func(x *bashFixture) {
+		vars := map[string]string{"CONFORMANCE_VAR": "a b  c", "CONFORMANCE_EMPTY": ""}
+		for k := range x.Env {
+			vars[k] = "overridden" // Command.Env replaces a configured variable
+			break
+		}
+		r := x.run(workspace.Command{Script: "env", Env: vars})
+		x.expect(r, exited(0))
+		env := parseEnv(string(r.stdout))
+		for k, v := range vars {
+			if got, ok := env[k]; !ok || got != v {
+				x.t.Errorf("Command.Env %s=%q; the command sees %q (set: %v)", k, v, got, ok)
+			}
+		}
+	}},
+	{name: "Env/PATH", run: func(x *bashFixture) {
+		if out := x.sh(`printf '%s' "$PATH"`); out == "" {
+			x.t.Error("commands run without PATH")
+		}
+	}},
+	{name: "Duration", run: func(x *bashFixture) {
+		r := x.run(workspace.Command{Script: "sleep 0.3"})
+		x.expect(r, exited(0))
+		if d := r.res.Duration; d < 300*time.Millisecond || d > hangTimeout {
+			x.t.Errorf("Duration = %v for sleep 0.3", d)
+		}
+	}},
+	{name: "Concurrent", run: func(x *bashFixture) {
+		err := within(x.t, hangTimeout, "concurrent Runs", func() error {
+			return inParallel(4, 1, func(w, _ int) error {
+				var out bytes.Buffer
+				res, err := x.Bash.Run(x.ctx, workspace.Command{
+					Script: fmt.Sprintf("sleep 0.2; echo %d", w),
+					Output: func(_ workspace.Stream, p []byte) { out.Write(p) },
+				})
+				if err != nil || res.ExitCode != 0 || out.String() != fmt.Sprintf("%d\n", w) {
+					return fmt.Errorf("run %d = %+v, %v, output %q", w, res, err, out.String())
+				}
+				return nil
+			})
+		})
+		if err != nil {
+			x.t.Error(err)
+		}
+	}},
+	{name: "Files/Shared", run: func(x *bashFixture) {
+		if err := x.FS.WriteFile(x.ctx, "in", []byte("from the port\n"), 0o644); err != nil {
+			x.t.Fatal(err)
+		}
+		x.sh("cat in > out; mkdir made")
+		data, err := x.FS.ReadFile(x.ctx, "out", 100)
+		if err != nil || string(data) != "from the port\n" {
+			x.t.Errorf("a file the command wrote reads %q, %v through the FileSystem", data, err)
+		}
+		if info, err := x.FS.Stat(x.ctx, "made"); err != nil || !info.IsDir() {
+			x.t.Errorf("a directory the command made: %v", err)
+		}
+	}},
+}
+
+func (r result[T]) unpack() (T, error) { return r.v, r.err }
+
+func randomBytes(n int) []byte {
+	b := make([]byte, n)
+	r := rand.New(rand.NewPCG(1, 2))
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+	return b
+}
+
+func sameBytes(x *bashFixture, what string, got, want []byte) {
+	x.t.Helper()
+	if !bytes.Equal(got, want) {
+		i := 0
+		for i < len(got) && i < len(want) && got[i] == want[i] {
+			i++
+		}
+		x.t.Errorf("%s: %d bytes, want %d; first difference at byte %d", what, len(got), len(want), i)
+	}
+}
+
+func parseEnv(out string) map[string]string {
+	env := map[string]string{}
+	for _, line := range strings.Split(out, "\n") {
+		if k, v, ok := strings.Cut(line, "="); ok {
+			env[k] = v
+		}
+	}
+	return env
+}
+
+// timedOut checks that a command past its timeout is killed and reported.
+func timedOut(x *bashFixture) {
+	start := time.Now()
+	r := x.runCtx(x.ctx, 5*time.Second, workspace.Command{Script: "sleep 5", Timeout: 300 * time.Millisecond})
+	if !r.res.TimedOut || r.err != nil {
+		x.t.Errorf("Run(sleep 5) with a 300ms timeout = %+v, %v; want TimedOut", r.res, r.err)
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		x.t.Errorf("Run with a 300ms timeout returned after %v", d)
+	}
+}
+
+// ctxEnds checks that Run returns promptly with ctx's error when ctx ends.
+func ctxEnds(x *bashFixture, want error) {
+	ctx, cancel := context.WithTimeout(x.ctx, 300*time.Millisecond)
+	if want == context.Canceled {
+		ctx, cancel = context.WithCancel(x.ctx)
+		time.AfterFunc(300*time.Millisecond, cancel)
+	}
+	defer cancel()
+	start := time.Now()
+	r := x.runCtx(ctx, 5*time.Second, workspace.Command{Script: "echo started; sleep 5"})
+	if !errors.Is(r.err, want) {
+		x.t.Errorf("Run when the context ends = %+v, %v; want %v", r.res, r.err, want)
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		x.t.Errorf("Run returned %v after its context ended", d-300*time.Millisecond)
+	}
+	x.expectOutput(r, "started\n", "")
+}
+
+// spawner starts processes that try to outlive the command — a background
+// job, nohup, setsid, a double fork — writes their pids to the file pids,
+// says "ready" and waits.
+const spawner = `: > pids
+sleep 600 &
+echo $! >> pids
+nohup sh -c 'echo $$ >> pids; exec sleep 600' > /dev/null 2>&1 &
+setsid sh -c 'echo $$ >> pids; exec sleep 600' &
+sh -c 'sleep 600 & echo $! >> pids' &
+n=$(wc -l < pids)
+while [ $n -lt 4 ]; do sleep 0.05; n=$(wc -l < pids); done
+echo ready
+sleep 600
+`
+
+// treeDies checks that nothing a command started survives its timeout (or,
+// with cancel, its context).
+func treeDies(x *bashFixture, cancel bool) {
+	cmd := workspace.Command{Script: spawner}
+	ctx := x.ctx
+	if cancel {
+		c, stop := context.WithCancel(x.ctx)
+		defer stop()
+		ctx = c
+		var once sync.Once
+		cmd.Output = func(s workspace.Stream, p []byte) {
+			if bytes.Contains(p, []byte("ready")) {
+				once.Do(func() { time.AfterFunc(50*time.Millisecond, stop) })
+			}
+		}
+		time.AfterFunc(3*time.Second, stop) // should "ready" never come
+	} else {
+		cmd.Timeout = 1500 * time.Millisecond
+	}
+	r := x.runCtx(ctx, hangTimeout, cmd)
+	if cancel && !errors.Is(r.err, context.Canceled) || !cancel && (!r.res.TimedOut || r.err != nil) {
+		x.t.Errorf("Run = %+v, %v; want it cut short", r.res, r.err)
+	}
+	if !strings.Contains(string(r.stdout), "ready") {
+		x.t.Errorf("the spawner did not start its processes in time: stdout %q, stderr %q", r.stdout, r.stderr)
+	}
+	data, err := x.FS.ReadFile(x.ctx, "pids", 1000)
+	if err != nil {
+		x.t.Fatalf("reading the pids: %v", err)
+	}
+	pids := strings.Fields(string(data))
+	for _, p := range pids {
+		if _, err := strconv.Atoi(p); err != nil {
+			x.t.Fatalf("pids holds %q", data)
+		}
+	}
+	if len(pids) == 0 {
+		return
+	}
+	list := strings.Join(pids, " ")
+	// Zombies count as dead: reaping them is the business of whoever their
+	// parent became.
+	alive := x.sh(`for p in ` + list + `; do
+  if kill -0 "$p" 2>/dev/null; then
+    s=$(sed -n 's/^.*) \(.\).*$/\1/p' /proc/$p/stat 2>/dev/null)
+    [ "$s" = Z ] || echo "$p"
+  fi
+done`)
+	if alive != "" {
+		x.t.Errorf("processes the command started outlived it: pids %s of %s (background job, nohup, setsid, double fork)", strings.Fields(alive), list)
+		x.run(workspace.Command{Script: "kill -KILL " + list + " 2>/dev/null"})
+	}
+}
+
+// streamed checks that output arrives while the command still runs.
+func streamed(x *bashFixture) {
+	first := make(chan struct{})
+	var once sync.Once
+	done := make(chan ran, 1)
+	go func() {
+		var r ran
+		r.res, r.err = x.Bash.Run(x.ctx, workspace.Command{
+			Script: "echo first; sleep 1; echo second",
+			Output: func(workspace.Stream, []byte) { once.Do(func() { close(first) }) },
+		})
+		done <- r
+	}()
+	timer := time.NewTimer(hangTimeout)
+	defer timer.Stop()
+	select {
+	case <-first:
+	case r := <-done:
+		x.t.Errorf("no output arrived before Run returned (%+v, %v): output is not streamed", r.res, r.err)
+		return
+	case <-timer.C:
+		x.t.Fatal("Run(echo first; sleep 1) gave no output and did not return")
+	}
+	select {
+	case r := <-done:
+		if r.err != nil || r.res.ExitCode != 0 {
+			x.t.Errorf("Run = %+v, %v", r.res, r.err)
+		}
+	case <-timer.C:
+		x.t.Fatal("Run(echo first; sleep 1) did not return")
+	}
+}
+
+// inDir runs a command in dir, with the layout built first, and checks
+// where it ran and where its file landed.
+func inDir(x *bashFixture, dir, landed string, layout ...string) {
+	x.build(layout...)
+	r := x.run(workspace.Command{Script: "pwd; touch here", Dir: dir})
+	x.expect(r, exited(0))
+	// Through a link, pwd may name the link or its target.
+	pwd := strings.TrimSuffix(string(r.stdout), "\n")
+	if pwd != path.Join(x.Root, dir) && pwd != path.Join(x.Root, path.Dir(landed)) {
+		x.t.Errorf("pwd in Dir %q = %q, want %q", dir, pwd, path.Join(x.Root, dir))
+	}
+	if _, err := x.FS.Stat(x.ctx, landed); err != nil {
+		x.t.Errorf("touch here in Dir %q did not make %s: %v", dir, landed, err)
+	}
+}
+
+// dirFails checks that Run refuses a bad Dir with the kind want, without
+// running anything.
+func dirFails(x *bashFixture, dir string, want errs, layout ...string) {
+	x.build(layout...)
+	r := x.run(workspace.Command{Script: "touch ran", Dir: dir})
+	if msg := want.check(r.err); msg != "" {
+		x.t.Errorf("Run in Dir %q: %s", dir, msg)
+	}
+	if _, err := x.FS.Lstat(x.ctx, "ran"); err == nil {
+		x.t.Errorf("Run in Dir %q ran the command in the root", dir)
+	}
+}
+
+func (x *bashFixture) build(layout ...string) {
+	x.t.Helper()
+	buildLayout(x.t, x.ctx, x.FS, nil, nil, layout)
+}

@@ -134,6 +134,10 @@ type Process struct {
 // *fs.PathError whose Op is "exec" when the program cannot be executed (its
 // Err matches fs.ErrNotExist when it is not found, fs.ErrPermission when it is
 // not executable), and with another error when the system would not start it.
+//
+// On Linux the shim dies with the thread that started it (PR_SET_PDEATHSIG
+// follows threads, not processes): do not call Start from a goroutine locked
+// to its thread (runtime.LockOSThread) that may exit while the command runs.
 func Start(ctx context.Context, spec Spec) (*Process, error) {
 	if len(spec.Argv) == 0 || spec.Argv[0] == "" {
 		return nil, errors.New("proctree: empty Argv")

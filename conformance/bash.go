@@ -23,13 +23,7 @@ import (
 // calling TestBash must therefore not call t.Parallel.
 func TestBash(t *testing.T, h BashHarness) {
 	t.Helper()
-	if h.New == nil {
-		t.Fatal("conformance: BashHarness.New is nil")
-	}
-	checkSkips(t, h.Skip)
-	if len(h.Skip) > 0 {
-		t.Logf("declared missing: %s", describeCaps(h.Skip))
-	}
+	begin(t, h.New != nil, h.Skip)
 	for _, bt := range bashTests {
 		t.Run(bt.name, func(t *testing.T) {
 			if !bt.serial {
@@ -458,18 +452,20 @@ func ctxEnds(x *bashFixture, want error) {
 }
 
 // spawner starts processes that try to outlive the command — a background
-// job, nohup, setsid, a double fork — writes their pids to the file pids,
-// says "ready" and waits.
+// job, nohup, setsid, a double fork, and a job the shell waits for — writes
+// their pids to the file pids, says "ready" and waits.
 const spawner = `: > pids
 sleep 600 &
 echo $! >> pids
 nohup sh -c 'echo $$ >> pids; exec sleep 600' > /dev/null 2>&1 &
 setsid sh -c 'echo $$ >> pids; exec sleep 600' &
 sh -c 'sleep 600 & echo $! >> pids' &
+sleep 600 &
+echo $! >> pids
 n=$(wc -l < pids)
-while [ $n -lt 4 ]; do sleep 0.05; n=$(wc -l < pids); done
+while [ $n -lt 5 ]; do sleep 0.05; n=$(wc -l < pids); done
 echo ready
-sleep 600
+wait
 `
 
 // treeDies checks that nothing a command started survives its timeout (or,
@@ -526,36 +522,23 @@ done`)
 	}
 }
 
-// streamed checks that output arrives while the command still runs.
+// streamed checks that output arrives while the command still runs: the
+// first line must come about a second before Run returns.
 func streamed(x *bashFixture) {
-	first := make(chan struct{})
-	var once sync.Once
-	done := make(chan ran, 1)
-	go func() {
-		var r ran
-		r.res, r.err = x.Bash.Run(x.ctx, workspace.Command{
-			Script: "echo first; sleep 1; echo second",
-			Output: func(workspace.Stream, []byte) { once.Do(func() { close(first) }) },
-		})
-		done <- r
-	}()
-	timer := time.NewTimer(hangTimeout)
-	defer timer.Stop()
-	select {
-	case <-first:
-	case r := <-done:
-		x.t.Errorf("no output arrived before Run returned (%+v, %v): output is not streamed", r.res, r.err)
-		return
-	case <-timer.C:
-		x.t.Fatal("Run(echo first; sleep 1) gave no output and did not return")
-	}
-	select {
-	case r := <-done:
-		if r.err != nil || r.res.ExitCode != 0 {
-			x.t.Errorf("Run = %+v, %v", r.res, r.err)
-		}
-	case <-timer.C:
-		x.t.Fatal("Run(echo first; sleep 1) did not return")
+	var first time.Time
+	r := x.run(workspace.Command{
+		Script: "echo first; sleep 1; echo second",
+		Output: func(workspace.Stream, []byte) {
+			if first.IsZero() {
+				first = time.Now()
+			}
+		},
+	})
+	returned := time.Now()
+	x.expect(r, exited(0))
+	x.expectOutput(r, "first\nsecond\n", "")
+	if lead := returned.Sub(first); first.IsZero() || lead < 500*time.Millisecond {
+		x.t.Errorf("the first output arrived %v before Run returned, want about 1s: output is not streamed", lead)
 	}
 }
 

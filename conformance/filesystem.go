@@ -16,13 +16,7 @@ import (
 // see the package documentation for what is checked.
 func TestFileSystem(t *testing.T, h FileSystemHarness) {
 	t.Helper()
-	if h.New == nil {
-		t.Fatal("conformance: FileSystemHarness.New is nil")
-	}
-	checkSkips(t, h.Skip)
-	if len(h.Skip) > 0 {
-		t.Logf("declared missing: %s", describeCaps(h.Skip))
-	}
+	begin(t, h.New != nil, h.Skip)
 	for _, c := range fsCases {
 		h.runCase(t, c)
 	}

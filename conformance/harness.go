@@ -128,10 +128,16 @@ type BashInstance struct {
 	Env map[string]string
 }
 
-// checkSkips fails on a Skip map the kit cannot honour: an unknown
-// capability or a missing reason.
-func checkSkips(t *testing.T, skip map[Capability]string) {
+// begin fails on a harness the kit cannot use: no New, or a Skip map with an
+// unknown capability or a missing reason. It logs what the harness skips.
+func begin(t *testing.T, hasNew bool, skip map[Capability]string) {
 	t.Helper()
+	if !hasNew {
+		t.Fatal("conformance: the harness has no New")
+	}
+	if len(skip) > 0 {
+		t.Logf("declared missing: %s", describeCaps(skip))
+	}
 	for c, reason := range skip {
 		if !slices.Contains(capabilities, c) {
 			t.Fatalf("conformance: harness skips unknown capability %q", c)

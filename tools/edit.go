@@ -161,7 +161,7 @@ func (s *Set) edit(ctx context.Context, args json.RawMessage, _ *call) (Result, 
 		return Result{}, err
 	}
 	diff, _ := difflib.GetUnifiedDiffString(difflib.UnifiedDiff{
-		A: difflib.SplitLines(string(old)), B: difflib.SplitLines(string(updated)),
+		A: diffLines(string(old)), B: diffLines(string(updated)),
 		FromFile: "a/" + name, ToFile: "b/" + name, Context: 3,
 	})
 	where := make([]string, len(lines))
@@ -178,6 +178,17 @@ func (s *Set) edit(ctx context.Context, args json.RawMessage, _ *call) (Result, 
 	}, nil
 }
 
+// diffLines splits s into lines for difflib, marking a last line without
+// its newline the way diff does.
+func diffLines(s string) []string {
+	lines := strings.SplitAfter(s, "\n")
+	if lines[len(lines)-1] == "" {
+		return lines[:len(lines)-1]
+	}
+	lines[len(lines)-1] += "\n\\ No newline at end of file\n"
+	return lines
+}
+
 // ApplyEdits applies replacements to a file's content, the way the edit tool
 // does, and returns the new content and, for each replacement in argument
 // order, the line of the new content where it starts.
@@ -190,7 +201,8 @@ func (s *Set) edit(ctx context.Context, args json.RawMessage, _ *call) (Result, 
 // OldText is not found exactly, it is matched once more with whitespace,
 // quotes and dashes normalised, and that match must be unique too. A
 // byte-order mark and every byte outside the replaced spans are kept as they
-// were. Content that is not valid UTF-8 is refused (ErrNotUTF8).
+// were. Content that is not valid UTF-8 is refused (ErrNotUTF8), and so is
+// such a replacement (ErrInvalidArgument).
 func ApplyEdits(content []byte, edits []Replacement, fuzzy bool) ([]byte, []int, error) {
 	if !utf8.Valid(content) {
 		return nil, nil, newError(workspace.ErrNotUTF8, "the file is not valid UTF-8 (Latin-1, say); edit would replace the bytes it cannot decode, so it refuses. Rewrite it with write or bash")
@@ -209,6 +221,9 @@ func ApplyEdits(content []byte, edits []Replacement, fuzzy bool) ([]byte, []int,
 	spans := make([]span, 0, len(edits))
 	var fz *folded
 	for i, e := range edits {
+		if !utf8.ValidString(e.OldText) || !utf8.ValidString(e.NewText) {
+			return nil, nil, invalid("edits[%d] is not valid UTF-8", i)
+		}
 		old, _ := stripCR(e.OldText)
 		if old == "" {
 			return nil, nil, invalid("edits[%d].oldText is empty", i)

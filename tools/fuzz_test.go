@@ -1,0 +1,104 @@
+package tools_test
+
+import (
+	"context"
+	"encoding/json"
+	"io/fs"
+	"strings"
+	"testing"
+	"unicode/utf8"
+
+	"github.com/sandboxd/sandboxd/tools"
+	"github.com/sandboxd/sandboxd/workspace"
+)
+
+// FuzzApplyEdits checks the edit matcher: it never panics, keeps a BOM and
+// valid UTF-8, and where the plain rule applies (one exact occurrence, no
+// "\r") it is exactly a single replacement.
+func FuzzApplyEdits(f *testing.F) {
+	f.Add("a\nb\nc\n", "b", "B", true)
+	f.Add("\ufeffx\r\ny\r\n", "x\ny", "z\n", true)
+	f.Add("if  x {\n\treturn\n}", "if x {\n return\n}", "", true)
+	f.Add("“quoted” — dash", "\"quoted\" - dash", "q", true)
+	f.Add("aaa", "aa", "b", false)
+	f.Add("caf\xe9", "caf", "x", true)
+	f.Add("x \u00a0\u2003y\n", "x y", "z", true)
+	f.Add("a\r\r\nb", "\r\nb", "c", true)
+	f.Fuzz(func(t *testing.T, content, old, repl string, fuzzy bool) {
+		out, lines, err := tools.ApplyEdits([]byte(content), []tools.Replacement{{OldText: old, NewText: repl}}, fuzzy)
+		if err != nil {
+			if out != nil || lines != nil {
+				t.Fatal("a failed edit returned content")
+			}
+			return
+		}
+		if !utf8.Valid(out) || len(lines) != 1 || lines[0] < 1 {
+			t.Fatalf("bad result %q %v", out, lines)
+		}
+		if strings.HasPrefix(content, "\ufeff") != strings.HasPrefix(string(out), "\ufeff") && !strings.HasPrefix(repl, "\ufeff") {
+			t.Fatalf("BOM not kept: %q -> %q", content, out)
+		}
+		plain := !strings.Contains(content+old+repl, "\r") && strings.Count(content, old) == 1 && !strings.HasPrefix(content, "\ufeff")
+		if plain && string(out) != strings.Replace(content, old, repl, 1) {
+			t.Fatalf("ApplyEdits(%q, %q→%q) = %q", content, old, repl, out)
+		}
+	})
+}
+
+// FuzzToolPaths feeds arbitrary paths to the path-taking tools over a
+// workspace with links in and out: nothing panics, every failure has a kind
+// of the contract, and nothing is created outside the workspace's files or
+// under a protected path.
+func FuzzToolPaths(f *testing.F) {
+	for _, p := range []string{"a.txt", "", ".", "/", "/workspace", "/workspace/../etc", "../x", "a/../../x", "in/a.txt",
+		"out/passwd", "gitlink/config", ".git/x", ".GIT/x", "a\x00b", "//a.txt", "in/../.sandboxd/x", "dir/", "\xff", "C:\\x"} {
+		f.Add(p)
+	}
+	known := map[string]bool{tools.KindToolUnavailable: true}
+	for _, k := range workspace.Kinds {
+		known[k.Name()] = true
+	}
+	f.Fuzz(func(t *testing.T, p string) {
+		fx := newFixture(t, map[string]string{"a.txt": "a\n", "in": "->dir", "dir/a.txt": "x", "out": "->/etc", "gitlink": "->.git", ".git/HEAD": "ref"})
+		for _, c := range []struct {
+			tool string
+			args map[string]any
+		}{
+			{"read", map[string]any{"path": p}},
+			{"ls", map[string]any{"path": p}},
+			{"find", map[string]any{"pattern": "**", "path": p}},
+			{"grep", map[string]any{"pattern": "a", "path": p}},
+			{"write", map[string]any{"path": p, "content": "w"}},
+			{"edit", map[string]any{"path": p, "edits": []tools.Replacement{{OldText: "a", NewText: "b"}}}},
+		} {
+			raw, _ := json.Marshal(c.args)
+			r := fx.set.Call(context.Background(), c.tool, raw, tools.CallOptions{})
+			if r.IsError && !known[errKind(r)] {
+				t.Fatalf("%s %q: kind %q: %s", c.tool, p, errKind(r), r.Text)
+			}
+		}
+		err := fs.WalkDir(walkFS{fx}, ".", func(name string, d fs.DirEntry, err error) error {
+			if err == nil && !d.IsDir() && d.Type()&fs.ModeSymlink == 0 && workspace.DefaultProtect.Match(name) && name != ".git/HEAD" {
+				t.Fatalf("%q created protected %s", p, name)
+			}
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fx.file(".git/HEAD") != "ref" {
+			t.Fatalf("%q changed .git/HEAD", p)
+		}
+	})
+}
+
+// walkFS lets fs.WalkDir list a fixture's workspace.
+type walkFS struct{ fx *fixture }
+
+func (w walkFS) Open(string) (fs.File, error) { return nil, fs.ErrInvalid }
+func (w walkFS) ReadDir(name string) ([]fs.DirEntry, error) {
+	return w.fx.fs.ReadDir(context.Background(), name)
+}
+func (w walkFS) Stat(name string) (fs.FileInfo, error) {
+	return w.fx.fs.Lstat(context.Background(), name)
+}

@@ -1,0 +1,241 @@
+package dockerexec
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"debug/elf"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"time"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/api/types/mount"
+	"github.com/moby/moby/client"
+
+	"github.com/sandboxd/sandboxd/policy"
+)
+
+// EnvAgent names the environment variable that points at the agent binary.
+const EnvAgent = "SANDBOXD_AGENT"
+
+// LabelAgent is set on agent volumes to the agent binary's SHA-256.
+const LabelAgent = "sandboxd.agent"
+
+// FindAgent returns the path of the sandboxd-agent binary that goes into
+// containers: $SANDBOXD_AGENT when set, else sandboxd-agent beside the
+// running executable, else sandboxd-agent on PATH. The binary must be a
+// statically linked Linux executable (built with CGO_ENABLED=0), since it
+// runs in images that may have no C library at all.
+func FindAgent() (string, error) {
+	if p := os.Getenv(EnvAgent); p != "" {
+		return p, checkAgent(p)
+	}
+	if exe, err := os.Executable(); err == nil {
+		p := filepath.Join(filepath.Dir(exe), "sandboxd-agent")
+		if _, err := os.Stat(p); err == nil {
+			return p, checkAgent(p)
+		}
+	}
+	p, err := exec.LookPath("sandboxd-agent")
+	if err != nil {
+		return "", fmt.Errorf("dockerexec: no sandboxd-agent binary: set %s, or put it beside sandboxd or on PATH "+
+			"(CGO_ENABLED=0 go build ./cmd/sandboxd-agent)", EnvAgent)
+	}
+	return p, checkAgent(p)
+}
+
+// checkAgent refuses a binary that is not a static ELF executable.
+func checkAgent(p string) error {
+	f, err := elf.Open(p)
+	if err != nil {
+		return fmt.Errorf("dockerexec: agent %s: not a Linux executable: %w", p, err)
+	}
+	defer f.Close()
+	for _, prog := range f.Progs {
+		if prog.Type == elf.PT_INTERP {
+			return fmt.Errorf("dockerexec: agent %s is dynamically linked; build it with CGO_ENABLED=0", p)
+		}
+	}
+	return nil
+}
+
+// agentVolumes remembers, per agent binary (path, size, modification time),
+// the volume verified to hold it, so a process checks each volume once.
+var agentVolumes struct {
+	sync.Mutex
+	ready map[agentKey]string
+}
+
+type agentKey struct {
+	path  string
+	size  int64
+	mtime time.Time
+}
+
+// agentVolume returns the name of a volume that holds the agent binary at
+// its root as sandboxd-agent: sandboxd-agent-HASH, made and filled on first
+// use. The volume is filled through the archive API into a container that is
+// created and never started (any image will do; image is the session's), and
+// checked by size before it is trusted. Volumes are shared by every session
+// using the same agent build and are never removed by Close or Reap.
+func agentVolume(ctx context.Context, cli client.APIClient, binPath, image string) (string, error) {
+	fi, err := os.Stat(binPath)
+	if err != nil {
+		return "", fmt.Errorf("dockerexec: agent: %w", err)
+	}
+	key := agentKey{binPath, fi.Size(), fi.ModTime()}
+	agentVolumes.Lock()
+	defer agentVolumes.Unlock()
+	if v, ok := agentVolumes.ready[key]; ok {
+		return v, nil
+	}
+	if err := checkAgent(binPath); err != nil {
+		return "", err
+	}
+	data, err := os.ReadFile(binPath)
+	if err != nil {
+		return "", fmt.Errorf("dockerexec: agent: %w", err)
+	}
+	sum := sha256.Sum256(data)
+	hash := hex.EncodeToString(sum[:])
+	name := "sandboxd-agent-" + hash[:16]
+	if err := fillAgentVolume(ctx, cli, name, hash, data, image); err != nil {
+		return "", err
+	}
+	if agentVolumes.ready == nil {
+		agentVolumes.ready = map[agentKey]string{}
+	}
+	agentVolumes.ready[key] = name
+	return name, nil
+}
+
+func fillAgentVolume(ctx context.Context, cli client.APIClient, name, hash string, data []byte, image string) error {
+	if _, err := cli.VolumeInspect(ctx, name, client.VolumeInspectOptions{}); cerrdefs.IsNotFound(err) {
+		_, err = cli.VolumeCreate(ctx, client.VolumeCreateOptions{Name: name, Labels: map[string]string{policy.LabelSandboxd: "1", LabelAgent: hash}})
+		if err != nil && !cerrdefs.IsConflict(err) {
+			return fmt.Errorf("dockerexec: create agent volume: %w", err)
+		}
+	} else if err != nil {
+		return fmt.Errorf("dockerexec: inspect agent volume: %w", err)
+	}
+	loader, err := cli.ContainerCreate(ctx, client.ContainerCreateOptions{
+		Config: &container.Config{
+			Image: image, Entrypoint: []string{mountAgent + "/never-started"}, Cmd: []string{}, NetworkDisabled: true,
+			Labels: map[string]string{policy.LabelSandboxd: "1", LabelAgent: hash},
+		},
+		HostConfig: &container.HostConfig{
+			NetworkMode: "none",
+			Mounts:      []mount.Mount{{Type: mount.TypeVolume, Source: name, Target: mountAgent}},
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("dockerexec: create agent loader container: %w", err)
+	}
+	defer cli.ContainerRemove(context.WithoutCancel(ctx), loader.ID, client.ContainerRemoveOptions{Force: true})
+
+	target := mountAgent + "/sandboxd-agent"
+	if st, err := cli.ContainerStatPath(ctx, loader.ID, client.ContainerStatPathOptions{Path: target}); err == nil && st.Stat.Size == int64(len(data)) {
+		return nil
+	}
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: "sandboxd-agent", Mode: 0o555, Size: int64(len(data)), ModTime: time.Now()})
+	tw.Write(data)
+	if err := tw.Close(); err != nil {
+		return err
+	}
+	if _, err := cli.CopyToContainer(ctx, loader.ID, client.CopyToContainerOptions{DestinationPath: mountAgent, Content: &buf}); err != nil {
+		return fmt.Errorf("dockerexec: copy the agent into its volume: %w", err)
+	}
+	st, err := cli.ContainerStatPath(ctx, loader.ID, client.ContainerStatPathOptions{Path: target})
+	if err != nil {
+		return fmt.Errorf("dockerexec: check the agent volume: %w", err)
+	}
+	if st.Stat.Size != int64(len(data)) {
+		return fmt.Errorf("dockerexec: agent volume %s holds %d bytes, want %d", name, st.Stat.Size, len(data))
+	}
+	return nil
+}
+
+// TarDir streams the contents of a host directory as a tar archive, names
+// relative to dir: directories, regular files and symbolic links (stored as
+// links, never followed). Other kinds of file are skipped. An error walking
+// the directory ends the stream with that error.
+func TarDir(dir string) io.Reader {
+	pr, pw := io.Pipe()
+	go func() {
+		tw := tar.NewWriter(pw)
+		err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			rel, err := filepath.Rel(dir, p)
+			if err != nil || rel == "." {
+				return err
+			}
+			info, err := d.Info()
+			if err != nil {
+				return err
+			}
+			var link string
+			switch {
+			case d.Type()&fs.ModeSymlink != 0:
+				if link, err = os.Readlink(p); err != nil {
+					return err
+				}
+			case !d.IsDir() && !d.Type().IsRegular():
+				return nil
+			}
+			h, err := tar.FileInfoHeader(info, link)
+			if err != nil {
+				return err
+			}
+			h.Name = filepath.ToSlash(rel)
+			if d.IsDir() {
+				h.Name += "/"
+			}
+			if err := tw.WriteHeader(h); err != nil {
+				return err
+			}
+			if d.Type().IsRegular() {
+				return copyFile(tw, p, h.Size)
+			}
+			return nil
+		})
+		pw.CloseWithError(errors.Join(err, tw.Close()))
+	}()
+	return pr
+}
+
+// copyFile copies exactly size bytes of the file at p to w, padding with
+// zeros or cutting when the file changed size since it was described.
+func copyFile(w io.Writer, p string, size int64) error {
+	f, err := os.Open(p)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	n, err := io.Copy(w, io.LimitReader(f, size))
+	if err != nil {
+		return err
+	}
+	_, err = io.CopyN(w, zeros{}, size-n)
+	return err
+}
+
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
+}

@@ -1,0 +1,494 @@
+// Package dockerexec runs sandboxd sessions in hardened Docker containers:
+// it creates a container from a policy.Profile, puts the sandboxd agent and
+// the initial workspace into it before it starts, runs the agent as its
+// PID 1 and talks to it over the container's attached standard input and
+// output. Bash is the workspace.Bash adapter over that agent; the dockerfs
+// package has the FileSystem adapter.
+//
+//	c, err := dockerexec.Start(ctx, cli, dockerexec.Spec{Profile: prof, WorkspaceDir: dir})
+//	defer c.Close(context.Background())
+//	res, err := c.Bash().Run(ctx, workspace.Command{Script: "make test"})
+//
+// Tool calls go through the agent's one long-lived stream and never through
+// docker exec or the archive API. The archive API is used only while no code
+// runs in the container: before it starts, and for Import and Export with
+// the container paused.
+package dockerexec
+
+import (
+	"archive/tar"
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"path"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/api/types/mount"
+	"github.com/moby/moby/client"
+
+	"github.com/sandboxd/sandboxd/agent"
+	"github.com/sandboxd/sandboxd/policy"
+	"github.com/sandboxd/sandboxd/workspace"
+)
+
+// Spec describes one session container.
+type Spec struct {
+	// Profile is the container's isolation, from policy.Policy.Apply or
+	// policy.DefaultProfile; its Image must exist on the engine (see
+	// images.Ensure).
+	Profile policy.Profile
+	// Env is added to the container's environment, which every command
+	// inherits.
+	Env map[string]string
+	// Labels are added to the labels of the container and its workspace
+	// volume, beside those of the profile.
+	Labels map[string]string
+	// WorkspaceDir, when set, is a host directory whose contents become the
+	// initial workspace (regular files, directories and links; other kinds
+	// are skipped). Everything is owned by the profile's user.
+	WorkspaceDir string
+	// Workspace, when set, is a tar stream of the initial workspace, names
+	// relative to the workspace root. Owners are set to the profile's user;
+	// entries other than files, directories and links are dropped.
+	Workspace io.Reader
+	// Agent is the path of the sandboxd-agent binary; "" finds it with
+	// FindAgent.
+	Agent string
+	// Stderr receives the agent's log (its standard error); nil discards it.
+	Stderr io.Writer
+	// AgentOptions configure the agent client.
+	AgentOptions []agent.ClientOption
+}
+
+// Container is a running session container and the agent client talking to
+// its PID 1. Close removes it.
+type Container struct {
+	id, name, volume string
+	cli              client.APIClient
+	agent            *agent.Client
+	conn             io.Closer
+	bash             *Bash
+}
+
+// ID is the container's ID.
+func (c *Container) ID() string { return c.id }
+
+// Name is the container's name.
+func (c *Container) Name() string { return c.name }
+
+// Agent is the client of the agent in the container: a workspace.FileSystem
+// with its extensions, and a workspace.Bash.
+func (c *Container) Agent() *agent.Client { return c.agent }
+
+// Bash is the container's workspace.Bash.
+func (c *Container) Bash() *Bash { return c.bash }
+
+// mountAgent is where the agent volume is mounted, read-only.
+const mountAgent = "/.sandboxd-agent"
+
+// Start creates a container for spec, hardened as spec.Profile says, with
+// the agent volume mounted read-only at /.sandboxd-agent and a fresh
+// workspace volume at /workspace. It copies the initial workspace in while
+// the container is created but not started (no code runs in it yet, so the
+// copy cannot be raced), attaches to PID 1's standard streams, starts it and
+// completes the agent's handshake. On failure nothing is left behind.
+func Start(ctx context.Context, cli client.APIClient, spec Spec) (*Container, error) {
+	prof := spec.Profile
+	if err := prof.Validate(); err != nil {
+		return nil, err
+	}
+	if spec.WorkspaceDir != "" && spec.Workspace != nil {
+		return nil, errors.New("dockerexec: set WorkspaceDir or Workspace, not both")
+	}
+	uid, gid := ids(prof.User)
+	agentPath := spec.Agent
+	if agentPath == "" {
+		var err error
+		if agentPath, err = FindAgent(); err != nil {
+			return nil, err
+		}
+	}
+	agentVol, err := agentVolume(ctx, cli, agentPath, prof.Image)
+	if err != nil {
+		return nil, err
+	}
+
+	labels := prof.Labels()
+	maps.Copy(labels, spec.Labels)
+	c := &Container{cli: cli, name: containerName(prof.Session)}
+	c.volume = c.name + "-workspace"
+	if _, err := cli.VolumeCreate(ctx, client.VolumeCreateOptions{Name: c.volume, Labels: labels}); err != nil {
+		return nil, fmt.Errorf("dockerexec: create workspace volume: %w", err)
+	}
+	cfg, hc, err := containerConfig(prof, spec.Env, labels, agentVol, c.volume)
+	if err != nil {
+		c.remove()
+		return nil, err
+	}
+	created, err := cli.ContainerCreate(ctx, client.ContainerCreateOptions{Name: c.name, Config: cfg, HostConfig: hc})
+	if err != nil {
+		c.remove()
+		return nil, fmt.Errorf("dockerexec: create container: %w", err)
+	}
+	c.id = created.ID
+	if err := c.start(ctx, spec, uid, gid); err != nil {
+		c.remove()
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *Container) start(ctx context.Context, spec Spec, uid, gid int) error {
+	// The workspace volume's root must belong to the session's user, even
+	// when the image has no /workspace of its own: the tar always carries it.
+	var src io.Reader
+	switch {
+	case spec.WorkspaceDir != "":
+		src = TarDir(spec.WorkspaceDir)
+	case spec.Workspace != nil:
+		src = spec.Workspace
+	}
+	pr, pw := io.Pipe()
+	go func() { pw.CloseWithError(ownTar(pw, src, uid, gid)) }()
+	_, err := c.cli.CopyToContainer(ctx, c.id, client.CopyToContainerOptions{DestinationPath: policy.WorkspaceDir, Content: pr})
+	pr.CloseWithError(err)
+	if err != nil {
+		return fmt.Errorf("dockerexec: copy the workspace in: %w", err)
+	}
+
+	att, err := c.cli.ContainerAttach(ctx, c.id, client.ContainerAttachOptions{Stream: true, Stdin: true, Stdout: true, Stderr: true})
+	if err != nil {
+		return fmt.Errorf("dockerexec: attach: %w", err)
+	}
+	c.conn = att.Conn
+	if _, err := c.cli.ContainerStart(ctx, c.id, client.ContainerStartOptions{}); err != nil {
+		att.Close()
+		return fmt.Errorf("dockerexec: start: %w", err)
+	}
+	stream := &attachStream{demux: demux{r: att.Reader, stderr: cmp.Or[io.Writer](spec.Stderr, io.Discard)}, conn: att.Conn}
+	ag, err := agent.NewClient(stream, spec.AgentOptions...)
+	if err != nil {
+		att.Close()
+		return fmt.Errorf("dockerexec: agent in %s: %w%s", c.name, err, c.state(context.WithoutCancel(ctx)))
+	}
+	c.agent = ag
+	c.bash = &Bash{c: c}
+	return nil
+}
+
+// state describes how the container stands, for error messages: "" when
+// it runs, else its status, exit code, OOM kill and the engine's error.
+func (c *Container) state(ctx context.Context) string {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	res, err := c.cli.ContainerInspect(ctx, c.id, client.ContainerInspectOptions{})
+	if err != nil || res.Container.State == nil {
+		return ""
+	}
+	s := res.Container.State
+	if s.Running && !s.Paused {
+		return ""
+	}
+	msg := fmt.Sprintf(" (container %s, exit code %d", s.Status, s.ExitCode)
+	if s.OOMKilled {
+		msg += ", killed for lack of memory"
+	}
+	if s.Error != "" {
+		msg += ": " + s.Error
+	}
+	return msg + ")"
+}
+
+// Close ends the session: it closes the agent's stream and removes the
+// container and its workspace volume. It is safe to call more than once.
+func (c *Container) Close(ctx context.Context) error {
+	if c.agent != nil {
+		c.agent.Close()
+	}
+	return c.removeCtx(ctx)
+}
+
+func (c *Container) remove() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c.removeCtx(ctx)
+}
+
+func (c *Container) removeCtx(ctx context.Context) error {
+	if c.conn != nil {
+		c.conn.Close()
+	}
+	var errs []error
+	if c.id != "" {
+		_, err := c.cli.ContainerRemove(ctx, c.id, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true})
+		if err != nil && !cerrdefs.IsNotFound(err) {
+			errs = append(errs, fmt.Errorf("dockerexec: remove container %s: %w", c.name, err))
+		}
+	}
+	if _, err := c.cli.VolumeRemove(ctx, c.volume, client.VolumeRemoveOptions{Force: true}); err != nil && !cerrdefs.IsNotFound(err) {
+		errs = append(errs, fmt.Errorf("dockerexec: remove volume %s: %w", c.volume, err))
+	}
+	return errors.Join(errs...)
+}
+
+// Export writes the workspace as a tar stream to w, names relative to the
+// workspace root ("./a/b"). The container is paused for the copy, so no
+// process in it can change or swap what is being read, and resumed after.
+func (c *Container) Export(ctx context.Context, w io.Writer) error {
+	return c.paused(ctx, func() error {
+		res, err := c.cli.CopyFromContainer(ctx, c.id, client.CopyFromContainerOptions{SourcePath: policy.WorkspaceDir + "/."})
+		if err != nil {
+			return fmt.Errorf("dockerexec: export: %w", err)
+		}
+		defer res.Content.Close()
+		_, err = io.Copy(w, res.Content)
+		return err
+	})
+}
+
+// Import extracts a tar stream into the workspace, with the container paused,
+// as Spec.Workspace does at start: owners become the session's user and only
+// files, directories and links are kept. Existing files are replaced.
+func (c *Container) Import(ctx context.Context, r io.Reader) error {
+	uid, gid := c.owner(ctx)
+	return c.paused(ctx, func() error {
+		pr, pw := io.Pipe()
+		go func() { pw.CloseWithError(ownTar(pw, r, uid, gid)) }()
+		_, err := c.cli.CopyToContainer(ctx, c.id, client.CopyToContainerOptions{DestinationPath: policy.WorkspaceDir, Content: pr})
+		pr.CloseWithError(err)
+		if err != nil {
+			return fmt.Errorf("dockerexec: import: %w", err)
+		}
+		return nil
+	})
+}
+
+func (c *Container) owner(ctx context.Context) (uid, gid int) {
+	res, err := c.cli.ContainerInspect(ctx, c.id, client.ContainerInspectOptions{})
+	if err != nil || res.Container.Config == nil {
+		return ids(policy.DefaultUser)
+	}
+	return ids(res.Container.Config.User)
+}
+
+// paused runs f with the container paused and resumes it after, even when ctx
+// has ended.
+func (c *Container) paused(ctx context.Context, f func() error) error {
+	if _, err := c.cli.ContainerPause(ctx, c.id, client.ContainerPauseOptions{}); err != nil {
+		return fmt.Errorf("dockerexec: pause: %w", err)
+	}
+	ferr := f()
+	_, err := c.cli.ContainerUnpause(context.WithoutCancel(ctx), c.id, client.ContainerUnpauseOptions{})
+	if err != nil {
+		err = fmt.Errorf("dockerexec: unpause: %w", err)
+	}
+	return errors.Join(ferr, err)
+}
+
+// Reap removes every container, and then every volume, that carries all of
+// labels — those a crashed earlier run left behind, say — and reports how
+// many containers it removed. Labels must not be empty.
+func Reap(ctx context.Context, cli client.APIClient, labels map[string]string) (int, error) {
+	if len(labels) == 0 {
+		return 0, errors.New("dockerexec: Reap needs at least one label")
+	}
+	f := make(client.Filters)
+	for _, k := range slices.Sorted(maps.Keys(labels)) {
+		f.Add("label", k+"="+labels[k])
+	}
+	list, err := cli.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: f})
+	if err != nil {
+		return 0, fmt.Errorf("dockerexec: reap: %w", err)
+	}
+	var errs []error
+	n := 0
+	for _, ct := range list.Items {
+		_, err := cli.ContainerRemove(ctx, ct.ID, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true})
+		if err != nil && !cerrdefs.IsNotFound(err) {
+			errs = append(errs, err)
+			continue
+		}
+		n++
+	}
+	vols, err := cli.VolumeList(ctx, client.VolumeListOptions{Filters: f})
+	if err != nil {
+		return n, errors.Join(append(errs, err)...)
+	}
+	for _, v := range vols.Items {
+		if _, err := cli.VolumeRemove(ctx, v.Name, client.VolumeRemoveOptions{Force: true}); err != nil && !cerrdefs.IsNotFound(err) {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		return n, fmt.Errorf("dockerexec: reap: %w", errors.Join(errs...))
+	}
+	return n, nil
+}
+
+// containerConfig turns a profile into the engine's container configuration.
+func containerConfig(p policy.Profile, env, labels map[string]string, agentVol, wsVol string) (*container.Config, *container.HostConfig, error) {
+	secOpts := []string{}
+	if p.NoNewPrivileges {
+		secOpts = append(secOpts, "no-new-privileges:true")
+	}
+	if p.Seccomp != nil {
+		js, err := json.Marshal(p.Seccomp)
+		if err != nil {
+			return nil, nil, fmt.Errorf("dockerexec: seccomp profile: %w", err)
+		}
+		secOpts = append(secOpts, "seccomp="+string(js))
+	}
+	mounts := []mount.Mount{
+		{Type: mount.TypeVolume, Source: agentVol, Target: mountAgent, ReadOnly: true, VolumeOptions: &mount.VolumeOptions{NoCopy: true}},
+		{Type: mount.TypeVolume, Source: wsVol, Target: policy.WorkspaceDir},
+	}
+	for _, m := range p.HostMounts {
+		mounts = append(mounts, mount.Mount{Type: mount.TypeBind, Source: m.Source, Target: m.Target, ReadOnly: m.ReadOnly})
+	}
+	var envList []string
+	for _, k := range slices.Sorted(maps.Keys(env)) {
+		envList = append(envList, k+"="+env[k])
+	}
+	pids := p.PidsLimit
+	cfg := &container.Config{
+		Image:           p.Image,
+		User:            p.User,
+		Hostname:        "sandbox",
+		Env:             envList,
+		Labels:          labels,
+		Entrypoint:      []string{mountAgent + "/sandboxd-agent", "serve", "--root", policy.WorkspaceDir},
+		Cmd:             []string{},
+		WorkingDir:      policy.WorkspaceDir,
+		AttachStdin:     true,
+		AttachStdout:    true,
+		AttachStderr:    true,
+		OpenStdin:       true,
+		NetworkDisabled: p.NetworkMode == policy.NetworkNone,
+	}
+	hc := &container.HostConfig{
+		NetworkMode:    container.NetworkMode(p.NetworkMode),
+		CapDrop:        p.CapDrop,
+		CapAdd:         p.CapAdd,
+		SecurityOpt:    secOpts,
+		Privileged:     p.Privileged,
+		ReadonlyRootfs: p.ReadonlyRootfs,
+		Tmpfs:          map[string]string{"/tmp": "rw,nosuid,nodev,mode=1777,size=" + strconv.FormatInt(p.TmpfsBytes, 10)},
+		Mounts:         mounts,
+		Runtime:        p.Runtime,
+		IpcMode:        "private",
+		LogConfig:      container.LogConfig{Type: "none"},
+		Resources: container.Resources{
+			Memory:     p.MemoryBytes,
+			MemorySwap: p.MemoryBytes, // no swap beyond the memory limit
+			NanoCPUs:   p.NanoCPUs,
+			PidsLimit:  &pids,
+		},
+	}
+	return cfg, hc, nil
+}
+
+var nameUnsafe = regexp.MustCompile(`[^a-zA-Z0-9_.-]+`)
+
+func containerName(session string) string {
+	var b [4]byte
+	rand.Read(b[:])
+	s := strings.Trim(nameUnsafe.ReplaceAllString(session, "-"), "-.")
+	if len(s) > 40 {
+		s = s[:40]
+	}
+	if s == "" {
+		return "sandboxd-" + hex.EncodeToString(b[:])
+	}
+	return "sandboxd-" + s + "-" + hex.EncodeToString(b[:])
+}
+
+// ids parses "uid[:gid]"; a missing gid is the uid.
+func ids(user string) (uid, gid int) {
+	u, g, ok := strings.Cut(user, ":")
+	uid, _ = strconv.Atoi(u)
+	gid = uid
+	if ok {
+		gid, _ = strconv.Atoi(g)
+	}
+	return uid, gid
+}
+
+// ownTar copies the tar stream src (which may be nil) to w with every entry
+// owned by uid:gid, preceded by the root directory itself. Only directories,
+// regular files and symbolic links are kept; names are cleaned, and those
+// that would leave the root are dropped.
+func ownTar(w io.Writer, src io.Reader, uid, gid int) error {
+	tw := tar.NewWriter(w)
+	root := &tar.Header{Typeflag: tar.TypeDir, Name: "./", Mode: 0o755, Uid: uid, Gid: gid, ModTime: time.Now()}
+	if err := tw.WriteHeader(root); err != nil {
+		return err
+	}
+	if src != nil {
+		tr := tar.NewReader(src)
+		for {
+			h, err := tr.Next()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				return fmt.Errorf("workspace tar: %w", err)
+			}
+			name := path.Clean(strings.TrimPrefix(h.Name, "/"))
+			if name == "." || name == ".." || strings.HasPrefix(name, "../") {
+				continue
+			}
+			switch h.Typeflag {
+			case tar.TypeDir:
+				name += "/"
+			case tar.TypeReg, tar.TypeSymlink:
+			default:
+				continue
+			}
+			out := &tar.Header{Typeflag: h.Typeflag, Name: name, Linkname: h.Linkname, Size: h.Size,
+				Mode: h.Mode & 0o777, Uid: uid, Gid: gid, ModTime: h.ModTime, Format: tar.FormatPAX}
+			if err := tw.WriteHeader(out); err != nil {
+				return err
+			}
+			if h.Typeflag == tar.TypeReg {
+				if _, err := io.Copy(tw, tr); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return tw.Close()
+}
+
+// Bash is the workspace.Bash of a session container: every command runs in
+// the container through its agent, in its own process group, and at its
+// timeout the agent kills the whole tree. A process that escapes its group
+// (setsid) is still found: the agent is PID 1 and kills what it must by
+// walking the container's process table.
+type Bash struct{ c *Container }
+
+var _ workspace.Bash = (*Bash)(nil)
+
+// Run runs cmd in the container; see workspace.Bash. When the container is
+// gone (killed for lack of memory, say), the error is workspace.ErrUnavailable
+// and its message says how the container ended.
+func (b *Bash) Run(ctx context.Context, cmd workspace.Command) (workspace.Result, error) {
+	res, err := b.c.agent.Run(ctx, cmd)
+	if err != nil && errors.Is(err, workspace.ErrUnavailable) {
+		if st := b.c.state(context.WithoutCancel(ctx)); st != "" {
+			err = fmt.Errorf("%w%s", err, st)
+		}
+	}
+	return res, err
+}

@@ -1,0 +1,306 @@
+// Package images builds sandboxd's sandbox images offline, through the Docker
+// Engine API, from definitions pinned in files under images/defs.
+//
+// Two images are defined: "minimal" (FROM scratch plus a static busybox from
+// Debian's busybox-static) and "dev" (a Debian root filesystem made with
+// debootstrap --variant=minbase, with bash, coreutils, findutils, grep, sed,
+// git and ca-certificates). Both have a user 1000:1000 and a /workspace
+// directory it owns. No registry is used: the root filesystem is made on this
+// machine from Debian packages (apt-get and debootstrap against the mirror in
+// /etc/apt) and imported as a single-layer image.
+//
+// An image is tagged sandboxd/NAME:HASH, where HASH is derived from the pinned
+// definition, and sandboxd/NAME:latest. Its labels name sandboxd, the
+// definition and the hash. Root filesystem tarballs are cached under a cache
+// directory keyed by the same hash, so a rebuild (after `docker image rm`, or
+// on another engine) skips debootstrap.
+//
+//	ref, err := images.Ensure(ctx, cli, "minimal", images.WithProgress(log.Print))
+package images
+
+import (
+	"context"
+	"crypto/sha256"
+	"embed"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/moby/moby/client"
+)
+
+// Labels on every image this package builds.
+const (
+	LabelSandboxd   = "sandboxd"
+	LabelImage      = "sandboxd.image"
+	LabelDefinition = "sandboxd.definition"
+)
+
+// Default is the image sessions use when they name none.
+const Default = "minimal"
+
+// builderRevision changes whenever the way a definition becomes a root
+// filesystem changes, so that cached tarballs and built images are redone.
+const builderRevision = "1"
+
+//go:embed defs/*.json
+var defsFS embed.FS
+
+// Definition is one image's pinned recipe, as written in images/defs/NAME.json.
+type Definition struct {
+	Name        string `json:"name"`
+	Description string `json:"description"`
+	// Builder is "busybox" (a static busybox on an empty root) or
+	// "debootstrap" (a Debian root filesystem).
+	Builder string `json:"builder"`
+	// Suite is the Debian release the packages come from.
+	Suite string `json:"suite"`
+	// Variant is debootstrap's --variant.
+	Variant string `json:"variant,omitempty"`
+	// Packages are the Debian packages the image is made of.
+	Packages []string `json:"packages"`
+	// User is the unprivileged user that owns /workspace.
+	User struct {
+		Name string `json:"name"`
+		UID  int    `json:"uid"`
+		GID  int    `json:"gid"`
+	} `json:"user"`
+	// Env is the image's default environment.
+	Env []string `json:"env"`
+
+	hash string
+}
+
+// Hash identifies the definition's content and the builder's revision.
+func (d Definition) Hash() string { return d.hash }
+
+// Ref is the image reference the definition builds: sandboxd/NAME:HASH12.
+func (d Definition) Ref() string { return "sandboxd/" + d.Name + ":" + d.hash[:12] }
+
+// Latest is the moving tag sandboxd/NAME:latest.
+func (d Definition) Latest() string { return "sandboxd/" + d.Name + ":latest" }
+
+// Definitions returns every pinned definition, sorted by name.
+func Definitions() ([]Definition, error) {
+	entries, err := defsFS.ReadDir("defs")
+	if err != nil {
+		return nil, err
+	}
+	var defs []Definition
+	for _, e := range entries {
+		d, err := Lookup(strings.TrimSuffix(e.Name(), ".json"))
+		if err != nil {
+			return nil, err
+		}
+		defs = append(defs, d)
+	}
+	slices.SortFunc(defs, func(a, b Definition) int { return strings.Compare(a.Name, b.Name) })
+	return defs, nil
+}
+
+// Lookup returns the definition called name, or an error listing the names
+// there are.
+func Lookup(name string) (Definition, error) {
+	var d Definition
+	data, err := defsFS.ReadFile("defs/" + name + ".json")
+	if err != nil || strings.ContainsAny(name, "/\\") {
+		return d, fmt.Errorf("images: no image definition %q (known: %s)", name, strings.Join(names(), ", "))
+	}
+	if err := json.Unmarshal(data, &d); err != nil {
+		return d, fmt.Errorf("images: definition %s: %w", name, err)
+	}
+	if d.Name != name {
+		return d, fmt.Errorf("images: definition file %s.json names %q", name, d.Name)
+	}
+	if d.Builder != "busybox" && d.Builder != "debootstrap" {
+		return d, fmt.Errorf("images: definition %s: unknown builder %q", name, d.Builder)
+	}
+	sum := sha256.Sum256(append([]byte("sandboxd images "+builderRevision+"\n"), data...))
+	d.hash = hex.EncodeToString(sum[:])
+	return d, nil
+}
+
+func names() []string {
+	entries, _ := defsFS.ReadDir("defs")
+	var out []string
+	for _, e := range entries {
+		out = append(out, strings.TrimSuffix(e.Name(), ".json"))
+	}
+	return out
+}
+
+// Client is the part of the Docker Engine API this package uses;
+// *client.Client implements it.
+type Client interface {
+	ImageInspect(ctx context.Context, image string, opts ...client.ImageInspectOption) (client.ImageInspectResult, error)
+	ImageImport(ctx context.Context, src client.ImageImportSource, ref string, opts client.ImageImportOptions) (client.ImageImportResult, error)
+	ImageTag(ctx context.Context, opts client.ImageTagOptions) (client.ImageTagResult, error)
+	ImageRemove(ctx context.Context, image string, opts client.ImageRemoveOptions) (client.ImageRemoveResult, error)
+}
+
+var _ Client = (*client.Client)(nil)
+
+// Option configures Build and Ensure.
+type Option func(*options)
+
+type options struct {
+	progress func(string)
+	cacheDir string
+	rebuild  bool
+}
+
+// WithProgress receives one line per step of a build (and debootstrap's own
+// output), as a person would want to watch it.
+func WithProgress(f func(line string)) Option { return func(o *options) { o.progress = f } }
+
+// WithCacheDir sets where root filesystem tarballs are cached; the default is
+// sandboxd/images under os.UserCacheDir.
+func WithCacheDir(dir string) Option { return func(o *options) { o.cacheDir = dir } }
+
+// WithRebuild makes Build ignore a cached root filesystem and make it anew.
+func WithRebuild() Option { return func(o *options) { o.rebuild = true } }
+
+func newOptions(opts []Option) (*options, error) {
+	o := &options{progress: func(string) {}}
+	for _, opt := range opts {
+		opt(o)
+	}
+	if o.cacheDir == "" {
+		base, err := os.UserCacheDir()
+		if err != nil {
+			return nil, fmt.Errorf("images: no cache directory: %w", err)
+		}
+		o.cacheDir = filepath.Join(base, "sandboxd", "images")
+	}
+	return o, nil
+}
+
+// Ensure returns the reference of the named image, building it first when the
+// engine does not have it (saying so through the progress function). It is
+// what a session calls on first use of an image.
+func Ensure(ctx context.Context, cli Client, name string, opts ...Option) (string, error) {
+	d, err := Lookup(name)
+	if err != nil {
+		return "", err
+	}
+	ok, err := exists(ctx, cli, d.Ref())
+	if err != nil || ok {
+		return d.Ref(), err
+	}
+	o, err := newOptions(opts)
+	if err != nil {
+		return "", err
+	}
+	o.progress(fmt.Sprintf("image %s is not built yet; building it now (sandboxd image build %s)", d.Ref(), name))
+	return build(ctx, cli, d, o)
+}
+
+// Build makes the named image and returns its reference, whether or not the
+// engine had it. The root filesystem comes from the cache when present (see
+// WithRebuild); building it may install debootstrap with apt-get, which it
+// reports through the progress function. Build needs root for debootstrap
+// and network access to the Debian mirror only when the cache is cold.
+func Build(ctx context.Context, cli Client, name string, opts ...Option) (string, error) {
+	d, err := Lookup(name)
+	if err != nil {
+		return "", err
+	}
+	o, err := newOptions(opts)
+	if err != nil {
+		return "", err
+	}
+	return build(ctx, cli, d, o)
+}
+
+func exists(ctx context.Context, cli Client, ref string) (bool, error) {
+	_, err := cli.ImageInspect(ctx, ref)
+	switch {
+	case err == nil:
+		return true, nil
+	case cerrdefs.IsNotFound(err):
+		return false, nil
+	}
+	return false, fmt.Errorf("images: inspect %s: %w", ref, err)
+}
+
+func build(ctx context.Context, cli Client, d Definition, o *options) (string, error) {
+	tarball, err := rootfs(ctx, d, o)
+	if err != nil {
+		return "", err
+	}
+	var previous string // the image a rebuild replaces, removed once untagged
+	if old, err := cli.ImageInspect(ctx, d.Ref()); err == nil {
+		previous = old.ID
+	}
+	f, err := os.Open(tarball)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err == nil {
+		o.progress(fmt.Sprintf("importing %s (%.1f MB) as %s", filepath.Base(tarball), float64(fi.Size())/1e6, d.Ref()))
+	}
+	changes := []string{
+		"WORKDIR /workspace",
+		fmt.Sprintf("USER %d:%d", d.User.UID, d.User.GID),
+		fmt.Sprintf("LABEL %s=1 %s=%s %s=%s", LabelSandboxd, LabelImage, d.Name, LabelDefinition, d.hash),
+	}
+	for _, e := range d.Env {
+		changes = append(changes, "ENV "+e)
+	}
+	res, err := cli.ImageImport(ctx, client.ImageImportSource{Source: f, SourceName: "-"}, d.Ref(),
+		client.ImageImportOptions{Message: "sandboxd image " + d.Name, Changes: changes})
+	if err != nil {
+		return "", fmt.Errorf("images: import %s: %w", d.Ref(), err)
+	}
+	err = readJSONMessages(res, o.progress)
+	res.Close()
+	if err != nil {
+		return "", fmt.Errorf("images: import %s: %w", d.Ref(), err)
+	}
+	if _, err := cli.ImageTag(ctx, client.ImageTagOptions{Source: d.Ref(), Target: d.Latest()}); err != nil {
+		return "", fmt.Errorf("images: tag %s: %w", d.Latest(), err)
+	}
+	if now, err := cli.ImageInspect(ctx, d.Ref()); previous != "" && err == nil && now.ID != previous {
+		// Best effort: the old image may still be used by a container.
+		cli.ImageRemove(ctx, previous, client.ImageRemoveOptions{})
+	}
+	o.progress(fmt.Sprintf("built %s (also tagged %s)", d.Ref(), d.Latest()))
+	return d.Ref(), nil
+}
+
+// readJSONMessages drains the engine's progress stream, returning the error
+// it reports, if any.
+func readJSONMessages(r io.Reader, progress func(string)) error {
+	dec := json.NewDecoder(r)
+	for {
+		var m struct {
+			Status      string `json:"status"`
+			ErrorDetail *struct {
+				Message string `json:"message"`
+			} `json:"errorDetail"`
+			Error string `json:"error"`
+		}
+		if err := dec.Decode(&m); err == io.EOF {
+			return nil
+		} else if err != nil {
+			return err
+		}
+		if m.ErrorDetail != nil {
+			return errors.New(m.ErrorDetail.Message)
+		}
+		if m.Error != "" {
+			return errors.New(m.Error)
+		}
+		if m.Status != "" {
+			progress("engine: " + m.Status)
+		}
+	}
+}

@@ -1,0 +1,157 @@
+package images_test
+
+import (
+	"archive/tar"
+	"context"
+	"flag"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/sandboxd/sandboxd/images"
+	"github.com/sandboxd/sandboxd/internal/dockertest"
+)
+
+func TestMain(m *testing.M) { dockertest.Main(m, "images") }
+
+func TestDefinitions(t *testing.T) {
+	defs, err := images.Definitions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, d := range defs {
+		names = append(names, d.Name)
+		if len(d.Hash()) != 64 || !strings.HasPrefix(d.Ref(), "sandboxd/"+d.Name+":"+d.Hash()[:12]) {
+			t.Errorf("%s: hash %q ref %q", d.Name, d.Hash(), d.Ref())
+		}
+		if d.User.UID == 0 || len(d.Packages) == 0 || d.Suite == "" {
+			t.Errorf("%s: incomplete definition %+v", d.Name, d)
+		}
+	}
+	if strings.Join(names, ",") != "dev,minimal" {
+		t.Errorf("definitions %v, want dev and minimal", names)
+	}
+	again, _ := images.Lookup("minimal")
+	if again.Hash() != defs[1].Hash() {
+		t.Error("hash is not stable")
+	}
+	for _, bad := range []string{"nope", "../defs/minimal", ""} {
+		if _, err := images.Lookup(bad); err == nil || !strings.Contains(err.Error(), "minimal") {
+			t.Errorf("Lookup(%q) = %v, want an error listing the known images", bad, err)
+		}
+	}
+}
+
+// TestBuildMinimal builds the minimal image into a fresh cache, checks the
+// root filesystem it cached and the image's labels, and that a second build
+// uses the cache.
+func TestBuildMinimal(t *testing.T) {
+	cli := dockertest.Client(t)
+	ctx := context.Background()
+	cache := t.TempDir()
+	var lines []string
+	ref, err := images.Build(ctx, cli, "minimal", images.WithCacheDir(cache), images.WithProgress(func(s string) { lines = append(lines, s) }))
+	if err != nil {
+		t.Fatalf("Build: %v\n%s", err, strings.Join(lines, "\n"))
+	}
+	if !strings.Contains(strings.Join(lines, "\n"), "apt-get download busybox-static") {
+		t.Errorf("progress does not say what it ran:\n%s", strings.Join(lines, "\n"))
+	}
+	tarballs, _ := filepath.Glob(filepath.Join(cache, "minimal-*.tar"))
+	if len(tarballs) != 1 {
+		t.Fatalf("cache holds %v", tarballs)
+	}
+	entries := readTar(t, tarballs[0])
+	for name, want := range map[string]string{
+		"workspace/":  "dir 1000:1000",
+		"tmp/":        "dir 0:0 1777",
+		"bin/busybox": "reg 0:0",
+		"bin/sh":      "link /bin/busybox",
+		"etc/passwd":  "reg 0:0",
+	} {
+		if got := entries[name]; !strings.HasPrefix(got, want) {
+			t.Errorf("rootfs entry %s = %q, want %q", name, got, want)
+		}
+	}
+
+	d, _ := images.Lookup("minimal")
+	info, err := cli.ImageInspect(ctx, ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	labels := info.Config.Labels
+	if labels[images.LabelSandboxd] != "1" || labels[images.LabelImage] != "minimal" || labels[images.LabelDefinition] != d.Hash() {
+		t.Errorf("labels %v", labels)
+	}
+	if info.Config.User != "1000:1000" || info.Config.WorkingDir != "/workspace" {
+		t.Errorf("user %q workdir %q", info.Config.User, info.Config.WorkingDir)
+	}
+	if _, err := cli.ImageInspect(ctx, d.Latest()); err != nil {
+		t.Errorf("latest tag: %v", err)
+	}
+
+	lines = nil
+	if _, err := images.Build(ctx, cli, "minimal", images.WithCacheDir(cache), images.WithProgress(func(s string) { lines = append(lines, s) })); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(strings.Join(lines, "\n"), "using cached root filesystem") {
+		t.Errorf("second build did not use the cache:\n%s", strings.Join(lines, "\n"))
+	}
+	if ref2, err := images.Ensure(ctx, cli, "minimal"); err != nil || ref2 != ref {
+		t.Errorf("Ensure = %q, %v; want %q", ref2, err, ref)
+	}
+}
+
+func readTar(t *testing.T, name string) map[string]string {
+	f, err := os.Open(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	out := map[string]string{}
+	tr := tar.NewReader(f)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return out
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		desc := map[byte]string{tar.TypeDir: "dir", tar.TypeReg: "reg", tar.TypeSymlink: "link " + h.Linkname}[h.Typeflag]
+		if h.Typeflag != tar.TypeSymlink {
+			desc += " " + strconv.Itoa(h.Uid) + ":" + strconv.Itoa(h.Gid)
+			if h.Typeflag == tar.TypeDir && h.Mode&0o1000 != 0 {
+				desc += " 1777"
+			}
+		}
+		out[h.Name] = desc
+	}
+}
+
+var buildDev = flag.Bool("dev", false, "also build the dev image with debootstrap (minutes on a cold cache)")
+
+// TestBuildDev builds the dev image (with the default cache, so a rerun is
+// quick) and checks that its tools are there and that it runs as user 1000.
+func TestBuildDev(t *testing.T) {
+	if !*buildDev {
+		t.Skip("run with -dev to build the dev image")
+	}
+	cli := dockertest.Client(t)
+	ctx := context.Background()
+	ref, err := images.Build(ctx, cli, "dev", images.WithProgress(func(s string) { t.Log(s) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := cli.ImageInspect(ctx, ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Config.Labels[images.LabelImage] != "dev" || info.Config.User != "1000:1000" {
+		t.Errorf("labels %v user %q", info.Config.Labels, info.Config.User)
+	}
+}

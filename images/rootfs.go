@@ -1,0 +1,324 @@
+package images
+
+import (
+	"archive/tar"
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+)
+
+// rootfs returns the cached root filesystem tarball of d, making it first
+// when the cache has none (or WithRebuild asked for a new one). The tarball
+// is written beside its final name and renamed, so a cache entry is always
+// whole.
+func rootfs(ctx context.Context, d Definition, o *options) (string, error) {
+	final := filepath.Join(o.cacheDir, d.Name+"-"+d.hash[:16]+".tar")
+	if !o.rebuild {
+		if fi, err := os.Stat(final); err == nil && fi.Mode().IsRegular() {
+			o.progress("using cached root filesystem " + final)
+			return final, nil
+		}
+	}
+	if err := os.MkdirAll(o.cacheDir, 0o755); err != nil {
+		return "", fmt.Errorf("images: %w", err)
+	}
+	work, err := os.MkdirTemp(o.cacheDir, d.Name+"-work-")
+	if err != nil {
+		return "", fmt.Errorf("images: %w", err)
+	}
+	defer os.RemoveAll(work)
+	partial := filepath.Join(work, "rootfs.tar")
+	start := time.Now()
+	switch d.Builder {
+	case "busybox":
+		err = busyboxRootfs(ctx, d, o, work, partial)
+	case "debootstrap":
+		err = debootstrapRootfs(ctx, d, o, work, partial)
+	}
+	if err != nil {
+		return "", fmt.Errorf("images: build %s root filesystem: %w", d.Name, err)
+	}
+	if err := os.Rename(partial, final); err != nil {
+		return "", fmt.Errorf("images: %w", err)
+	}
+	o.progress(fmt.Sprintf("root filesystem of %s made in %s, cached as %s", d.Name, time.Since(start).Round(time.Second), final))
+	return final, nil
+}
+
+// busyboxRootfs writes a root filesystem holding busybox from the Debian
+// package, a link for every applet, /etc/passwd and /etc/group with the
+// definition's user, /tmp and a /workspace owned by that user.
+func busyboxRootfs(ctx context.Context, d Definition, o *options, work, out string) error {
+	debs := filepath.Join(work, "debs")
+	if err := os.Mkdir(debs, 0o755); err != nil {
+		return err
+	}
+	args := append([]string{"-o", "APT::Sandbox::User=root", "download"}, d.Packages...)
+	o.progress("running apt-get download " + strings.Join(d.Packages, " "))
+	if err := aptGet(ctx, o, debs, args...); err != nil {
+		return err
+	}
+	files, _ := filepath.Glob(filepath.Join(debs, "*.deb"))
+	if len(files) == 0 {
+		return errors.New("apt-get download left no .deb file")
+	}
+	tree := filepath.Join(work, "tree")
+	for _, deb := range files {
+		o.progress("extracting " + filepath.Base(deb))
+		if err := run(ctx, o, "", "dpkg-deb", "-x", deb, tree); err != nil {
+			return err
+		}
+	}
+	bb := filepath.Join(tree, "bin", "busybox")
+	list, err := exec.CommandContext(ctx, bb, "--list-full").Output()
+	if err != nil {
+		return fmt.Errorf("list busybox applets: %w", err)
+	}
+	body, err := os.ReadFile(bb)
+	if err != nil {
+		return err
+	}
+
+	f, err := os.Create(out)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	tw := tar.NewWriter(f)
+	w := treeWriter{tw: tw, seen: map[string]bool{}}
+	for _, dir := range []string{"bin", "sbin", "usr", "usr/bin", "usr/sbin", "etc", "dev", "proc", "sys", "var"} {
+		w.dir(dir, 0o755, 0, 0)
+	}
+	w.dir("root", 0o700, 0, 0)
+	w.dir("tmp", 0o1777, 0, 0) // sticky, as tar spells it
+	w.dir("workspace", 0o755, d.User.UID, d.User.GID)
+	w.file("bin/busybox", 0o755, body)
+	w.file("etc/passwd", 0o644, []byte(passwd(d, "root:x:0:0:root:/root:/bin/sh\n", "/bin/sh")))
+	w.file("etc/group", 0o644, []byte(group(d, "root:x:0:\n")))
+	applets := strings.Fields(string(list))
+	slices.Sort(applets)
+	for _, a := range applets {
+		if a == "bin/busybox" || !filepath.IsLocal(a) {
+			continue
+		}
+		w.symlink(a, "/bin/busybox")
+	}
+	if w.err != nil {
+		return w.err
+	}
+	if err := tw.Close(); err != nil {
+		return err
+	}
+	o.progress(fmt.Sprintf("busybox root filesystem: %d applets", len(applets)))
+	return f.Close()
+}
+
+func passwd(d Definition, base, shell string) string {
+	return base + fmt.Sprintf("%s:x:%d:%d:%s:/workspace:%s\n", d.User.Name, d.User.UID, d.User.GID, d.User.Name, shell)
+}
+
+func group(d Definition, base string) string {
+	return base + fmt.Sprintf("%s:x:%d:\n", d.User.Name, d.User.GID)
+}
+
+// treeWriter writes tar entries, remembering the first error and adding each
+// entry's parent directories it has not written.
+type treeWriter struct {
+	tw   *tar.Writer
+	seen map[string]bool
+	err  error
+}
+
+func (w *treeWriter) header(h *tar.Header, body []byte) {
+	if w.err != nil || w.seen[h.Name] {
+		return
+	}
+	w.seen[h.Name] = true
+	h.ModTime = time.Unix(0, 0)
+	h.Format = tar.FormatPAX
+	if w.err = w.tw.WriteHeader(h); w.err == nil && body != nil {
+		_, w.err = w.tw.Write(body)
+	}
+}
+
+func (w *treeWriter) dir(name string, mode int64, uid, gid int) {
+	w.header(&tar.Header{Typeflag: tar.TypeDir, Name: name + "/", Mode: mode, Uid: uid, Gid: gid}, nil)
+}
+
+func (w *treeWriter) file(name string, mode int64, body []byte) {
+	w.header(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: mode, Size: int64(len(body))}, body)
+}
+
+func (w *treeWriter) symlink(name, target string) {
+	w.header(&tar.Header{Typeflag: tar.TypeSymlink, Name: name, Linkname: target, Mode: 0o777}, nil)
+}
+
+// debootstrapRootfs makes a Debian root filesystem with debootstrap (installed
+// with apt-get when missing), adds the definition's user and /workspace,
+// drops apt's caches and tars it with numeric owners.
+func debootstrapRootfs(ctx context.Context, d Definition, o *options, work, out string) error {
+	if err := ensureTool(ctx, o, "debootstrap", "debootstrap"); err != nil {
+		return err
+	}
+	mirror := debianMirror(d.Suite)
+	target := filepath.Join(work, "rootfs")
+	args := []string{"--variant=" + d.Variant, "--include=" + strings.Join(d.Packages, ","), d.Suite, target, mirror}
+	o.progress("running debootstrap " + strings.Join(args, " ") + " (this takes a few minutes)")
+	if err := run(ctx, o, "", "debootstrap", args...); err != nil {
+		return err
+	}
+	if err := appendFile(filepath.Join(target, "etc/passwd"), passwd(d, "", "/bin/bash")); err != nil {
+		return err
+	}
+	if err := appendFile(filepath.Join(target, "etc/group"), group(d, "")); err != nil {
+		return err
+	}
+	ws := filepath.Join(target, "workspace")
+	if err := os.Mkdir(ws, 0o755); err != nil {
+		return err
+	}
+	if err := os.Chown(ws, d.User.UID, d.User.GID); err != nil {
+		return err
+	}
+	for _, glob := range []string{"var/cache/apt/archives/*.deb", "var/cache/apt/*.bin", "var/lib/apt/lists/*_*"} {
+		matches, _ := filepath.Glob(filepath.Join(target, glob))
+		for _, m := range matches {
+			os.Remove(m)
+		}
+	}
+	o.progress("packing the root filesystem")
+	return run(ctx, o, "", "tar", "--numeric-owner", "-C", target, "-cf", out,
+		"--exclude=./proc/*", "--exclude=./sys/*", "--exclude=./dev/*", ".")
+}
+
+func appendFile(name, text string) error {
+	f, err := os.OpenFile(name, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	if _, err := f.WriteString(text); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// ensureTool installs pkg with apt-get when bin is not on PATH.
+func ensureTool(ctx context.Context, o *options, bin, pkg string) error {
+	if _, err := exec.LookPath(bin); err == nil {
+		return nil
+	}
+	o.progress(fmt.Sprintf("%s not found; running apt-get install -y %s", bin, pkg))
+	return aptGet(ctx, o, "", "install", "-y", "--no-install-recommends", pkg)
+}
+
+// aptGet runs apt-get, and once more after apt-get update if it fails (a
+// fresh machine has no package lists).
+func aptGet(ctx context.Context, o *options, dir string, args ...string) error {
+	if err := run(ctx, o, dir, "apt-get", args...); err == nil {
+		return nil
+	}
+	o.progress("apt-get failed; running apt-get update and trying again")
+	if err := run(ctx, o, "", "apt-get", "update"); err != nil {
+		return err
+	}
+	return run(ctx, o, dir, "apt-get", args...)
+}
+
+// run runs a command, passing each line of its output to the progress
+// function; a failure's error carries the last lines.
+func run(ctx context.Context, o *options, dir, name string, args ...string) error {
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive", "LC_ALL=C")
+	pr, pw := io.Pipe()
+	cmd.Stdout, cmd.Stderr = pw, pw
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	var tail []string
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		sc := bufio.NewScanner(pr)
+		for sc.Scan() {
+			line := sc.Text()
+			o.progress(name + ": " + line)
+			if tail = append(tail, line); len(tail) > 10 {
+				tail = tail[1:]
+			}
+		}
+		io.Copy(io.Discard, pr)
+	}()
+	err := cmd.Wait()
+	pw.Close()
+	<-done
+	if err != nil {
+		return fmt.Errorf("%s %s: %w\n%s", name, strings.Join(args, " "), err, strings.Join(tail, "\n"))
+	}
+	return nil
+}
+
+// debianMirror returns the Debian archive URI that /etc/apt's sources use for
+// suite, or deb.debian.org when they name none.
+func debianMirror(suite string) string {
+	var files []string
+	files = append(files, "/etc/apt/sources.list")
+	more, _ := filepath.Glob("/etc/apt/sources.list.d/*")
+	files = append(files, more...)
+	for _, name := range files {
+		data, err := os.ReadFile(name)
+		if err != nil {
+			continue
+		}
+		if uri := mirrorIn(data, suite, strings.HasSuffix(name, ".sources")); uri != "" {
+			return uri
+		}
+	}
+	return "http://deb.debian.org/debian"
+}
+
+// mirrorIn finds the URI serving suite's main component in one sources file,
+// in the one-line format or, when deb822 is set, the deb822 format.
+func mirrorIn(data []byte, suite string, deb822 bool) string {
+	if !deb822 {
+		for _, line := range strings.Split(string(data), "\n") {
+			f := strings.Fields(line)
+			if len(f) == 0 || f[0] != "deb" {
+				continue
+			}
+			f = f[1:]
+			if len(f) > 0 && strings.HasPrefix(f[0], "[") { // [options]
+				i := slices.IndexFunc(f, func(s string) bool { return strings.HasSuffix(s, "]") })
+				f = f[i+1:]
+			}
+			if len(f) >= 3 && f[1] == suite && slices.Contains(f[2:], "main") {
+				return f[0]
+			}
+		}
+		return ""
+	}
+	for _, stanza := range bytes.Split(data, []byte("\n\n")) {
+		fields := map[string][]string{}
+		for _, line := range strings.Split(string(stanza), "\n") {
+			k, v, ok := strings.Cut(line, ":")
+			if ok && !strings.HasPrefix(line, "#") && !strings.HasPrefix(line, " ") {
+				fields[strings.ToLower(strings.TrimSpace(k))] = strings.Fields(v)
+			}
+		}
+		if slices.Contains(fields["types"], "deb") && slices.Contains(fields["suites"], suite) &&
+			slices.Contains(fields["components"], "main") && len(fields["uris"]) > 0 {
+			return fields["uris"][0]
+		}
+	}
+	return ""
+}

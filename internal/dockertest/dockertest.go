@@ -1,0 +1,173 @@
+// Package dockertest connects tests to the Docker engine through
+// testcontainers-go and cleans up after them.
+//
+// A test that needs Docker calls Client; when the engine is unreachable the
+// test is skipped on a developer's machine and fails when CI is set (CI=true),
+// so a CI run never passes without having run its Docker tests. A package's
+// TestMain calls Main, which disables Ryuk (TESTCONTAINERS_RYUK_DISABLED=true)
+// and removes, before and after the run, every container and volume carrying
+// the package's test label — also those of a run that failed or was killed.
+// Start starts a session container for a test and removes it with the test.
+package dockertest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/moby/moby/client"
+	"github.com/testcontainers/testcontainers-go"
+
+	"github.com/sandboxd/sandboxd/dockerexec"
+	"github.com/sandboxd/sandboxd/images"
+	"github.com/sandboxd/sandboxd/internal/agentbin"
+	"github.com/sandboxd/sandboxd/policy"
+)
+
+// LabelTest marks every container and volume a test creates; its value names
+// the test package, so packages tested at once sweep only their own.
+const LabelTest = "sandboxd.test"
+
+var (
+	once   sync.Once
+	cli    *client.Client
+	cliErr error
+)
+
+// Connect returns a client for the engine testcontainers-go finds (DOCKER_HOST,
+// its configuration, or the default socket), with API version negotiation on.
+// The client is shared by the test binary; do not close it.
+func Connect(ctx context.Context) (*client.Client, error) {
+	once.Do(func() {
+		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		var dc *testcontainers.DockerClient
+		dc, cliErr = testcontainers.NewDockerClientWithOpts(ctx)
+		if cliErr != nil {
+			return
+		}
+		cli = dc.Client
+		_, cliErr = cli.Ping(ctx, client.PingOptions{NegotiateAPIVersion: true})
+	})
+	return cli, cliErr
+}
+
+// Client returns the shared client, or ends the test: skipped when Docker is
+// unreachable on a developer's machine, failed when CI is set.
+func Client(tb testing.TB) *client.Client {
+	tb.Helper()
+	c, err := Connect(context.Background())
+	if err != nil {
+		Unavailable(tb, err)
+	}
+	return c
+}
+
+// Unavailable ends tb for a missing engine or image: Fatal under CI, Skip
+// elsewhere.
+func Unavailable(tb testing.TB, err error) {
+	tb.Helper()
+	if os.Getenv("CI") != "" {
+		tb.Fatalf("Docker is required when CI is set: %v", err)
+	}
+	tb.Skipf("Docker unavailable: %v", err)
+}
+
+// Main runs a package's tests: it disables Ryuk, sweeps every container and
+// volume labelled LabelTest=pkg before and after m runs, and removes the
+// agent binary agentbin built. It exits with m's code, or 1 when a sweep
+// fails.
+func Main(m *testing.M, pkg string) {
+	os.Setenv("TESTCONTAINERS_RYUK_DISABLED", "true")
+	testPkg = pkg
+	ctx := context.Background()
+	c, err := Connect(ctx)
+	if err == nil {
+		if err := Sweep(ctx, c, pkg); err != nil {
+			fmt.Fprintf(os.Stderr, "dockertest: %v\n", err)
+			os.Exit(1)
+		}
+	}
+	code := m.Run()
+	if c != nil {
+		if err := Sweep(ctx, c, pkg); err != nil {
+			fmt.Fprintf(os.Stderr, "dockertest: %v\n", err)
+			code = max(code, 1)
+		}
+	}
+	agentbin.Remove()
+	os.Exit(code)
+}
+
+// testPkg is the package name Main was given, the value of LabelTest.
+var testPkg = "unknown"
+
+// Labels returns the labels that mark a test's containers and volumes.
+func Labels() map[string]string { return map[string]string{LabelTest: testPkg} }
+
+// Sweep removes, forcibly, every container and then every volume labelled
+// LabelTest=pkg.
+func Sweep(ctx context.Context, c *client.Client, pkg string) error {
+	_, err := dockerexec.Reap(ctx, c, map[string]string{LabelTest: pkg})
+	return err
+}
+
+var (
+	imageOnce sync.Once
+	imageRef  string
+	imageErr  error
+)
+
+// Image returns the reference of the minimal image, building it on first use.
+func Image(tb testing.TB) string {
+	tb.Helper()
+	c := Client(tb)
+	imageOnce.Do(func() {
+		imageRef, imageErr = images.Ensure(context.Background(), c, images.Default,
+			images.WithProgress(func(s string) { fmt.Fprintln(os.Stderr, "images:", s) }))
+	})
+	if imageErr != nil {
+		tb.Fatalf("minimal image: %v", imageErr)
+	}
+	return imageRef
+}
+
+// Start starts a session container for a test: the minimal image and the
+// default hardened profile unless spec says otherwise, the agent from
+// agentbin, the test labels. The container is removed when the test ends,
+// whatever its outcome.
+func Start(tb testing.TB, spec dockerexec.Spec) *dockerexec.Container {
+	tb.Helper()
+	c := Client(tb)
+	if spec.Profile.Image == "" {
+		img := Image(tb)
+		if spec.Profile.User == "" {
+			spec.Profile = policy.DefaultProfile(img)
+		}
+		spec.Profile.Image = img
+	}
+	if spec.Profile.Session == "" {
+		spec.Profile.Session = testPkg
+	}
+	if spec.Agent == "" {
+		p, err := agentbin.Path()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		spec.Agent = p
+	}
+	spec.Labels = Labels()
+	ctr, err := dockerexec.Start(context.Background(), c, spec)
+	if err != nil {
+		tb.Fatalf("dockerexec.Start: %v", err)
+	}
+	tb.Cleanup(func() {
+		if err := ctr.Close(context.Background()); err != nil {
+			tb.Errorf("Close: %v", err)
+		}
+	})
+	return ctr
+}

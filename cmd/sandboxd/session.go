@@ -95,7 +95,7 @@ func (f *sessionFlags) toolsConfig() (tools.Config, error) {
 	}
 	if err := cfg.Validate(); err != nil {
 		var oe *tools.OptionError
-		if errors.As(err, &oe) && (oe.Option == "grants" || oe.Option == "always") {
+		if errors.As(err, &oe) && (oe.Option == "grants" && f.grants.set || oe.Option == "always" && f.always.set) {
 			return tools.Config{}, usagef("--%s: %s", strings.TrimSuffix(oe.Option, "s"), oe.Reason)
 		}
 		return tools.Config{}, err

@@ -1,0 +1,449 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"image"
+	"image/png"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// testTimeout bounds each run of the binary.
+const testTimeout = 30 * time.Second
+
+// newWorkspace lays out a small project on disk and returns its directory.
+func newWorkspace(t *testing.T) (dir string, pngData []byte) {
+	t.Helper()
+	dir = t.TempDir()
+	var buf bytes.Buffer
+	if err := png.Encode(&buf, image.NewGray(image.Rect(0, 0, 4, 3))); err != nil {
+		t.Fatal(err)
+	}
+	files := map[string]string{
+		"a.txt":       "alpha\nbeta\n",
+		"src/main.go": "package main\n\nfunc main() {}\n",
+		"crlf.txt":    "one\r\ntwo\r\n",
+		"chart.bin":   buf.String(), // an image whatever its name says
+	}
+	for name, data := range files {
+		p := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink("src", filepath.Join(dir, "link")); err != nil {
+		t.Fatal(err)
+	}
+	return dir, buf.Bytes()
+}
+
+// mcpClient is a client session with sandboxd mcp, started as a user's MCP
+// client would start it, recording notifications.
+type mcpClient struct {
+	*mcp.ClientSession
+	stderr      *bytes.Buffer
+	cmd         *exec.Cmd
+	listChanged chan struct{}
+
+	mu       sync.Mutex
+	progress []*mcp.ProgressNotificationParams
+}
+
+func startMCP(t *testing.T, args ...string) *mcpClient {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), testTimeout)
+	t.Cleanup(cancel)
+	c := &mcpClient{stderr: new(bytes.Buffer), listChanged: make(chan struct{}, 10)}
+	c.cmd = exec.Command(sandboxdBin, append([]string{"mcp"}, args...)...)
+	c.cmd.Stderr = c.stderr
+	client := mcp.NewClient(&mcp.Implementation{Name: "e2e", Version: "v0"}, &mcp.ClientOptions{
+		ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) { c.listChanged <- struct{}{} },
+		ProgressNotificationHandler: func(_ context.Context, req *mcp.ProgressNotificationClientRequest) {
+			c.mu.Lock()
+			c.progress = append(c.progress, req.Params)
+			c.mu.Unlock()
+		},
+	})
+	cs, err := client.Connect(ctx, &mcp.CommandTransport{Command: c.cmd}, nil)
+	if err != nil {
+		t.Fatalf("connecting to sandboxd mcp %q: %v\nstderr: %s", args, err, c.stderr)
+	}
+	c.ClientSession = cs
+	t.Cleanup(func() {
+		// Closing our end is how the session ends: the server must exit by
+		// itself, successfully, not be signalled.
+		cs.Close()
+		if st := c.cmd.ProcessState; st == nil || !st.Success() {
+			t.Errorf("sandboxd mcp did not exit cleanly when its input closed: %v\nstderr: %s", st, c.stderr)
+		}
+	})
+	return c
+}
+
+func (c *mcpClient) toolNames(t *testing.T) []string {
+	t.Helper()
+	res, err := c.ListTools(t.Context(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, tool := range res.Tools {
+		names = append(names, tool.Name)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// call calls a tool and returns its result and its structured content.
+func (c *mcpClient) call(t *testing.T, name string, args map[string]any) (*mcp.CallToolResult, map[string]any) {
+	t.Helper()
+	res, err := c.CallTool(t.Context(), &mcp.CallToolParams{Name: name, Arguments: args})
+	if err != nil {
+		t.Fatalf("%s %v: %v", name, args, err)
+	}
+	sc, ok := res.StructuredContent.(map[string]any)
+	if !ok {
+		t.Fatalf("%s %v: structuredContent %T %v, want an object", name, args, res.StructuredContent, res.StructuredContent)
+	}
+	return res, sc
+}
+
+// want checks a tool's structured content against the pinned fields: every
+// key in want must be present with that value (compared as JSON).
+func want(t *testing.T, what string, res *mcp.CallToolResult, got map[string]any, want map[string]any) {
+	t.Helper()
+	if res.IsError {
+		t.Errorf("%s: isError, %v", what, got)
+		return
+	}
+	for k, w := range want {
+		g, ok := got[k]
+		if !ok {
+			t.Errorf("%s: structuredContent has no %q: %v", what, k, got)
+			continue
+		}
+		gj, _ := json.Marshal(g)
+		wj, _ := json.Marshal(w)
+		if !bytes.Equal(gj, wj) {
+			t.Errorf("%s: %s = %s, want %s", what, k, gj, wj)
+		}
+	}
+}
+
+func wantError(t *testing.T, what string, res *mcp.CallToolResult, got map[string]any, kind string) {
+	t.Helper()
+	if !res.IsError || got["error"] != kind || got["message"] == "" || got["message"] == nil {
+		t.Errorf("%s: isError %v, structuredContent %v; want error %s with a message", what, res.IsError, got, kind)
+	}
+}
+
+func textOf(res *mcp.CallToolResult) string {
+	var b strings.Builder
+	for _, c := range res.Content {
+		if tc, ok := c.(*mcp.TextContent); ok {
+			b.WriteString(tc.Text)
+		}
+	}
+	return b.String()
+}
+
+// TestMCPEveryTool runs sandboxd mcp as a new user would, on each backend,
+// and calls every tool.
+func TestMCPEveryTool(t *testing.T) {
+	for _, tc := range []struct {
+		backend string
+		always  string
+		tools   []string
+	}{
+		{"local", "read,edit,shell", []string{"bash", "edit", "find", "grep", "load_skill", "ls", "read", "write"}},
+		// The memory backend has no shell (see openMemory).
+		{"memory", "read,edit", []string{"edit", "find", "grep", "load_skill", "ls", "read", "write"}},
+	} {
+		t.Run(tc.backend, func(t *testing.T) {
+			dir, pngData := newWorkspace(t)
+			c := startMCP(t, "--backend", tc.backend, "--workspace", dir,
+				"--grant", "fs.write", "--grant", "shell.exec", "--always", tc.always)
+			root := dir
+			if tc.backend != "local" {
+				root = "/workspace"
+			}
+
+			if got := c.toolNames(t); !slices.Equal(got, tc.tools) {
+				t.Errorf("tools = %v, want %v", got, tc.tools)
+			}
+			if ins := c.InitializeResult().Instructions; !strings.Contains(ins, root) {
+				t.Errorf("instructions do not name the workspace root %s:\n%s", root, ins)
+			}
+
+			res, sc := c.call(t, "read", map[string]any{"path": root + "/a.txt"})
+			want(t, "read", res, sc, map[string]any{"path": "a.txt", "content": "alpha\nbeta\n",
+				"startLine": 1, "endLine": 2, "totalLines": 2, "nextOffset": 0, "truncated": false})
+			res, sc = c.call(t, "read", map[string]any{"path": "a.txt", "offset": 1, "limit": 1})
+			want(t, "read window", res, sc, map[string]any{"content": "alpha\n", "endLine": 1, "nextOffset": 2, "truncated": true})
+			if !strings.Contains(textOf(res), "offset=2") {
+				t.Errorf("read window text %q has no offset notice", textOf(res))
+			}
+
+			res, sc = c.call(t, "read", map[string]any{"path": "chart.bin"})
+			want(t, "read image", res, sc, map[string]any{"path": "chart.bin", "mimeType": "image/png", "bytes": len(pngData)})
+			if i := slices.IndexFunc(res.Content, func(c mcp.Content) bool {
+				ic, ok := c.(*mcp.ImageContent)
+				return ok && ic.MIMEType == "image/png" && bytes.Equal(ic.Data, pngData)
+			}); i < 0 {
+				t.Errorf("read image: no image content with the file's bytes in %v", res.Content)
+			}
+
+			res, sc = c.call(t, "ls", map[string]any{})
+			want(t, "ls", res, sc, map[string]any{"path": ".", "entries": []string{"a.txt", "chart.bin", "crlf.txt", "link@", "src/"}, "truncated": false})
+
+			res, sc = c.call(t, "find", map[string]any{"pattern": "**/*.go"})
+			want(t, "find", res, sc, map[string]any{"paths": []string{"src/main.go"}, "truncated": false})
+
+			res, sc = c.call(t, "grep", map[string]any{"pattern": "func", "glob": "*.go"})
+			want(t, "grep", res, sc, map[string]any{"matches": []map[string]any{{"path": "src/main.go", "line": 3, "text": "func main() {}"}}, "truncated": false})
+			if !strings.Contains(textOf(res), "src/main.go:3:func main() {}") {
+				t.Errorf("grep text %q", textOf(res))
+			}
+
+			res, sc = c.call(t, "write", map[string]any{"path": "new/dir/n.txt", "content": "fresh\n"})
+			want(t, "write", res, sc, map[string]any{"path": "new/dir/n.txt", "bytes": 6, "created": true})
+			res, sc = c.call(t, "read", map[string]any{"path": "new/dir/n.txt"})
+			want(t, "read after write", res, sc, map[string]any{"content": "fresh\n"})
+
+			res, sc = c.call(t, "edit", map[string]any{"path": "crlf.txt", "edits": []map[string]any{{"oldText": "one\ntwo", "newText": "uno\ndos"}}})
+			want(t, "edit", res, sc, map[string]any{"path": "crlf.txt", "replaced": 1, "lines": []int{1}})
+			if d, _ := sc["diff"].(string); !strings.Contains(d, "+uno") || !strings.Contains(d, "-one") {
+				t.Errorf("edit diff %q", d)
+			}
+
+			// The local backend works on the directory itself; memory on a copy.
+			disk, err := os.ReadFile(filepath.Join(dir, "crlf.txt"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, statErr := os.Stat(filepath.Join(dir, "new/dir/n.txt"))
+			if tc.backend == "local" {
+				if string(disk) != "uno\r\ndos\r\n" || statErr != nil {
+					t.Errorf("on disk: crlf.txt %q, new/dir/n.txt %v; want the edit with CRLF kept and the new file", disk, statErr)
+				}
+			} else if string(disk) != "one\r\ntwo\r\n" || statErr == nil {
+				t.Errorf("the memory backend changed the directory it copied: crlf.txt %q, new file %v", disk, statErr)
+			}
+
+			res, sc = c.call(t, "edit", map[string]any{"path": "a.txt", "edits": []map[string]any{{"oldText": "gamma", "newText": "x"}}})
+			wantError(t, "edit without a match", res, sc, "NoMatch")
+			res, sc = c.call(t, "read", map[string]any{"path": "/etc/passwd"})
+			wantError(t, "read outside", res, sc, "OutsideWorkspace")
+			res, sc = c.call(t, "write", map[string]any{"path": ".git/config", "content": "x"})
+			wantError(t, "write protected", res, sc, "Protected")
+
+			res, sc = c.call(t, "load_skill", map[string]any{"skill": "workspace.read"})
+			want(t, "load_skill", res, sc, map[string]any{"skill": "workspace.read"})
+
+			if tc.backend == "local" {
+				res, sc = c.call(t, "bash", map[string]any{"command": "cat; pwd; exit 4", "stdin": "in\n"})
+				want(t, "bash", res, sc, map[string]any{"exitCode": 4, "signal": "", "timedOut": false,
+					"output": "in\n" + dir + "\n", "truncated": false, "outputPath": ""})
+				res, sc = c.call(t, "bash", map[string]any{"command": "echo to-stderr >&2"})
+				want(t, "bash stderr", res, sc, map[string]any{"exitCode": 0, "output": "to-stderr\n"})
+				res, sc = c.call(t, "bash", map[string]any{"command": "seq 1 3000"})
+				want(t, "bash long output", res, sc, map[string]any{"exitCode": 0, "truncated": true})
+				spilled, _ := sc["outputPath"].(string)
+				if !strings.HasPrefix(spilled, ".sandboxd/runtime/tool-output/") {
+					t.Errorf("bash outputPath %q, want a path under .sandboxd/runtime/tool-output", spilled)
+				}
+				res, sc = c.call(t, "read", map[string]any{"path": spilled, "offset": 3000})
+				want(t, "read the saved output", res, sc, map[string]any{"content": "3000\n", "totalLines": 3000})
+				res, sc = c.call(t, "bash", map[string]any{"command": "sleep 5", "timeout": 0.2})
+				want(t, "bash timeout", res, sc, map[string]any{"timedOut": true})
+			}
+		})
+	}
+}
+
+func TestMCPLoadSkillListChangedAndBashProgress(t *testing.T) {
+	dir, _ := newWorkspace(t)
+	config := filepath.Join(t.TempDir(), "sandboxd.json")
+	if err := os.WriteFile(config, []byte(`{"progressMs": 50}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := startMCP(t, "--backend", "local", "--workspace", dir, "--config", config, "--grant", "shell.exec")
+	if got, want := c.toolNames(t), []string{"find", "grep", "load_skill", "ls", "read"}; !slices.Equal(got, want) {
+		t.Fatalf("tools before load_skill = %v, want %v", got, want)
+	}
+
+	res, sc := c.call(t, "load_skill", map[string]any{"skill": "workspace.edit"})
+	wantError(t, "load_skill without its grant", res, sc, "capability.forbidden")
+	// A tool not listed is unknown to MCP: a protocol error, not a result.
+	if _, err := c.CallTool(t.Context(), &mcp.CallToolParams{Name: "bash", Arguments: map[string]any{"command": "true"}}); err == nil {
+		t.Error("bash before load_skill: no error")
+	}
+
+	res, sc = c.call(t, "load_skill", map[string]any{"skill": "workspace.shell"})
+	want(t, "load_skill", res, sc, map[string]any{"skill": "workspace.shell", "tools": []string{"bash"}})
+	select {
+	case <-c.listChanged:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no tools/list_changed after load_skill")
+	}
+	if got, want := c.toolNames(t), []string{"bash", "find", "grep", "load_skill", "ls", "read"}; !slices.Equal(got, want) {
+		t.Errorf("tools after load_skill = %v, want %v", got, want)
+	}
+
+	params := &mcp.CallToolParams{Name: "bash", Arguments: map[string]any{"command": "echo one; sleep 0.4; echo two >&2"}}
+	params.SetProgressToken("bash-1")
+	res, err := c.CallTool(t.Context(), params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.IsError {
+		t.Fatalf("bash: %s", textOf(res))
+	}
+	var messages []string
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		c.mu.Lock()
+		messages = messages[:0]
+		for _, p := range c.progress {
+			if p.ProgressToken == "bash-1" {
+				messages = append(messages, p.Meta["sandboxd/stream"].(string)+":"+p.Message)
+			}
+		}
+		c.mu.Unlock()
+		if len(messages) >= 2 {
+			break
+		}
+	}
+	if !slices.Equal(messages, []string{"stdout:one\n", "stderr:two\n"}) {
+		t.Errorf("progress = %q, want stdout one then stderr two", messages)
+	}
+}
+
+// TestMCPLegacyClient speaks an older protocol version over raw stdio, as
+// many clients do, and still gets tools/list_changed.
+func TestMCPLegacyClient(t *testing.T) {
+	dir, _ := newWorkspace(t)
+	ctx, cancel := context.WithTimeout(t.Context(), testTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, sandboxdBin, "mcp", "--backend", "memory", "--workspace", dir, "--grant", "fs.write")
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := bufio.NewScanner(stdout)
+	send := func(msg string) {
+		if _, err := io.WriteString(stdin, msg+"\n"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// next reads messages until one has the given id or method.
+	next := func(match string) map[string]any {
+		for lines.Scan() {
+			var m map[string]any
+			if err := json.Unmarshal(lines.Bytes(), &m); err != nil {
+				t.Fatalf("%q: %v", lines.Text(), err)
+			}
+			if id, _ := json.Marshal(m["id"]); string(id) == match || m["method"] == match {
+				return m
+			}
+		}
+		t.Fatalf("no %s before the end of output (%v)", match, lines.Err())
+		return nil
+	}
+	send(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"legacy","version":"1"}}}`)
+	if v := next("1")["result"].(map[string]any)["protocolVersion"]; v != "2025-06-18" {
+		t.Fatalf("protocol version %v", v)
+	}
+	send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	send(`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"load_skill","arguments":{"skill":"workspace.edit"}}}`)
+	if r := next("2")["result"].(map[string]any); r["isError"] == true {
+		t.Fatalf("load_skill: %v", r)
+	}
+	next("notifications/tools/list_changed")
+	stdin.Close()
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("sandboxd mcp after its input closed: %v", err)
+	}
+}
+
+func TestToolsJSON(t *testing.T) {
+	dir, _ := newWorkspace(t)
+	code, out, errs := runBinary(t, "tools", "--json", "--backend", "local", "--workspace", dir, "--grant", "fs.write", "--always", "read,edit")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	var cat struct {
+		Tools []struct {
+			Name        string         `json:"name"`
+			Skill       *string        `json:"skill"`
+			Active      *bool          `json:"active"`
+			InputSchema map[string]any `json:"inputSchema"`
+		} `json:"tools"`
+	}
+	if err := json.Unmarshal([]byte(out), &cat); err != nil {
+		t.Fatalf("%v:\n%s", err, out)
+	}
+	wantTools := map[string]struct {
+		skill  string
+		active bool
+	}{
+		"read": {"workspace.read", true}, "ls": {"workspace.read", true}, "find": {"workspace.read", true},
+		"grep": {"workspace.read", true}, "write": {"workspace.edit", true}, "edit": {"workspace.edit", true},
+		"bash": {"workspace.shell", false}, "load_skill": {"", true},
+	}
+	for _, tool := range cat.Tools {
+		w, ok := wantTools[tool.Name]
+		if !ok {
+			t.Errorf("unexpected tool %q", tool.Name)
+			continue
+		}
+		delete(wantTools, tool.Name)
+		if tool.Skill == nil || *tool.Skill != w.skill || tool.Active == nil || *tool.Active != w.active {
+			t.Errorf("%s: skill %v, active %v; want %q, %v", tool.Name, tool.Skill, tool.Active, w.skill, w.active)
+		}
+		if tool.InputSchema["type"] != "object" || tool.InputSchema["properties"] == nil {
+			t.Errorf("%s: inputSchema %v", tool.Name, tool.InputSchema)
+		}
+	}
+	for name := range wantTools {
+		t.Errorf("tool %s missing", name)
+	}
+}
+
+func TestAlwaysWithoutGrantRefusesToStart(t *testing.T) {
+	dir, _ := newWorkspace(t)
+	for _, tc := range []struct {
+		args  []string
+		grant string
+	}{
+		{[]string{"--grant", "shell.exec", "--always", "read,edit,shell"}, "fs.write"},
+		{[]string{"--grant", "fs.write", "--always", "read,edit,shell"}, "shell.exec"},
+	} {
+		args := append([]string{"mcp", "--backend", "local", "--workspace", dir}, tc.args...)
+		code, out, errs := runBinary(t, args...)
+		if code == 0 || out != "" || !strings.Contains(errs, "grant "+tc.grant) {
+			t.Errorf("sandboxd %q: exit %d, stdout %q, stderr %q; want a refusal naming %s", args, code, out, errs, tc.grant)
+		}
+	}
+}

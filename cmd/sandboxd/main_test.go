@@ -1,0 +1,126 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// sandboxdBin is the sandboxd binary the end-to-end tests run, built once by
+// TestMain.
+var sandboxdBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "sandboxd-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	sandboxdBin = filepath.Join(dir, "sandboxd")
+	build := exec.Command("go", "build", "-o", sandboxdBin, ".")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "building sandboxd:", err)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// runInProcess runs sandboxd's main logic with args and returns its exit
+// status, standard output and standard error.
+func runInProcess(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code := run(t.Context(), stdio{in: strings.NewReader(""), out: &out, err: &errb}, args)
+	return code, out.String(), errb.String()
+}
+
+func TestUsage(t *testing.T) {
+	ws := t.TempDir()
+	badConfig := filepath.Join(t.TempDir(), "bad.json")
+	if err := os.WriteFile(badConfig, []byte(`{"maxLines": -1}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		args     []string
+		code     int
+		out, err string // substrings of standard output and error
+	}{
+		{args: nil, code: 2, err: "Commands:"},
+		{args: []string{"frobnicate"}, code: 2, err: `unknown command "frobnicate"`},
+		{args: []string{"help"}, code: 0, out: "mcp "},
+		{args: []string{"help", "tools"}, code: 0, out: "-json"},
+		{args: []string{"help", "nope"}, code: 2, err: `unknown command "nope"`},
+		{args: []string{"mcp", "-h"}, code: 0, err: "-always"},
+		{args: []string{"version"}, code: 0, out: "sandboxd "},
+		{args: []string{"version", "x"}, code: 2, err: "no arguments"},
+		{args: []string{"mcp", "--frob"}, code: 2, err: "flag provided but not defined: -frob"},
+		{args: []string{"mcp", "--workspace", ws, "extra"}, code: 2, err: "unexpected arguments"},
+		{args: []string{"mcp", "--backend", "cloud", "--workspace", ws}, code: 2, err: `unknown backend "cloud"`},
+		{args: []string{"tools", "--workspace", ws, "--grant", "root"}, code: 2, err: `unknown grant "root"`},
+		{args: []string{"tools", "--workspace", ws, "--always", "fly"}, code: 2, err: `unknown skill "fly"`},
+		{args: []string{"tools", "--workspace", ws, "--image", "alpine"}, code: 2, err: "--image applies to --backend docker only"},
+		{args: []string{"tools", "--workspace", filepath.Join(ws, "missing")}, code: 1, err: "workspace"},
+		{args: []string{"tools", "--workspace", ws, "--config", badConfig}, code: 1, err: "option maxLines"},
+		{args: []string{"tools", "--workspace", ws, "--always", "read,edit"}, code: 1, err: "needs the grant fs.write"},
+		{args: []string{"tools", "--workspace", ws, "--grant", "fs.write", "--always", "edit,shell"}, code: 1, err: "needs the grant shell.exec"},
+		{args: []string{"tools", "--backend", "memory", "--workspace", ws, "--grant", "shell.exec", "--always", "shell"}, code: 1, err: "memory backend runs no commands"},
+		{args: []string{"tools", "--workspace", ws}, code: 0, out: "load_skill"},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			code, out, errs := runInProcess(t, tc.args...)
+			if code != tc.code || !strings.Contains(out, tc.out) || !strings.Contains(errs, tc.err) {
+				t.Errorf("exit %d, stdout %q, stderr %q; want exit %d, stdout with %q, stderr with %q",
+					code, out, errs, tc.code, tc.out, tc.err)
+			}
+		})
+	}
+}
+
+func TestLookupPrefersLongestName(t *testing.T) {
+	saved := commands
+	t.Cleanup(func() { commands = saved })
+	image := &command{name: "image"}
+	build := &command{name: "image build"}
+	commands = []*command{image, build}
+	for _, tc := range []struct {
+		args []string
+		want *command
+		rest int
+	}{
+		{[]string{"image", "build", "--tag", "x"}, build, 2},
+		{[]string{"image", "ls"}, image, 1},
+		{[]string{"images"}, nil, 0},
+	} {
+		got, rest := lookup(tc.args)
+		if got != tc.want || len(rest) != tc.rest {
+			t.Errorf("lookup(%q) = %v, %q", tc.args, got, rest)
+		}
+	}
+}
+
+// runBinary runs the built sandboxd with args and no input.
+func runBinary(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), testTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, sandboxdBin, args...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	if ee, ok := err.(*exec.ExitError); ok {
+		return ee.ExitCode(), out.String(), errb.String()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return 0, out.String(), errb.String()
+}

@@ -20,7 +20,8 @@
 //     no children left. The shim dies with its parent (PR_SET_PDEATHSIG), and
 //     kills the tree first when it can. The shim is this package's init
 //     function: any binary that links proctree can act as one, with no change
-//     to its main.
+//     to its main. Initialisers of packages proctree does not import may run
+//     before it in the shim too, so they must have no side effects.
 //   - Elsewhere (macOS) only the program's process group is killed. A process
 //     that leaves the group (setsid, or a shell's job control) survives, and if
 //     it keeps the output open Wait gives up waiting for it after WaitDelay.

@@ -138,3 +138,35 @@ func TestShimDescriptors(t *testing.T) {
 		t.Errorf("descriptors of the command: %q", out)
 	}
 }
+
+// A shim that dies without reporting is an error, and the program's process
+// group goes with it.
+func TestShimKilled(t *testing.T) {
+	dir := t.TempDir()
+	p, err := Start(t.Context(), Spec{Argv: []string{"bash", "-c", "cd " + dir + "; sleep 600 & echo $! > background; echo $$ > main; exec sleep 600"}, Env: os.Environ()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if b, _ := os.ReadFile(filepath.Join(dir, "background")); len(b) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the command never started")
+		}
+	}
+	p.tree.(*shimTree).proc.Kill()
+	if exit, err := p.Wait(); err == nil || exit.Code != -1 {
+		t.Errorf("Wait = %+v, %v; want an error", exit, err)
+	}
+	for _, f := range []string{"background", "main"} {
+		pid := readPid(t, filepath.Join(dir, f))
+		for deadline := time.Now().Add(2 * time.Second); alive(pid) && time.Now().Before(deadline); {
+			time.Sleep(5 * time.Millisecond)
+		}
+		if alive(pid) {
+			syscall.Kill(pid, syscall.SIGKILL)
+			t.Errorf("%s: process %d survived", f, pid)
+		}
+	}
+}

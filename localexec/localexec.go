@@ -34,6 +34,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -60,9 +61,14 @@ var _ workspace.Bash = (*Bash)(nil)
 type Option func(*Bash)
 
 // WithEnvAllow sets the host variables commands see; an entry ending in "*"
-// is a prefix. The default is workspace.DefaultEnvAllow.
+// is a prefix. Nil keeps the default, workspace.DefaultEnvAllow; an empty
+// list lets no host variable through.
 func WithEnvAllow(names []string) Option {
-	return func(b *Bash) { b.allow = append([]string(nil), names...) }
+	return func(b *Bash) {
+		if names != nil {
+			b.allow = slices.Clone(names)
+		}
+	}
 }
 
 // WithInheritEnv, when set, gives commands the host's whole environment,

@@ -173,6 +173,8 @@ func TestEnvironment(t *testing.T) {
 		{"default", nil, nil, "unset allowed by prefix unset unset"},
 		{"inherit", []localexec.Option{localexec.WithInheritEnv(true)}, nil, "hunter2 allowed by prefix unset unset"},
 		{"allow", []localexec.Option{localexec.WithEnvAllow([]string{"SANDBOXD_TEST_*"})}, nil, "hunter2 unset unset unset"},
+		{"allow nil", []localexec.Option{localexec.WithEnvAllow(nil)}, nil, "unset allowed by prefix unset unset"},
+		{"allow none", []localexec.Option{localexec.WithEnvAllow([]string{})}, nil, "unset unset unset unset"},
 		{"session", []localexec.Option{localexec.WithEnv(map[string]string{"SESSION": "s", "CMD": "s"})}, map[string]string{"CMD": "c"}, "unset allowed by prefix s c"},
 	}
 	for _, tt := range tests {

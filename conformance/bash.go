@@ -211,10 +211,10 @@ var bashTests = []bashTest{
 		}
 		x.expectOutput(r, "before\n", "")
 	}},
-	{name: "Timeout/TreeDies", needs: l2(CapProcessTree), run: func(x *bashFixture) { treeDies(x, false) }},
+	{name: "Timeout/TreeDies", needs: needs(CapProcessTree), run: func(x *bashFixture) { treeDies(x, false) }},
 	{name: "Context/Cancel", run: func(x *bashFixture) { ctxEnds(x, context.Canceled) }},
 	{name: "Context/Deadline", run: func(x *bashFixture) { ctxEnds(x, context.DeadlineExceeded) }},
-	{name: "Context/TreeDies", needs: l2(CapProcessTree), run: func(x *bashFixture) { treeDies(x, true) }},
+	{name: "Context/TreeDies", needs: needs(CapProcessTree), run: func(x *bashFixture) { treeDies(x, true) }},
 	{name: "Stdin/Delivered", run: func(x *bashFixture) {
 		r := x.run(workspace.Command{Script: "cat", Stdin: strings.NewReader("hello\nworld\n")})
 		x.expect(r, exited(0))
@@ -282,11 +282,11 @@ var bashTests = []bashTest{
 	}},
 	{name: "Dir/Root", run: func(x *bashFixture) { inDir(x, "", "here") }},
 	{name: "Dir/Subdir", run: func(x *bashFixture) { inDir(x, "sub", "sub/here", "sub/") }},
-	{name: "Dir/LinkInside", needs: l2(CapSymlinks), run: func(x *bashFixture) { inDir(x, "ld", "d/here", "d/", "ld => d") }},
+	{name: "Dir/LinkInside", needs: needs(CapSymlinks), run: func(x *bashFixture) { inDir(x, "ld", "d/here", "d/", "ld => d") }},
 	{name: "Dir/NotFound", run: func(x *bashFixture) { dirFails(x, "nothere", notFound) }},
 	{name: "Dir/File", run: func(x *bashFixture) { dirFails(x, "f", notADir, "f") }},
-	{name: "Dir/LinkOut", needs: l2(CapSymlinks), run: func(x *bashFixture) { dirFails(x, "lo", outside, "lo => /") }},
-	{name: "Dir/RelativeLinkOut", needs: l2(CapSymlinks), run: func(x *bashFixture) { dirFails(x, "d/up", outside, "d/up => ../..") }},
+	{name: "Dir/LinkOut", needs: needs(CapSymlinks), run: func(x *bashFixture) { dirFails(x, "lo", outside, "lo => /") }},
+	{name: "Dir/RelativeLinkOut", needs: needs(CapSymlinks), run: func(x *bashFixture) { dirFails(x, "d/up", outside, "d/up => ../..") }},
 	{name: "Dir/DotDot", run: func(x *bashFixture) {
 		dirFails(x, "../x", is(workspace.ErrInvalidArgument, workspace.ErrOutsideWorkspace))
 	}},
@@ -320,7 +320,7 @@ var bashTests = []bashTest{
 			x.t.Errorf("the host variable %s reached the command: %q", x.secret, clip([]byte(out)))
 		}
 	}},
-	{name: "Env/Configured", needs: l2(CapConfiguredEnv), run: func(x *bashFixture) {
+	{name: "Env/Configured", needs: needs(CapConfiguredEnv), run: func(x *bashFixture) {
 		env := parseEnv(x.sh("env"))
 		for k, v := range x.Env {
 			if got, ok := env[k]; !ok || got != v {

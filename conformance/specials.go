@@ -17,18 +17,18 @@ import (
 
 var fsSpecials = []fsSpecial{
 	{name: "ReadFile/TooLargeNotRead", serial: true, run: tooLargeNotRead},
-	{name: "WriteFile/CreateMode", needs: l2(CapPermissions), run: createMode},
-	{name: "WriteFile/KeepsMode", needs: l2(CapPermissions), run: keepsMode},
-	{name: "WriteFile/HardlinkNotWrittenThrough", needs: l2(CapOutside, CapHardlinks), run: hardlinkNotWrittenThrough},
+	{name: "WriteFile/CreateMode", needs: needs(CapPermissions), run: createMode},
+	{name: "WriteFile/KeepsMode", needs: needs(CapPermissions), run: keepsMode},
+	{name: "WriteFile/HardlinkNotWrittenThrough", needs: needs(CapOutside, CapHardlinks), run: hardlinkNotWrittenThrough},
 	{name: "WriteFile/Atomic", run: atomicWrites},
 	{name: "Concurrent/DistinctFiles", run: distinctFiles},
 	{name: "Lock/Counter", run: lockCounter},
 	{name: "Lock/Context", run: lockContext},
 	{name: "Lock/Independent", run: lockIndependent},
-	{name: "Confine/OutsideUntouched", needs: l2(CapOutside, CapSymlinks), run: outsideUntouched},
+	{name: "Confine/OutsideUntouched", needs: needs(CapOutside, CapSymlinks), run: outsideUntouched},
 }
 
-func l2(caps ...Capability) []Capability { return caps }
+func needs(caps ...Capability) []Capability { return caps }
 
 // tooLargeNotRead checks that ReadFile refuses a large file by its size,
 // before reading it: the process must not allocate the file's size.

@@ -242,9 +242,10 @@ func (m *LineMatcher) MatchLine(line []byte) bool { return m.line.Match(line) }
 // grepFile returns the matching lines of data and their context.
 func (m *LineMatcher) grepFile(name string, data []byte, req GrepRequest) []GrepLine {
 	maxChars := req.MaxLineChars
-	// The prefilter is exact unless a line gets cut: a cut can make "x$"
-	// match where the whole line does not.
-	if !m.file.Match(data) && (maxChars <= 0 || !hasLineLongerThan(data, maxChars)) {
+	// The prefilter is exact unless a line gets cut (a cut can make "x$"
+	// match where the whole line does not) or ends in "\r\n" (lines are
+	// matched without the "\r", which multi-line "$" does not skip).
+	if !m.file.Match(data) && (maxChars <= 0 || !hasLineLongerThan(data, maxChars)) && bytes.IndexByte(data, '\r') < 0 {
 		return nil
 	}
 	var out []GrepLine

@@ -12,8 +12,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -333,13 +335,19 @@ func TestMCPLoadSkillListChangedAndBashProgress(t *testing.T) {
 	}
 }
 
-// TestMCPLegacyClient speaks an older protocol version over raw stdio, as
-// many clients do, and still gets tools/list_changed.
-func TestMCPLegacyClient(t *testing.T) {
-	dir, _ := newWorkspace(t)
+// rawClient speaks JSON-RPC to sandboxd mcp over its stdio, line by line.
+type rawClient struct {
+	t     *testing.T
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	lines *bufio.Scanner
+}
+
+func startRaw(t *testing.T, args ...string) *rawClient {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), testTimeout)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, sandboxdBin, "mcp", "--backend", "memory", "--workspace", dir, "--grant", "fs.write")
+	t.Cleanup(cancel)
+	cmd := exec.CommandContext(ctx, sandboxdBin, append([]string{"mcp"}, args...)...)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -351,39 +359,82 @@ func TestMCPLegacyClient(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	lines := bufio.NewScanner(stdout)
-	send := func(msg string) {
-		if _, err := io.WriteString(stdin, msg+"\n"); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// next reads messages until one has the given id or method.
-	next := func(match string) map[string]any {
-		for lines.Scan() {
-			var m map[string]any
-			if err := json.Unmarshal(lines.Bytes(), &m); err != nil {
-				t.Fatalf("%q: %v", lines.Text(), err)
-			}
-			if id, _ := json.Marshal(m["id"]); string(id) == match || m["method"] == match {
-				return m
-			}
-		}
-		t.Fatalf("no %s before the end of output (%v)", match, lines.Err())
-		return nil
-	}
-	send(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"legacy","version":"1"}}}`)
-	if v := next("1")["result"].(map[string]any)["protocolVersion"]; v != "2025-06-18" {
+	c := &rawClient{t: t, cmd: cmd, stdin: stdin, lines: bufio.NewScanner(stdout)}
+	c.send(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"legacy","version":"1"}}}`)
+	if v := c.next("1")["result"].(map[string]any)["protocolVersion"]; v != "2025-06-18" {
 		t.Fatalf("protocol version %v", v)
 	}
-	send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
-	send(`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"load_skill","arguments":{"skill":"workspace.edit"}}}`)
-	if r := next("2")["result"].(map[string]any); r["isError"] == true {
+	c.send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	return c
+}
+
+func (c *rawClient) send(msg string) {
+	c.t.Helper()
+	if _, err := io.WriteString(c.stdin, msg+"\n"); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// next reads messages until one has the given id (as JSON) or method.
+func (c *rawClient) next(match string) map[string]any {
+	c.t.Helper()
+	for c.lines.Scan() {
+		var m map[string]any
+		if err := json.Unmarshal(c.lines.Bytes(), &m); err != nil {
+			c.t.Fatalf("%q: %v", c.lines.Text(), err)
+		}
+		if id, _ := json.Marshal(m["id"]); string(id) == match || m["method"] == match {
+			return m
+		}
+	}
+	c.t.Fatalf("no %s before the end of output (%v)", match, c.lines.Err())
+	return nil
+}
+
+// TestMCPLegacyClient speaks an older protocol version, as many clients do,
+// and still gets tools/list_changed.
+func TestMCPLegacyClient(t *testing.T) {
+	dir, _ := newWorkspace(t)
+	c := startRaw(t, "--backend", "memory", "--workspace", dir, "--grant", "fs.write")
+	c.send(`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"load_skill","arguments":{"skill":"workspace.edit"}}}`)
+	if r := c.next("2")["result"].(map[string]any); r["isError"] == true {
 		t.Fatalf("load_skill: %v", r)
 	}
-	next("notifications/tools/list_changed")
-	stdin.Close()
-	if err := cmd.Wait(); err != nil {
+	c.next("notifications/tools/list_changed")
+	c.stdin.Close()
+	if err := c.cmd.Wait(); err != nil {
 		t.Errorf("sandboxd mcp after its input closed: %v", err)
+	}
+}
+
+// TestMCPInputClosedEndsRunningCommand closes the input while a command
+// runs: the session ends at once, and the command with it.
+func TestMCPInputClosedEndsRunningCommand(t *testing.T) {
+	dir, _ := newWorkspace(t)
+	c := startRaw(t, "--backend", "local", "--workspace", dir, "--grant", "shell.exec", "--always", "shell")
+	c.send(`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"bash","arguments":{"command":"echo $$ > pid; exec sleep 60"}}}`)
+	pidFile := filepath.Join(dir, "pid")
+	var pid int
+	for deadline := time.Now().Add(10 * time.Second); pid == 0 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		data, _ := os.ReadFile(pidFile)
+		pid, _ = strconv.Atoi(strings.TrimSpace(string(data)))
+	}
+	if pid == 0 {
+		t.Fatal("the command did not start")
+	}
+	began := time.Now()
+	c.stdin.Close()
+	if err := c.cmd.Wait(); err != nil {
+		t.Errorf("sandboxd mcp after its input closed: %v", err)
+	}
+	if d := time.Since(began); d > 10*time.Second {
+		t.Errorf("sandboxd mcp took %v to end after its input closed", d)
+	}
+	alive := func() bool { return syscall.Kill(pid, 0) == nil }
+	for deadline := time.Now().Add(2 * time.Second); alive() && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+	}
+	if alive() {
+		t.Errorf("the command (pid %d) survived its session", pid)
 	}
 }
 

@@ -211,6 +211,31 @@ func (c *Container) state(ctx context.Context) string {
 	return msg + ")"
 }
 
+// AgentAt starts a second agent in the container, through docker exec, that
+// serves the directory root (an absolute path in the container, which must
+// exist) and returns its client. It runs as the container's user, under the
+// same isolation; its process ends when the client is closed. Tests use it
+// for a directory beside the workspace; a session needs none.
+func (c *Container) AgentAt(ctx context.Context, root string, opts ...agent.ClientOption) (*agent.Client, error) {
+	ex, err := c.cli.ExecCreate(ctx, c.id, client.ExecCreateOptions{
+		AttachStdin: true, AttachStdout: true, AttachStderr: true,
+		Cmd: []string{mountAgent + "/sandboxd-agent", "serve", "--root", root},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("dockerexec: exec agent: %w", err)
+	}
+	att, err := c.cli.ExecAttach(ctx, ex.ID, client.ExecAttachOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("dockerexec: exec agent: %w", err)
+	}
+	ag, err := agent.NewClient(&attachStream{demux: demux{r: att.Reader, stderr: io.Discard}, conn: att.Conn}, opts...)
+	if err != nil {
+		att.Close()
+		return nil, fmt.Errorf("dockerexec: agent at %s: %w", root, err)
+	}
+	return ag, nil
+}
+
 // Close ends the session: it closes the agent's stream and removes the
 // container and its workspace volume. It is safe to call more than once.
 func (c *Container) Close(ctx context.Context) error {

@@ -46,9 +46,9 @@ const (
 // Default is the image sessions use when they name none.
 const Default = "minimal"
 
-// builderRevision changes whenever the way a definition becomes a root
-// filesystem changes, so that cached tarballs and built images are redone.
-const builderRevision = "1"
+// builderRevision changes whenever the way a builder turns a definition into
+// a root filesystem changes, so that cached tarballs and images are redone.
+var builderRevision = map[string]string{"busybox": "2", "debootstrap": "1"}
 
 //go:embed defs/*.json
 var defsFS embed.FS
@@ -119,10 +119,11 @@ func Lookup(name string) (Definition, error) {
 	if d.Name != name {
 		return d, fmt.Errorf("images: definition file %s.json names %q", name, d.Name)
 	}
-	if d.Builder != "busybox" && d.Builder != "debootstrap" {
+	rev, ok := builderRevision[d.Builder]
+	if !ok {
 		return d, fmt.Errorf("images: definition %s: unknown builder %q", name, d.Builder)
 	}
-	sum := sha256.Sum256(append([]byte("sandboxd images "+builderRevision+"\n"), data...))
+	sum := sha256.Sum256(append([]byte("sandboxd images "+d.Builder+" "+rev+"\n"), data...))
 	d.hash = hex.EncodeToString(sum[:])
 	return d, nil
 }

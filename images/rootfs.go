@@ -112,6 +112,8 @@ func busyboxRootfs(ctx context.Context, d Definition, o *options, work, out stri
 		}
 		w.symlink(a, "/bin/busybox")
 	}
+	// Debian's busybox has no nohup applet; scripts expect one.
+	w.file("usr/bin/nohup", 0o755, []byte(nohupScript))
 	if w.err != nil {
 		return w.err
 	}
@@ -121,6 +123,13 @@ func busyboxRootfs(ctx context.Context, d Definition, o *options, work, out stri
 	o.progress(fmt.Sprintf("busybox root filesystem: %d applets", len(applets)))
 	return f.Close()
 }
+
+// nohupScript is nohup for an image without one: it ignores SIGHUP and runs
+// its command (output stays where it was; sandbox commands have no terminal).
+const nohupScript = `#!/bin/sh
+trap '' HUP
+exec "$@"
+`
 
 func passwd(d Definition, base, shell string) string {
 	return base + fmt.Sprintf("%s:x:%d:%d:%s:/workspace:%s\n", d.User.Name, d.User.UID, d.User.GID, d.User.Name, shell)

@@ -1,0 +1,46 @@
+package dockerfs_test
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"path"
+	"testing"
+
+	"github.com/sandboxd/sandboxd/conformance"
+	"github.com/sandboxd/sandboxd/dockerexec"
+	"github.com/sandboxd/sandboxd/dockerfs"
+	"github.com/sandboxd/sandboxd/internal/dockertest"
+	"github.com/sandboxd/sandboxd/workspace"
+)
+
+func TestMain(m *testing.M) { dockertest.Main(m, "dockerfs") }
+
+func TestConformance(t *testing.T) {
+	pool := dockertest.NewPool(t, 4, dockerexec.Spec{})
+	conformance.TestFileSystem(t, conformance.FileSystemHarness{
+		New: func(t *testing.T) conformance.Instance {
+			l := pool.Get(t)
+			fsys := dockerfs.New(l.Container)
+			return conformance.Instance{
+				FS:      fsys,
+				Root:    fsys.Root(),
+				Outside: conformance.OutsideFS(l.Outside, dockertest.OutsideDir),
+				MakeSpecial: func(name string, typ fs.FileMode) error {
+					if typ != fs.ModeNamedPipe {
+						return fmt.Errorf("dockerfs test: cannot make %v", typ)
+					}
+					res, err := l.Bash().Run(context.Background(), workspace.Command{Argv: []string{"mkfifo", path.Join(fsys.Root(), name)}})
+					if err == nil && res.ExitCode != 0 {
+						err = fmt.Errorf("mkfifo %s: exit %d", name, res.ExitCode)
+					}
+					return err
+				},
+			}
+		},
+		Skip: map[conformance.Capability]string{
+			conformance.CapSockets:   "the minimal image has no tool that binds a Unix socket",
+			conformance.CapHardlinks: "the only directory outside the workspace is on /tmp, another file system than the workspace volume",
+		},
+	})
+}

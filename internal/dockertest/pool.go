@@ -1,0 +1,107 @@
+package dockertest
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/sandboxd/sandboxd/agent"
+	"github.com/sandboxd/sandboxd/dockerexec"
+	"github.com/sandboxd/sandboxd/workspace"
+)
+
+// OutsideDir is the directory beside the workspace, inside each pooled
+// container, that a Loan's Outside agent serves.
+const OutsideDir = "/tmp/outside"
+
+// Pool lends session containers to parallel subtests, so that a suite of
+// hundreds of subtests does not start a container for each. A container
+// goes back to the pool only once its workspace and OutsideDir are empty
+// again; one that cannot be wiped is closed.
+type Pool struct {
+	tb   testing.TB
+	spec dockerexec.Spec
+	free chan *Loan
+	slot chan struct{} // one token per container that may still be started
+}
+
+// Loan is a container lent to one subtest, with a second agent serving
+// OutsideDir.
+type Loan struct {
+	*dockerexec.Container
+	Outside *agent.Client
+}
+
+// NewPool returns a pool of at most size containers started from spec (see
+// Start), all removed when tb ends.
+func NewPool(tb testing.TB, size int, spec dockerexec.Spec) *Pool {
+	p := &Pool{tb: tb, spec: spec, free: make(chan *Loan, size), slot: make(chan struct{}, size)}
+	for range size {
+		p.slot <- struct{}{}
+	}
+	return p
+}
+
+// Get lends a container with an empty workspace to t until t ends.
+func (p *Pool) Get(t *testing.T) *Loan {
+	t.Helper()
+	var l *Loan
+	select {
+	case l = <-p.free:
+	default:
+		select {
+		case l = <-p.free:
+		case <-p.slot:
+			l = p.start(t)
+		}
+	}
+	t.Cleanup(func() {
+		if err := l.wipe(); err != nil {
+			t.Logf("dockertest: closing a container that could not be wiped: %v", err)
+			l.Outside.Close()
+			l.Close(context.Background())
+			p.slot <- struct{}{}
+			return
+		}
+		p.free <- l
+	})
+	return l
+}
+
+var startMu sync.Mutex
+
+func (p *Pool) start(t *testing.T) *Loan {
+	t.Helper()
+	startMu.Lock() // the engine starts one at a time anyway; keep the order sane
+	c := Start(p.tb, p.spec)
+	startMu.Unlock()
+	ctx := context.Background()
+	if _, err := c.Bash().Run(ctx, workspace.Command{Argv: []string{"mkdir", "-p", OutsideDir}}); err != nil {
+		t.Fatal(err)
+	}
+	out, err := c.AgentAt(ctx, OutsideDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.tb.Cleanup(func() { out.Close() })
+	return &Loan{Container: c, Outside: out}
+}
+
+const wipeScript = `chmod -R u+rwX /workspace ` + OutsideDir + ` 2>/dev/null
+find /workspace ` + OutsideDir + ` -mindepth 1 -maxdepth 1 -exec rm -rf {} +
+ls -A /workspace ` + OutsideDir
+
+func (l *Loan) wipe() error {
+	var out strings.Builder
+	res, err := l.Bash().Run(context.Background(), workspace.Command{Script: wipeScript,
+		Output: func(_ workspace.Stream, p []byte) { out.Write(p) }})
+	if err == nil && (res.ExitCode != 0 || strings.Count(out.String(), "\n") != 3) {
+		err = &wipeError{out.String()}
+	}
+	return err
+}
+
+type wipeError struct{ out string }
+
+func (e *wipeError) Error() string { return "wipe left: " + e.out }

@@ -22,6 +22,7 @@ import (
 	"github.com/moby/moby/api/types/mount"
 	"github.com/moby/moby/client"
 
+	"github.com/sandboxd/sandboxd/images"
 	"github.com/sandboxd/sandboxd/policy"
 )
 
@@ -128,23 +129,14 @@ func fillAgentVolume(ctx context.Context, cli client.APIClient, name, hash strin
 	} else if err != nil {
 		return fmt.Errorf("dockerexec: inspect agent volume: %w", err)
 	}
-	loader, err := cli.ContainerCreate(ctx, client.ContainerCreateOptions{
-		Config: &container.Config{
-			Image: image, Entrypoint: []string{mountAgent + "/never-started"}, Cmd: []string{}, NetworkDisabled: true,
-			Labels: map[string]string{policy.LabelSandboxd: "1", LabelAgent: hash},
-		},
-		HostConfig: &container.HostConfig{
-			NetworkMode: "none",
-			Mounts:      []mount.Mount{{Type: mount.TypeVolume, Source: name, Target: mountAgent}},
-		},
-	})
-	if err != nil {
-		return fmt.Errorf("dockerexec: create agent loader container: %w", err)
-	}
-	defer cli.ContainerRemove(context.WithoutCancel(ctx), loader.ID, client.ContainerRemoveOptions{Force: true})
+	return withLoader(ctx, cli, image, map[string]string{policy.LabelSandboxd: "1", LabelAgent: hash},
+		mount.Mount{Type: mount.TypeVolume, Source: name, Target: mountAgent},
+		func(loader string) error { return copyAgent(ctx, cli, loader, name, data) })
+}
 
+func copyAgent(ctx context.Context, cli client.APIClient, loader, name string, data []byte) error {
 	target := mountAgent + "/sandboxd-agent"
-	if st, err := cli.ContainerStatPath(ctx, loader.ID, client.ContainerStatPathOptions{Path: target}); err == nil && st.Stat.Size == int64(len(data)) {
+	if st, err := cli.ContainerStatPath(ctx, loader, client.ContainerStatPathOptions{Path: target}); err == nil && st.Stat.Size == int64(len(data)) {
 		return nil
 	}
 	var buf bytes.Buffer
@@ -154,10 +146,10 @@ func fillAgentVolume(ctx context.Context, cli client.APIClient, name, hash strin
 	if err := tw.Close(); err != nil {
 		return err
 	}
-	if _, err := cli.CopyToContainer(ctx, loader.ID, client.CopyToContainerOptions{DestinationPath: mountAgent, Content: &buf}); err != nil {
+	if _, err := cli.CopyToContainer(ctx, loader, client.CopyToContainerOptions{DestinationPath: mountAgent, Content: &buf}); err != nil {
 		return fmt.Errorf("dockerexec: copy the agent into its volume: %w", err)
 	}
-	st, err := cli.ContainerStatPath(ctx, loader.ID, client.ContainerStatPathOptions{Path: target})
+	st, err := cli.ContainerStatPath(ctx, loader, client.ContainerStatPathOptions{Path: target})
 	if err != nil {
 		return fmt.Errorf("dockerexec: check the agent volume: %w", err)
 	}
@@ -165,6 +157,64 @@ func fillAgentVolume(ctx context.Context, cli client.APIClient, name, hash strin
 		return fmt.Errorf("dockerexec: agent volume %s holds %d bytes, want %d", name, st.Stat.Size, len(data))
 	}
 	return nil
+}
+
+// withLoader runs f with the ID of a container that is created from image
+// with m mounted, and never started, then removes the container. The archive
+// API can write into m's volume through it while no code runs there.
+func withLoader(ctx context.Context, cli client.APIClient, image string, labels map[string]string, m mount.Mount, f func(id string) error) error {
+	loader, err := cli.ContainerCreate(ctx, client.ContainerCreateOptions{
+		Config: &container.Config{
+			Image: image, Entrypoint: []string{"/.sandboxd-never-started"}, Cmd: []string{}, NetworkDisabled: true, Labels: labels,
+		},
+		HostConfig: &container.HostConfig{NetworkMode: "none", Mounts: []mount.Mount{m}},
+	})
+	if err != nil {
+		return fmt.Errorf("dockerexec: create a loader container: %w", err)
+	}
+	defer cli.ContainerRemove(context.WithoutCancel(ctx), loader.ID, client.ContainerRemoveOptions{Force: true})
+	return f(loader.ID)
+}
+
+// ownedWorkspace remembers the images known to bring a /workspace that
+// belongs to a given user: "image uid:gid" → true.
+var ownedWorkspace sync.Map
+
+// workspaceOwned reports whether image is a sandboxd image whose user is
+// uid:gid, so that an empty volume mounted at /workspace takes its owner
+// from the image's /workspace.
+func workspaceOwned(ctx context.Context, cli client.APIClient, image string, uid, gid int) bool {
+	key := fmt.Sprintf("%s %d:%d", image, uid, gid)
+	if _, ok := ownedWorkspace.Load(key); ok {
+		return true
+	}
+	res, err := cli.ImageInspect(ctx, image)
+	if err != nil || res.Config == nil {
+		return false
+	}
+	ok := res.Config.Labels[images.LabelSandboxd] == "1" && res.Config.User == fmt.Sprintf("%d:%d", uid, gid)
+	if ok {
+		ownedWorkspace.Store(key, true)
+	}
+	return ok
+}
+
+// chownVolume makes the root of volume belong to uid:gid, through a loader
+// container that mounts it (the archive API changes the owner of a directory
+// it extracts over, but never of the destination itself).
+func chownVolume(ctx context.Context, cli client.APIClient, image, volume string, uid, gid int, labels map[string]string) error {
+	const at = "/.sandboxd-workspace"
+	return withLoader(ctx, cli, image, labels, mount.Mount{Type: mount.TypeVolume, Source: volume, Target: at},
+		func(loader string) error {
+			var buf bytes.Buffer
+			tw := tar.NewWriter(&buf)
+			tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: at[1:] + "/", Mode: 0o755, Uid: uid, Gid: gid, ModTime: time.Now()})
+			tw.Close()
+			if _, err := cli.CopyToContainer(ctx, loader, client.CopyToContainerOptions{DestinationPath: "/", Content: &buf}); err != nil {
+				return fmt.Errorf("dockerexec: give the workspace volume to %d:%d: %w", uid, gid, err)
+			}
+			return nil
+		})
 }
 
 // TarDir streams the contents of a host directory as a tar archive, names

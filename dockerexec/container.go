@@ -132,7 +132,17 @@ func Start(ctx context.Context, cli client.APIClient, spec Spec) (*Container, er
 	if _, err := cli.VolumeCreate(ctx, client.VolumeCreateOptions{Name: c.volume, Labels: labels}); err != nil {
 		return nil, fmt.Errorf("dockerexec: create workspace volume: %w", err)
 	}
-	cfg, hc, err := containerConfig(prof, spec.Env, labels, agentVol, c.volume)
+	// An image of sandboxd's own hands its /workspace, owned by the session's
+	// user, to the empty volume. Any other image gets a volume whose root is
+	// given to the user first, and mounted without copying the image's.
+	owned := workspaceOwned(ctx, cli, prof.Image, uid, gid)
+	if !owned {
+		if err := chownVolume(ctx, cli, prof.Image, c.volume, uid, gid, labels); err != nil {
+			c.remove()
+			return nil, err
+		}
+	}
+	cfg, hc, err := containerConfig(prof, spec.Env, labels, agentVol, c.volume, !owned)
 	if err != nil {
 		c.remove()
 		return nil, err
@@ -151,8 +161,6 @@ func Start(ctx context.Context, cli client.APIClient, spec Spec) (*Container, er
 }
 
 func (c *Container) start(ctx context.Context, spec Spec, uid, gid int) error {
-	// The workspace volume's root must belong to the session's user, even
-	// when the image has no /workspace of its own: the tar always carries it.
 	var src io.Reader
 	switch {
 	case spec.WorkspaceDir != "":
@@ -160,12 +168,14 @@ func (c *Container) start(ctx context.Context, spec Spec, uid, gid int) error {
 	case spec.Workspace != nil:
 		src = spec.Workspace
 	}
-	pr, pw := io.Pipe()
-	go func() { pw.CloseWithError(ownTar(pw, src, uid, gid)) }()
-	_, err := c.cli.CopyToContainer(ctx, c.id, client.CopyToContainerOptions{DestinationPath: policy.WorkspaceDir, Content: pr})
-	pr.CloseWithError(err)
-	if err != nil {
-		return fmt.Errorf("dockerexec: copy the workspace in: %w", err)
+	if src != nil {
+		pr, pw := io.Pipe()
+		go func() { pw.CloseWithError(ownTar(pw, src, uid, gid)) }()
+		_, err := c.cli.CopyToContainer(ctx, c.id, client.CopyToContainerOptions{DestinationPath: policy.WorkspaceDir, Content: pr})
+		pr.CloseWithError(err)
+		if err != nil {
+			return fmt.Errorf("dockerexec: copy the workspace in: %w", err)
+		}
 	}
 
 	att, err := c.cli.ContainerAttach(ctx, c.id, client.ContainerAttachOptions{Stream: true, Stdin: true, Stdout: true, Stderr: true})
@@ -177,11 +187,13 @@ func (c *Container) start(ctx context.Context, spec Spec, uid, gid int) error {
 		att.Close()
 		return fmt.Errorf("dockerexec: start: %w", err)
 	}
-	stream := &attachStream{demux: demux{r: att.Reader, stderr: cmp.Or[io.Writer](spec.Stderr, io.Discard)}, conn: att.Conn}
+	logTail := &tailWriter{max: 1024}
+	stderr := io.MultiWriter(logTail, cmp.Or[io.Writer](spec.Stderr, io.Discard))
+	stream := &attachStream{demux: demux{r: att.Reader, stderr: stderr}, conn: att.Conn}
 	ag, err := agent.NewClient(stream, spec.AgentOptions...)
 	if err != nil {
 		att.Close()
-		return fmt.Errorf("dockerexec: agent in %s: %w%s", c.name, err, c.state(context.WithoutCancel(ctx)))
+		return fmt.Errorf("dockerexec: agent in %s: %w%s%s", c.name, err, c.state(context.WithoutCancel(ctx)), logTail)
 	}
 	c.agent = ag
 	c.bash = &Bash{c: c}
@@ -363,7 +375,7 @@ func Reap(ctx context.Context, cli client.APIClient, labels map[string]string) (
 }
 
 // containerConfig turns a profile into the engine's container configuration.
-func containerConfig(p policy.Profile, env, labels map[string]string, agentVol, wsVol string) (*container.Config, *container.HostConfig, error) {
+func containerConfig(p policy.Profile, env, labels map[string]string, agentVol, wsVol string, noCopy bool) (*container.Config, *container.HostConfig, error) {
 	secOpts := []string{}
 	if p.NoNewPrivileges {
 		secOpts = append(secOpts, "no-new-privileges:true")
@@ -377,7 +389,7 @@ func containerConfig(p policy.Profile, env, labels map[string]string, agentVol, 
 	}
 	mounts := []mount.Mount{
 		{Type: mount.TypeVolume, Source: agentVol, Target: mountAgent, ReadOnly: true, VolumeOptions: &mount.VolumeOptions{NoCopy: true}},
-		{Type: mount.TypeVolume, Source: wsVol, Target: policy.WorkspaceDir},
+		{Type: mount.TypeVolume, Source: wsVol, Target: policy.WorkspaceDir, VolumeOptions: &mount.VolumeOptions{NoCopy: noCopy}},
 	}
 	for _, m := range p.HostMounts {
 		mounts = append(mounts, mount.Mount{Type: mount.TypeBind, Source: m.Source, Target: m.Target, ReadOnly: m.ReadOnly})
@@ -451,15 +463,11 @@ func ids(user string) (uid, gid int) {
 }
 
 // ownTar copies the tar stream src (which may be nil) to w with every entry
-// owned by uid:gid, preceded by the root directory itself. Only directories,
+// owned by uid:gid. Only directories,
 // regular files and symbolic links are kept; names are cleaned, and those
 // that would leave the root are dropped.
 func ownTar(w io.Writer, src io.Reader, uid, gid int) error {
 	tw := tar.NewWriter(w)
-	root := &tar.Header{Typeflag: tar.TypeDir, Name: "./", Mode: 0o755, Uid: uid, Gid: gid, ModTime: time.Now()}
-	if err := tw.WriteHeader(root); err != nil {
-		return err
-	}
 	if src != nil {
 		tr := tar.NewReader(src)
 		for {

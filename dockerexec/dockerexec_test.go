@@ -1,13 +1,26 @@
 package dockerexec_test
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/client"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
 	"github.com/sandboxd/sandboxd/dockerexec"
+	"github.com/sandboxd/sandboxd/internal/agentbin"
 	"github.com/sandboxd/sandboxd/internal/dockertest"
 	"github.com/sandboxd/sandboxd/policy"
 	"github.com/sandboxd/sandboxd/workspace"
@@ -124,4 +137,206 @@ func tail(s string) string {
 		return "…" + s[len(s)-300:]
 	}
 	return s
+}
+
+// TestWorkspaceInAndOut copies a host directory in at start, changes it in
+// the container, and exports and imports it with the container paused.
+func TestWorkspaceInAndOut(t *testing.T) {
+	dir := t.TempDir()
+	must(t, os.MkdirAll(filepath.Join(dir, "src/sub"), 0o755))
+	must(t, os.WriteFile(filepath.Join(dir, "src/sub/a.txt"), []byte("alpha\n"), 0o640))
+	must(t, os.Symlink("sub/a.txt", filepath.Join(dir, "src/link")))
+	c := dockertest.Start(t, dockerexec.Spec{WorkspaceDir: dir})
+
+	_, out := run(t, c.Bash(), "cat src/link; stat -c '%u:%g %a %n' . src src/sub/a.txt; readlink src/link", 10*time.Second)
+	want := "alpha\n1000:1000 755 .\n1000:1000 755 src\n1000:1000 640 src/sub/a.txt\nsub/a.txt\n"
+	if out != want {
+		t.Errorf("workspace as copied in:\n%s\nwant:\n%s", out, want)
+	}
+
+	run(t, c.Bash(), "echo beta > b.txt", 10*time.Second)
+	var buf bytes.Buffer
+	must(t, c.Export(context.Background(), &buf))
+	got := map[string]string{}
+	tr := tar.NewReader(&buf)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		must(t, err)
+		body, _ := io.ReadAll(tr)
+		got[strings.TrimPrefix(h.Name, "./")] = string(body) + h.Linkname
+	}
+	if got["b.txt"] != "beta\n" || got["src/sub/a.txt"] != "alpha\n" || got["src/link"] != "sub/a.txt" {
+		t.Errorf("export: %q", got)
+	}
+
+	var in bytes.Buffer
+	tw := tar.NewWriter(&in)
+	must(t, tw.WriteHeader(&tar.Header{Name: "imported/x", Mode: 0o600, Size: 2, Uid: 0}))
+	tw.Write([]byte("x\n"))
+	must(t, tw.WriteHeader(&tar.Header{Name: "../escape", Mode: 0o600, Size: 0}))
+	must(t, tw.WriteHeader(&tar.Header{Name: "dev", Typeflag: tar.TypeChar, Devmajor: 1, Devminor: 3}))
+	must(t, tw.Close())
+	must(t, c.Import(context.Background(), &in))
+	_, out = run(t, c.Bash(), "stat -c '%u %n' imported/x; cat imported/x; ls -A / | grep -c escape; ls dev 2>&1", 10*time.Second)
+	if !strings.HasPrefix(out, "1000 imported/x\nx\n0\n") || !strings.Contains(out, "No such file") {
+		t.Errorf("after import: %q", out)
+	}
+}
+
+// TestStartFailureLeavesNothing fails Start early (an unknown runtime) and
+// late (an agent that exits at once, so the handshake fails after the
+// container started): neither leaves a container or a workspace volume.
+func TestStartFailureLeavesNothing(t *testing.T) {
+	cli := dockertest.Client(t)
+	ctx := context.Background()
+	agentPath, err := agentbin.Path()
+	must(t, err)
+	quitter := filepath.Join(t.TempDir(), "quitter")
+	must(t, os.WriteFile(quitter+".go", []byte("package main\n\nimport \"os\"\n\nfunc main() { os.Stderr.WriteString(\"bye\\n\"); os.Exit(3) }\n"), 0o644))
+	build := exec.Command("go", "build", "-o", quitter, quitter+".go")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	labels := map[string]string{dockertest.LabelTest: "dockerexec", "sandboxd.case": "failure"}
+	cases := []struct {
+		name, agent, runtime, want string
+	}{
+		{"unknown runtime", agentPath, "no-such-runtime", "runtime"},
+		{"agent exits", quitter, "", `exit code 3); agent's log: "bye"`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			spec := dockerexec.Spec{Profile: policy.DefaultProfile(dockertest.Image(t)), Agent: tc.agent, Labels: labels}
+			if tc.runtime != "" {
+				spec.Profile.Runtime = tc.runtime
+			}
+			c, err := dockerexec.Start(ctx, cli, spec)
+			if err == nil {
+				c.Close(ctx)
+				t.Fatal("Start succeeded")
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("Start: %v; want it to mention %q", err, tc.want)
+			}
+			n, err := dockerexec.Reap(ctx, cli, map[string]string{"sandboxd.case": "failure"})
+			if err != nil || n != 0 {
+				t.Errorf("a failed Start left %d containers (%v)", n, err)
+			}
+			vols, err := cli.VolumeList(ctx, client.VolumeListOptions{Filters: make(client.Filters).Add("label", "sandboxd.case=failure")})
+			if err != nil || len(vols.Items) != 0 {
+				t.Errorf("a failed Start left volumes %v (%v)", vols.Items, err)
+			}
+		})
+	}
+	// The quitter's agent volume is the test's to remove.
+	data, err := os.ReadFile(quitter)
+	must(t, err)
+	sum := sha256.Sum256(data)
+	if _, err := cli.VolumeRemove(ctx, "sandboxd-agent-"+hex.EncodeToString(sum[:])[:16], client.VolumeRemoveOptions{}); err != nil {
+		t.Errorf("remove the quitter's agent volume: %v", err)
+	}
+}
+
+func TestReap(t *testing.T) {
+	cli := dockertest.Client(t)
+	ctx := context.Background()
+	c := dockertest.Start(t, dockerexec.Spec{})
+	n, err := dockerexec.Reap(ctx, cli, map[string]string{policy.LabelSession: "dockerexec", "sandboxd.case": "none"})
+	if err != nil || n != 0 {
+		t.Fatalf("Reap of a label nothing has = %d, %v", n, err)
+	}
+	if _, err := dockerexec.Reap(ctx, cli, nil); err == nil {
+		t.Error("Reap with no labels must refuse")
+	}
+	n, err = dockerexec.Reap(ctx, cli, map[string]string{policy.LabelSession: "dockerexec", dockertest.LabelTest: "dockerexec"})
+	if err != nil || n < 1 {
+		t.Fatalf("Reap = %d, %v", n, err)
+	}
+	if _, err := cli.ContainerInspect(ctx, c.ID(), client.ContainerInspectOptions{}); err == nil {
+		t.Error("the container survived Reap")
+	}
+	if _, err := c.Bash().Run(ctx, workspace.Command{Script: "true"}); !errors.Is(err, workspace.ErrUnavailable) {
+		t.Errorf("Run on a reaped container = %v, want ErrUnavailable", err)
+	}
+}
+
+// TestSeccomp runs a session with a seccomp profile, in the runtime-spec's
+// types, that refuses mkdir: the engine must apply it.
+func TestSeccomp(t *testing.T) {
+	prof := policy.DefaultProfile(dockertest.Image(t))
+	prof.Seccomp = &specs.LinuxSeccomp{
+		DefaultAction: specs.ActAllow,
+		Architectures: []specs.Arch{specs.ArchX86_64},
+		Syscalls:      []specs.LinuxSyscall{{Names: []string{"mkdir", "mkdirat"}, Action: specs.ActErrno}},
+	}
+	c := dockertest.Start(t, dockerexec.Spec{Profile: prof})
+	res, out := run(t, c.Bash(), "mkdir /tmp/d", 10*time.Second)
+	if res.ExitCode == 0 || !strings.Contains(out, "not permitted") {
+		t.Errorf("mkdir under a profile that refuses it: %+v %q", res, out)
+	}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestForeignImage runs a session in an image that is not sandboxd's and has
+// no /workspace: the workspace volume must still belong to the session's
+// user, and the agent must run there too.
+func TestForeignImage(t *testing.T) {
+	cli := dockertest.Client(t)
+	ctx := context.Background()
+	ref := "sandboxd-test/foreign:latest"
+	// The minimal image's files without /workspace, no labels, no user.
+	ct, err := cli.ContainerCreate(ctx, client.ContainerCreateOptions{Image: dockertest.Image(t),
+		Config: &container.Config{Labels: dockertest.Labels(), Cmd: []string{"/never-started"}}})
+	must(t, err)
+	exp, err := cli.ContainerExport(ctx, ct.ID, client.ContainerExportOptions{})
+	must(t, err)
+	pr, pw := io.Pipe()
+	go func() {
+		tr, tw := tar.NewReader(exp), tar.NewWriter(pw)
+		var err error
+		for {
+			var h *tar.Header
+			if h, err = tr.Next(); err != nil {
+				break
+			}
+			if strings.HasPrefix(h.Name, "workspace") {
+				continue
+			}
+			if err = tw.WriteHeader(h); err != nil {
+				break
+			}
+			if _, err = io.Copy(tw, tr); err != nil {
+				break
+			}
+		}
+		if err == io.EOF {
+			err = tw.Close()
+		}
+		pw.CloseWithError(err)
+	}()
+	res, err := cli.ImageImport(ctx, client.ImageImportSource{Source: pr, SourceName: "-"}, ref, client.ImageImportOptions{})
+	must(t, err)
+	io.Copy(io.Discard, res)
+	res.Close()
+	exp.Close()
+	cli.ContainerRemove(ctx, ct.ID, client.ContainerRemoveOptions{Force: true})
+	t.Cleanup(func() { cli.ImageRemove(ctx, ref, client.ImageRemoveOptions{Force: true}) })
+
+	dir := t.TempDir()
+	must(t, os.WriteFile(filepath.Join(dir, "given"), []byte("g"), 0o644))
+	c := dockertest.Start(t, dockerexec.Spec{Profile: policy.DefaultProfile(ref), WorkspaceDir: dir})
+	r, out := run(t, c.Bash(), "touch made && stat -c '%u:%g %n' . given made", 10*time.Second)
+	if r.ExitCode != 0 || out != "1000:1000 .\n1000:1000 given\n1000:1000 made\n" {
+		t.Errorf("workspace in a foreign image: %+v %q", r, out)
+	}
 }

@@ -2,10 +2,12 @@ package dockerexec
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"io"
 	"net"
+	"sync"
 
 	"github.com/moby/moby/client"
 )
@@ -99,4 +101,31 @@ type sink struct{ w io.Writer }
 func (s sink) Write(p []byte) (int, error) {
 	s.w.Write(p)
 	return len(p), nil
+}
+
+// tailWriter keeps the last max bytes written to it, for error messages.
+type tailWriter struct {
+	mu  sync.Mutex
+	max int
+	buf []byte
+}
+
+func (w *tailWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf = append(w.buf, p...)
+	if over := len(w.buf) - w.max; over > 0 {
+		w.buf = w.buf[over:]
+	}
+	return len(p), nil
+}
+
+// String is "" when nothing was written, else the tail as a quoted suffix.
+func (w *tailWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.buf) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; agent's log: %q", bytes.TrimSpace(w.buf))
 }

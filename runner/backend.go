@@ -1,0 +1,188 @@
+package runner
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/sandboxd/sandboxd/localexec"
+	"github.com/sandboxd/sandboxd/localfs"
+	"github.com/sandboxd/sandboxd/memfs"
+	"github.com/sandboxd/sandboxd/policy"
+	"github.com/sandboxd/sandboxd/workspace"
+)
+
+// Backend makes the workspaces sessions run in: a hardened container on
+// Docker, a directory on local disk, a tree in memory. The tool layer never
+// sees a backend, only the Instance's ports, so another one (Kubernetes pods,
+// say) is one more implementation of this interface. Implementations must be
+// safe for concurrent use.
+type Backend interface {
+	// Name is the backend's name as configuration spells it ("memory").
+	Name() string
+	// Open starts a workspace for the session spec names. On failure it
+	// leaves nothing behind.
+	Open(ctx context.Context, spec Spec) (*Instance, error)
+	// Reap removes what an earlier run of this daemon left behind — found by
+	// spec.Labels, which carry the daemon's name — and reports how many
+	// workspaces it removed. It runs once, before the first Open.
+	Reap(ctx context.Context, labels map[string]string) (int, error)
+}
+
+// Warmer is a Backend whose workspaces do not depend on the session they
+// serve, so they may be started before a session asks (a warm pool) and
+// handed to one later. Warm starts such a workspace for spec with
+// spec.Session and spec.Tenant empty; what a session adds (its ID and
+// variables) reaches commands through the tool layer, not the workspace.
+type Warmer interface {
+	Backend
+	Warm(ctx context.Context, spec Spec) (*Instance, error)
+}
+
+// Spec is what a backend needs to start one workspace.
+type Spec struct {
+	// Session and Tenant name the session ("" for a warm workspace).
+	Session, Tenant string
+	// Profile is the container isolation the operator's policy granted.
+	// Backends without containers ignore it, after the policy has judged it.
+	Profile policy.Profile
+	// EnvAllow and InheritEnv say which host variables local commands see
+	// (the tool options bashEnvAllow and bashInheritEnv, set by the operator).
+	EnvAllow   []string
+	InheritEnv bool
+	// MaxBytes bounds the bytes a workspace held in memory may hold; 0 is
+	// no bound.
+	MaxBytes int64
+	// Labels mark everything the workspace creates as the daemon's, so that
+	// Reap finds it after a crash.
+	Labels map[string]string
+}
+
+// poolKey is what makes two specs interchangeable for a warm pool: all of
+// the spec but the session's names.
+func (s Spec) poolKey() string {
+	s.Session, s.Tenant = "", ""
+	s.Profile.Session, s.Profile.Tenant = "", ""
+	b, err := json.Marshal(s)
+	if err != nil {
+		panic(err) // a Spec is plain data
+	}
+	return string(b)
+}
+
+// Instance is one session's workspace in a backend: its ports and how to
+// release it.
+type Instance struct {
+	// FS is the workspace's files. Required.
+	FS workspace.FileSystem
+	// Bash runs commands in it; nil when the backend has no shell.
+	Bash workspace.Bash
+	// Root is the workspace root as commands see it ("/workspace").
+	Root string
+	// ID names the backend resource (a container ID, a directory) in logs.
+	ID string
+	// Close releases everything the instance holds. It is called once.
+	Close func(ctx context.Context) error
+}
+
+func randomID(prefix string) string {
+	return prefix + strings.ToLower(rand.Text()[:16])
+}
+
+// Memory is the backend of workspaces held in the daemon's memory
+// (package memfs), rooted at /workspace. It has no shell: the bash tool is
+// not offered. For development and tests; nothing survives the daemon.
+type Memory struct{}
+
+var _ Warmer = Memory{}
+
+// Name returns "memory".
+func (Memory) Name() string { return "memory" }
+
+// Open returns a new empty workspace bounded by spec.MaxBytes.
+func (m Memory) Open(ctx context.Context, spec Spec) (*Instance, error) { return m.Warm(ctx, spec) }
+
+// Warm is Open: a memory workspace belongs to no session until claimed.
+func (Memory) Warm(_ context.Context, spec Spec) (*Instance, error) {
+	fsys := memfs.New(memfs.WithMaxBytes(spec.MaxBytes))
+	return &Instance{FS: fsys, Root: fsys.Root(), ID: randomID("mem-"), Close: func(context.Context) error { return nil }}, nil
+}
+
+// Reap has nothing to do: memory does not outlive the process.
+func (Memory) Reap(context.Context, map[string]string) (int, error) { return 0, nil }
+
+// Local is the backend of workspaces on the host's disk: each session gets
+// a fresh directory under Dir, removed when the session ends, and its
+// commands run on the host as the daemon's user (package localexec) — no
+// isolation beyond path confinement. For development only.
+type Local struct {
+	// Dir holds the session directories. It belongs to sandboxd: Reap
+	// removes every workspace directory in it.
+	Dir string
+}
+
+var _ Warmer = (*Local)(nil)
+
+// localPrefix starts the name of every workspace directory Local makes.
+const localPrefix = "ws-"
+
+// Name returns "local".
+func (*Local) Name() string { return "local" }
+
+// Open makes a new empty directory and the ports over it.
+func (l *Local) Open(ctx context.Context, spec Spec) (*Instance, error) { return l.Warm(ctx, spec) }
+
+// Warm is Open: a directory belongs to no session until claimed.
+func (l *Local) Warm(_ context.Context, spec Spec) (*Instance, error) {
+	if err := os.MkdirAll(l.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("local backend: %w", err)
+	}
+	dir, err := os.MkdirTemp(l.Dir, localPrefix)
+	if err != nil {
+		return nil, fmt.Errorf("local backend: %w", err)
+	}
+	fsys, err := localfs.New(dir)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("local backend: %w", err)
+	}
+	sh, err := localexec.New(dir, localexec.WithEnvAllow(spec.EnvAllow), localexec.WithInheritEnv(spec.InheritEnv))
+	if err != nil {
+		fsys.Close()
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("local backend: %w", err)
+	}
+	return &Instance{
+		FS: fsys, Bash: sh, Root: filepath.ToSlash(dir), ID: dir,
+		Close: func(context.Context) error { return errors.Join(fsys.Close(), os.RemoveAll(dir)) },
+	}, nil
+}
+
+// Reap removes the workspace directories under Dir that an earlier run left.
+func (l *Local) Reap(context.Context, map[string]string) (int, error) {
+	entries, err := os.ReadDir(l.Dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("local backend: reap: %w", err)
+	}
+	n := 0
+	var errs []error
+	for _, e := range entries {
+		if !e.IsDir() || !strings.HasPrefix(e.Name(), localPrefix) {
+			continue
+		}
+		if err := os.RemoveAll(filepath.Join(l.Dir, e.Name())); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		n++
+	}
+	return n, errors.Join(errs...)
+}

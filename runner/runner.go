@@ -1,0 +1,454 @@
+// Package runner hosts workspace sessions for many tenants: each session is
+// a backend workspace (a hardened container on Docker; a directory or a
+// memory tree for development) and a tool set over it (package tools).
+//
+//	m, err := runner.New(ctx, runner.Memory{}, runner.WithMaxSessions(10))
+//	s, err := m.Create(ctx, runner.CreateRequest{Tenant: "acme", Settings: runner.Settings{Grants: []string{"fs.write"}}})
+//	res, err := s.Call(ctx, "write", json.RawMessage(`{"path":"a.txt","content":"hi"}`), tools.CallOptions{})
+//	err = m.Shutdown(ctx)
+//
+// The Manager owns the lifecycle: it creates sessions within the operator's
+// policy (package policy) and per-tenant cap, ends them after their lifetime
+// or idle timeout, caps the calls in flight of each, and at shutdown drains
+// the calls in flight and removes every workspace it made. At start it asks
+// the backend to reap what an earlier run left behind, so a crash leaks
+// nothing past the next start. A warm pool per image and profile keeps
+// workspaces started ahead of demand when the backend can (Warmer).
+//
+// Tenants see only their own sessions: Get, List and Delete of another
+// tenant's session answer ErrNotFound, as if it did not exist.
+package runner
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/sandboxd/sandboxd/policy"
+	"github.com/sandboxd/sandboxd/tools"
+)
+
+// Errors of the Manager and its sessions; match them with errors.Is.
+var (
+	// ErrNotFound: no such session for this tenant.
+	ErrNotFound = errors.New("no such session")
+	// ErrTooManySessions: the tenant has as many sessions as it may.
+	ErrTooManySessions = errors.New("the tenant is at its limit of sessions")
+	// ErrBusy: the session has as many calls in flight as it may.
+	ErrBusy = errors.New("the session is at its limit of calls in flight")
+	// ErrClosed: the session has ended (deleted, expired, shut down).
+	ErrClosed = errors.New("the session has ended")
+	// ErrShuttingDown: the manager takes no new sessions.
+	ErrShuttingDown = errors.New("the daemon is shutting down")
+)
+
+// DefaultImage is the image sessions get when the policy names none.
+const DefaultImage = "sandboxd/minimal:latest"
+
+// LabelDaemon, on everything a Manager's backend makes, names the daemon, so
+// that one daemon's reaping never touches another's workspaces.
+const LabelDaemon = "sandboxd.daemon"
+
+// Outcomes of a call, as CallEvent reports them.
+const (
+	OutcomeOK     = "ok"     // the tool ran and succeeded
+	OutcomeError  = "error"  // the tool ran and reported a failure (isError)
+	OutcomeFailed = "failed" // the call failed outside the tool (backend gone)
+	OutcomeBusy   = "busy"   // refused: too many calls in flight
+	OutcomeClosed = "closed" // refused or cut short: the session ended
+)
+
+// CallEvent describes one finished call, for audit logs and metrics. It
+// never carries arguments, file contents or command output.
+type CallEvent struct {
+	Tenant, Session, Tool, Outcome string
+	Duration                       time.Duration
+}
+
+// Option configures New.
+type Option func(*options)
+
+type options struct {
+	policy         policy.Policy
+	tools          tools.Config
+	maxSessions    int
+	maxCalls       int
+	lifetime       Duration
+	maxLifetime    Duration
+	idle           Duration
+	maxIdle        Duration
+	workspaceBytes int64
+	grants         []string
+	pools          []PoolConfig
+	daemon         string
+	logger         *slog.Logger
+	observe        func(CallEvent)
+	sweep          time.Duration
+}
+
+// WithPolicy sets the operator's policy sessions are judged by (default:
+// the zero Policy, the hardened profile only, on DefaultImage).
+func WithPolicy(p policy.Policy) Option { return func(o *options) { o.policy = p } }
+
+// WithTools sets the tool configuration sessions start from (default
+// tools.DefaultConfig()).
+func WithTools(c tools.Config) Option { return func(o *options) { o.tools = c } }
+
+// WithMaxSessions caps the sessions of one tenant (default 0, no cap);
+// CreateRequest.MaxSessions overrides it for one tenant.
+func WithMaxSessions(n int) Option { return func(o *options) { o.maxSessions = n } }
+
+// WithMaxCallsInFlight caps the calls running at once in one session
+// (default 8; 0 is no cap).
+func WithMaxCallsInFlight(n int) Option { return func(o *options) { o.maxCalls = n } }
+
+// WithLifetime sets a session's default lifetime and the most it may ask
+// for (zero: none).
+func WithLifetime(def, max time.Duration) Option {
+	return func(o *options) { o.lifetime, o.maxLifetime = Duration(def), Duration(max) }
+}
+
+// WithIdleTimeout sets a session's default idle timeout and the most it may
+// ask for (zero: none).
+func WithIdleTimeout(def, max time.Duration) Option {
+	return func(o *options) { o.idle, o.maxIdle = Duration(def), Duration(max) }
+}
+
+// WithWorkspaceBytes bounds a memory workspace's contents (default 0, no
+// bound).
+func WithWorkspaceBytes(n int64) Option { return func(o *options) { o.workspaceBytes = n } }
+
+// WithGrants lists the grants sessions may ask for (default nil: any).
+func WithGrants(grants ...string) Option {
+	return func(o *options) { o.grants = append([]string{}, grants...) }
+}
+
+// WithPool keeps size started workspaces of an image ready for sessions
+// whose profile matches the pool's (the image's default hardened profile).
+// It needs a Warmer backend.
+func WithPool(p PoolConfig) Option { return func(o *options) { o.pools = append(o.pools, p) } }
+
+// WithDaemonName names this daemon in the labels of what it makes (default
+// "sandboxd"). Two daemons sharing one Docker engine need different names.
+func WithDaemonName(name string) Option { return func(o *options) { o.daemon = name } }
+
+// WithLogger logs lifecycle events and one audit line per call to l
+// (default: discard).
+func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
+
+// WithObserver calls f after every call, refused ones included. f must be
+// quick and safe for concurrent use.
+func WithObserver(f func(CallEvent)) Option { return func(o *options) { o.observe = f } }
+
+// WithSweepInterval sets how often expiry is checked (default 1s).
+func WithSweepInterval(d time.Duration) Option { return func(o *options) { o.sweep = d } }
+
+// Manager creates, finds and ends sessions. It is safe for concurrent use.
+type Manager struct {
+	backend Backend
+	o       options
+	labels  map[string]string
+
+	mu        sync.Mutex
+	sessions  map[string]*Session
+	perTenant map[string]int // sessions and reservations
+	closing   bool
+	pools     []*pool
+
+	stopSweep chan struct{}
+	swept     chan struct{}
+}
+
+// New returns a Manager over backend. Before it returns it reaps what an
+// earlier run of the same daemon left behind (an error there fails New), and
+// it starts the warm pools filling in the background.
+func New(ctx context.Context, backend Backend, opts ...Option) (*Manager, error) {
+	o := options{tools: tools.DefaultConfig(), maxCalls: 8, daemon: "sandboxd", sweep: time.Second}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.logger == nil {
+		o.logger = slog.New(slog.DiscardHandler)
+	}
+	o.policy.DefaultImage = cmp.Or(o.policy.DefaultImage, DefaultImage)
+	if err := o.tools.Validate(); err != nil {
+		return nil, fmt.Errorf("runner: tool configuration: %w", err)
+	}
+	m := &Manager{
+		backend: backend, o: o,
+		labels:    map[string]string{policy.LabelSandboxd: "1", LabelDaemon: o.daemon},
+		sessions:  map[string]*Session{},
+		perTenant: map[string]int{},
+		stopSweep: make(chan struct{}),
+		swept:     make(chan struct{}),
+	}
+	n, err := backend.Reap(ctx, maps.Clone(m.labels))
+	if err != nil {
+		return nil, fmt.Errorf("runner: reaping what an earlier run left: %w", err)
+	}
+	if n > 0 {
+		o.logger.Info("reaped workspaces of an earlier run", "backend", backend.Name(), "count", n)
+	}
+	for _, pc := range o.pools {
+		p, err := m.newPool(pc)
+		if err != nil {
+			m.closePools(ctx)
+			return nil, err
+		}
+		m.pools = append(m.pools, p)
+	}
+	go m.sweepLoop()
+	return m, nil
+}
+
+// Backend returns the manager's backend.
+func (m *Manager) Backend() Backend { return m.backend }
+
+// CreateRequest asks for a session.
+type CreateRequest struct {
+	// Tenant owns the session. Required.
+	Tenant string
+	// Settings are the session's settings.
+	Settings Settings
+	// MaxSessions, when positive, is this tenant's cap instead of the
+	// manager's.
+	MaxSessions int
+}
+
+// Create starts a session. It fails with a *policy.DeniedError naming the
+// setting when the settings ask for what the policy forbids, a
+// *SettingError for settings that cannot be used, ErrTooManySessions at
+// the tenant's cap, and ErrShuttingDown once Shutdown has begun. A session
+// whose profile matches a warm pool gets a workspace from it; each pooled
+// workspace goes to exactly one session.
+func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Session, error) {
+	if req.Tenant == "" {
+		return nil, errors.New("runner: CreateRequest.Tenant is required")
+	}
+	st := req.Settings
+	id := randomID("s-")
+	lifetime, err := bounded("lifetime", st.Lifetime, m.o.lifetime, m.o.maxLifetime)
+	if err != nil {
+		return nil, err
+	}
+	idle, err := bounded("idleTimeout", st.IdleTimeout, m.o.idle, m.o.maxIdle)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := toolsConfig(m.o.tools, st, m.o.grants)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkTools(cfg); err != nil {
+		return nil, err
+	}
+	prof, err := m.o.policy.Apply(st.request(id, req.Tenant))
+	if err != nil {
+		return nil, err
+	}
+	if err := m.reserve(req.Tenant, cmp.Or(req.MaxSessions, m.o.maxSessions)); err != nil {
+		return nil, err
+	}
+	spec := m.spec(prof, cfg)
+	spec.Session, spec.Tenant = id, req.Tenant
+	inst, pooled := m.claim(spec)
+	if inst == nil {
+		if inst, err = m.backend.Open(ctx, spec); err != nil {
+			m.release(req.Tenant)
+			return nil, fmt.Errorf("runner: starting the workspace: %w", err)
+		}
+	}
+	s, err := m.newSession(id, req.Tenant, st, cfg, inst, lifetime, idle)
+	if err != nil {
+		inst.Close(context.WithoutCancel(ctx))
+		m.release(req.Tenant)
+		return nil, err
+	}
+	s.pooled = pooled
+	m.mu.Lock()
+	if m.closing {
+		m.mu.Unlock()
+		s.close(context.WithoutCancel(ctx), ErrShuttingDown, false)
+		return nil, ErrShuttingDown
+	}
+	m.sessions[id] = s
+	m.mu.Unlock()
+	m.o.logger.Info("session created", "tenant", req.Tenant, "session", id, "backend", m.backend.Name(), "workspace", inst.ID, "pooled", pooled)
+	return s, nil
+}
+
+// spec is the backend spec of a profile under the manager's settings.
+func (m *Manager) spec(prof policy.Profile, cfg tools.Config) Spec {
+	return Spec{
+		Profile: prof, EnvAllow: cfg.BashEnvAllow, InheritEnv: cfg.BashInheritEnv,
+		MaxBytes: m.o.workspaceBytes, Labels: maps.Clone(m.labels),
+	}
+}
+
+// reserve counts a session against the tenant's cap before it is started,
+// so that concurrent creates cannot pass the cap.
+func (m *Manager) reserve(tenant string, max int) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closing {
+		return ErrShuttingDown
+	}
+	if max > 0 && m.perTenant[tenant] >= max {
+		return fmt.Errorf("%w (%d)", ErrTooManySessions, max)
+	}
+	m.perTenant[tenant]++
+	return nil
+}
+
+func (m *Manager) release(tenant string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.perTenant[tenant]--; m.perTenant[tenant] <= 0 {
+		delete(m.perTenant, tenant)
+	}
+}
+
+// Get returns the tenant's session id, or ErrNotFound.
+func (m *Manager) Get(tenant, id string) (*Session, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s := m.sessions[id]
+	if s == nil || s.tenant != tenant {
+		return nil, fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	return s, nil
+}
+
+// List returns the tenant's sessions, oldest first.
+func (m *Manager) List(tenant string) []*Session {
+	m.mu.Lock()
+	var out []*Session
+	for _, s := range m.sessions {
+		if s.tenant == tenant {
+			out = append(out, s)
+		}
+	}
+	m.mu.Unlock()
+	slices.SortFunc(out, func(a, b *Session) int {
+		return cmp.Or(a.created.Compare(b.created), cmp.Compare(a.id, b.id))
+	})
+	return out
+}
+
+// Delete ends the tenant's session id: calls in flight are cancelled (their
+// commands killed), and the workspace is removed. It fails with
+// ErrNotFound for a session the tenant does not have.
+func (m *Manager) Delete(ctx context.Context, tenant, id string) error {
+	m.mu.Lock()
+	s := m.sessions[id]
+	if s == nil || s.tenant != tenant {
+		m.mu.Unlock()
+		return fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	delete(m.sessions, id)
+	m.mu.Unlock()
+	return s.close(ctx, fmt.Errorf("%w: deleted", ErrClosed), false)
+}
+
+// Stats is a snapshot of the manager, for metrics.
+type Stats struct {
+	// Sessions counts the live sessions by tenant.
+	Sessions map[string]int
+	// Pools describes each warm pool.
+	Pools []PoolStats
+}
+
+// Stats returns a snapshot of the sessions and pools.
+func (m *Manager) Stats() Stats {
+	m.mu.Lock()
+	st := Stats{Sessions: map[string]int{}}
+	for _, s := range m.sessions {
+		st.Sessions[s.tenant]++
+	}
+	pools := slices.Clone(m.pools)
+	m.mu.Unlock()
+	for _, p := range pools {
+		st.Pools = append(st.Pools, p.stats())
+	}
+	return st
+}
+
+// Shutdown stops taking sessions, lets the calls in flight finish until ctx
+// ends (then cancels them), and removes every workspace the manager made,
+// pooled ones included. It returns once all are removed, with the errors
+// of those that could not be.
+func (m *Manager) Shutdown(ctx context.Context) error {
+	m.mu.Lock()
+	if m.closing {
+		m.mu.Unlock()
+		return nil
+	}
+	m.closing = true
+	all := slices.Collect(maps.Values(m.sessions))
+	clear(m.sessions)
+	m.mu.Unlock()
+	close(m.stopSweep)
+	<-m.swept
+
+	errs := make([]error, len(all)+1)
+	var wg sync.WaitGroup
+	for i, s := range all {
+		wg.Go(func() { errs[i] = s.close(ctx, ErrShuttingDown, true) })
+	}
+	errs[len(all)] = m.closePools(ctx)
+	wg.Wait()
+	m.o.logger.Info("runner stopped", "sessions", len(all))
+	return errors.Join(errs...)
+}
+
+func (m *Manager) sweepLoop() {
+	defer close(m.swept)
+	t := time.NewTicker(m.o.sweep)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.stopSweep:
+			return
+		case now := <-t.C:
+			m.expire(now)
+		}
+	}
+}
+
+// expire ends the sessions past their lifetime or idle timeout at now.
+func (m *Manager) expire(now time.Time) {
+	type ending struct {
+		s   *Session
+		why string
+	}
+	var due []ending
+	m.mu.Lock()
+	for id, s := range m.sessions {
+		if why := s.expired(now); why != "" {
+			delete(m.sessions, id)
+			due = append(due, ending{s, why})
+		}
+	}
+	m.mu.Unlock()
+	for _, e := range due {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		if err := e.s.close(ctx, fmt.Errorf("%w: %s", ErrClosed, e.why), false); err != nil {
+			m.o.logger.Warn("removing an expired session failed", "tenant", e.s.tenant, "session", e.s.id, "error", err)
+		}
+		cancel()
+	}
+}
+
+func (m *Manager) observe(ev CallEvent) {
+	m.o.logger.Info("tool call", "tenant", ev.Tenant, "session", ev.Session, "tool", ev.Tool,
+		"outcome", ev.Outcome, "duration_ms", float64(ev.Duration.Microseconds())/1000)
+	if m.o.observe != nil {
+		m.o.observe(ev)
+	}
+}

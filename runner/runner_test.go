@@ -1,0 +1,482 @@
+package runner_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/policy"
+	"github.com/sandboxd/sandboxd/runner"
+	"github.com/sandboxd/sandboxd/tools"
+	"github.com/sandboxd/sandboxd/workspace"
+)
+
+// gateBackend is the memory backend with a scripted shell: a command named
+// "wait" blocks until the gate closes or its context ends. It counts what
+// it opens and closes.
+type gateBackend struct {
+	runner.Memory
+	gate            chan struct{}
+	opened, closed  atomic.Int64
+	warmed          atomic.Int64
+	mu              sync.Mutex
+	ids             map[string]bool // instances handed out, by ID
+	reapedWithLabel map[string]string
+}
+
+func newGate() *gateBackend {
+	return &gateBackend{gate: make(chan struct{}), ids: map[string]bool{}}
+}
+
+func (b *gateBackend) Open(ctx context.Context, spec runner.Spec) (*runner.Instance, error) {
+	b.opened.Add(1)
+	return b.wrap(b.Memory.Open(ctx, spec))
+}
+
+func (b *gateBackend) Warm(ctx context.Context, spec runner.Spec) (*runner.Instance, error) {
+	b.warmed.Add(1)
+	return b.wrap(b.Memory.Warm(ctx, spec))
+}
+
+func (b *gateBackend) wrap(inst *runner.Instance, err error) (*runner.Instance, error) {
+	if err != nil {
+		return nil, err
+	}
+	inst.Bash = gateBash{b.gate}
+	inst.Close = func(context.Context) error { b.closed.Add(1); return nil }
+	return inst, nil
+}
+
+func (b *gateBackend) Reap(_ context.Context, labels map[string]string) (int, error) {
+	b.reapedWithLabel = labels
+	return 0, nil
+}
+
+type gateBash struct{ gate chan struct{} }
+
+func (g gateBash) Run(ctx context.Context, cmd workspace.Command) (workspace.Result, error) {
+	if cmd.Script == "wait" {
+		select {
+		case <-g.gate:
+		case <-ctx.Done():
+			return workspace.Result{ExitCode: -1, Signal: "SIGKILL"}, ctx.Err()
+		}
+	}
+	return workspace.Result{}, nil
+}
+
+var shell = runner.Settings{Grants: []string{tools.GrantShellExec}, Always: []string{"read", "shell"}}
+
+func newManager(t *testing.T, b runner.Backend, opts ...runner.Option) *runner.Manager {
+	t.Helper()
+	m, err := runner.New(context.Background(), b, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Shutdown(context.Background()) })
+	return m
+}
+
+func create(t *testing.T, m *runner.Manager, tenant string, st runner.Settings) *runner.Session {
+	t.Helper()
+	s, err := m.Create(context.Background(), runner.CreateRequest{Tenant: tenant, Settings: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// startWait starts "wait" in s and returns when the call holds its slot.
+func startWait(t *testing.T, s *runner.Session) <-chan error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Call(context.Background(), "bash", json.RawMessage(`{"command":"wait"}`), tools.CallOptions{})
+		done <- err
+	}()
+	waitFor(t, func() bool { return s.Info().CallsInFlight > 0 })
+	return done
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 5s")
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func TestTenantsSeeOnlyTheirSessions(t *testing.T) {
+	m := newManager(t, runner.Memory{})
+	a := create(t, m, "acme", runner.Settings{})
+	b := create(t, m, "bolt", runner.Settings{})
+	if got, err := m.Get("acme", a.ID()); err != nil || got != a {
+		t.Fatalf("Get own: %v, %v", got, err)
+	}
+	if _, err := m.Get("acme", b.ID()); !errors.Is(err, runner.ErrNotFound) {
+		t.Fatalf("Get other tenant's: %v, want ErrNotFound", err)
+	}
+	if err := m.Delete(context.Background(), "acme", b.ID()); !errors.Is(err, runner.ErrNotFound) {
+		t.Fatalf("Delete other tenant's: %v, want ErrNotFound", err)
+	}
+	if l := m.List("acme"); len(l) != 1 || l[0] != a {
+		t.Fatalf("List(acme) = %v", l)
+	}
+	if err := m.Delete(context.Background(), "acme", a.ID()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Get("acme", a.ID()); !errors.Is(err, runner.ErrNotFound) {
+		t.Fatalf("Get after Delete: %v", err)
+	}
+	if !errors.Is(a.Err(), runner.ErrClosed) {
+		t.Fatalf("Err after Delete = %v", a.Err())
+	}
+	if _, err := a.Call(context.Background(), "ls", nil, tools.CallOptions{}); !errors.Is(err, runner.ErrClosed) {
+		t.Fatalf("call on a deleted session: %v", err)
+	}
+	if _, err := m.Get("bolt", b.ID()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestSessionCapPerTenant(t *testing.T) {
+	b := newGate()
+	m := newManager(t, b, runner.WithMaxSessions(3))
+	var wg sync.WaitGroup
+	var ok, refused atomic.Int64
+	for range 10 {
+		wg.Go(func() {
+			_, err := m.Create(context.Background(), runner.CreateRequest{Tenant: "acme"})
+			switch {
+			case err == nil:
+				ok.Add(1)
+			case errors.Is(err, runner.ErrTooManySessions):
+				refused.Add(1)
+			default:
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	if ok.Load() != 3 || refused.Load() != 7 {
+		t.Fatalf("created %d, refused %d; want 3 and 7", ok.Load(), refused.Load())
+	}
+	if b.opened.Load() != 3 {
+		t.Fatalf("opened %d workspaces for 3 sessions", b.opened.Load())
+	}
+	create(t, m, "bolt", runner.Settings{}) // another tenant has its own cap
+	if _, err := m.Create(context.Background(), runner.CreateRequest{Tenant: "acme", MaxSessions: 4}); err != nil {
+		t.Fatalf("a tenant's own cap: %v", err)
+	}
+	s := m.List("acme")[0]
+	if err := m.Delete(context.Background(), "acme", s.ID()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Create(context.Background(), runner.CreateRequest{Tenant: "acme", MaxSessions: 4}); err != nil {
+		t.Fatalf("after a delete: %v", err)
+	}
+}
+
+func TestCallsInFlightCap(t *testing.T) {
+	b := newGate()
+	var mu sync.Mutex
+	var events []runner.CallEvent
+	m := newManager(t, b, runner.WithMaxCallsInFlight(1), runner.WithObserver(func(ev runner.CallEvent) {
+		mu.Lock()
+		events = append(events, ev)
+		mu.Unlock()
+	}))
+	s := create(t, m, "acme", shell)
+	done := startWait(t, s)
+	if _, err := s.Call(context.Background(), "ls", nil, tools.CallOptions{}); !errors.Is(err, runner.ErrBusy) {
+		t.Fatalf("second call: %v, want ErrBusy", err)
+	}
+	close(b.gate)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.Call(context.Background(), "read", json.RawMessage(`{"path":"missing"}`), tools.CallOptions{})
+	if err != nil || !res.IsError {
+		t.Fatalf("read missing: %v %+v", err, res)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	want := []string{"ls:" + runner.OutcomeBusy, "bash:" + runner.OutcomeOK, "read:" + runner.OutcomeError}
+	if len(events) != len(want) {
+		t.Fatalf("events %+v", events)
+	}
+	for i, ev := range events {
+		if got := ev.Tool + ":" + ev.Outcome; got != want[i] || ev.Tenant != "acme" || ev.Session != s.ID() {
+			t.Errorf("event %d = %+v, want %s", i, ev, want[i])
+		}
+	}
+}
+
+func TestDeleteCancelsCallsInFlight(t *testing.T) {
+	b := newGate()
+	m := newManager(t, b)
+	s := create(t, m, "acme", shell)
+	done := startWait(t, s)
+	if err := m.Delete(context.Background(), "acme", s.ID()); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !errors.Is(err, runner.ErrClosed) {
+		t.Fatalf("call cut by Delete: %v, want ErrClosed", err)
+	}
+	if b.closed.Load() != 1 {
+		t.Fatalf("closed %d workspaces", b.closed.Load())
+	}
+}
+
+func TestExpiry(t *testing.T) {
+	b := newGate()
+	m := newManager(t, b, runner.WithSweepInterval(5*time.Millisecond),
+		runner.WithIdleTimeout(0, time.Hour), runner.WithLifetime(0, time.Hour))
+	idle := create(t, m, "acme", runner.Settings{IdleTimeout: runner.Duration(60 * time.Millisecond)})
+	short := create(t, m, "acme", runner.Settings{Lifetime: runner.Duration(60 * time.Millisecond)})
+	busy := create(t, m, "acme", runner.Settings{Grants: shell.Grants, Always: shell.Always, IdleTimeout: runner.Duration(30 * time.Millisecond)})
+	keep := create(t, m, "acme", runner.Settings{})
+	done := startWait(t, busy) // a call in flight is not idleness
+
+	for _, s := range []*runner.Session{idle, short} {
+		select {
+		case <-s.Done():
+		case <-time.After(5 * time.Second):
+			t.Fatalf("session %s did not expire", s.ID())
+		}
+		if !errors.Is(s.Err(), runner.ErrClosed) {
+			t.Fatalf("Err = %v", s.Err())
+		}
+		if _, err := m.Get("acme", s.ID()); !errors.Is(err, runner.ErrNotFound) {
+			t.Fatalf("expired session still listed: %v", err)
+		}
+	}
+	if busy.Err() != nil || keep.Err() != nil {
+		t.Fatalf("sessions ended early: %v, %v", busy.Err(), keep.Err())
+	}
+	close(b.gate)
+	<-done
+	<-busy.Done() // idle once its call is over
+
+	_, err := m.Create(context.Background(), runner.CreateRequest{Tenant: "acme", Settings: runner.Settings{Lifetime: runner.Duration(2 * time.Hour)}})
+	var se *runner.SettingError
+	if !errors.As(err, &se) || se.Setting != "lifetime" {
+		t.Fatalf("lifetime over the maximum: %v", err)
+	}
+}
+
+func TestShutdownDrainsCallsThenRemoves(t *testing.T) {
+	b := newGate()
+	m, err := runner.New(context.Background(), b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := create(t, m, "acme", shell)
+	create(t, m, "bolt", runner.Settings{})
+	done := startWait(t, s)
+	stopped := make(chan error, 1)
+	go func() { stopped <- m.Shutdown(context.Background()) }()
+	waitFor(t, func() bool {
+		_, err := m.Create(context.Background(), runner.CreateRequest{Tenant: "acme"})
+		return errors.Is(err, runner.ErrShuttingDown)
+	})
+	select {
+	case err := <-stopped:
+		t.Fatalf("Shutdown returned with a call in flight: %v", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	if _, err := s.Call(context.Background(), "ls", nil, tools.CallOptions{}); !errors.Is(err, runner.ErrClosed) {
+		t.Fatalf("new call while draining: %v", err)
+	}
+	close(b.gate)
+	if err := <-done; err != nil {
+		t.Fatalf("drained call: %v", err)
+	}
+	if err := <-stopped; err != nil {
+		t.Fatal(err)
+	}
+	if b.closed.Load() != 2 {
+		t.Fatalf("closed %d of 2 workspaces", b.closed.Load())
+	}
+}
+
+func TestShutdownDeadlineCancelsCalls(t *testing.T) {
+	b := newGate()
+	m, err := runner.New(context.Background(), b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := create(t, m, "acme", shell)
+	done := startWait(t, s)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if err := m.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !errors.Is(err, runner.ErrShuttingDown) {
+		t.Fatalf("call past the deadline: %v", err)
+	}
+	if b.closed.Load() != 1 {
+		t.Fatal("workspace not removed")
+	}
+}
+
+func TestWarmPool(t *testing.T) {
+	b := newGate()
+	m := newManager(t, b, runner.WithPool(runner.PoolConfig{Size: 3}))
+	waitFor(t, func() bool { return m.Stats().Pools[0].Ready == 3 })
+	if b.opened.Load() != 0 {
+		t.Fatal("pool used Open")
+	}
+
+	var mu sync.Mutex
+	seen := map[*runner.Session]string{}
+	var wg sync.WaitGroup
+	for range 12 {
+		wg.Go(func() {
+			s, err := m.Create(context.Background(), runner.CreateRequest{Tenant: "acme"})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			seen[s] = s.Root()
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	pooled := 0
+	fsys := map[workspace.FileSystem]bool{}
+	for s := range seen {
+		if s.Info().Pooled {
+			pooled++
+		}
+		if fsys[s.FS()] {
+			t.Fatal("one workspace went to two sessions")
+		}
+		fsys[s.FS()] = true
+	}
+	if pooled == 0 || int64(pooled) > b.warmed.Load() {
+		t.Fatalf("%d sessions pooled of %d warmed", pooled, b.warmed.Load())
+	}
+	if int64(12-pooled) != b.opened.Load() {
+		t.Fatalf("%d cold sessions, %d opened", 12-pooled, b.opened.Load())
+	}
+	waitFor(t, func() bool { return m.Stats().Pools[0].Ready == 3 }) // refilled
+
+	// A profile other than the pool's is started cold.
+	priv := runner.Settings{Image: "other"}
+	m2 := newManager(t, b, runner.WithPool(runner.PoolConfig{Size: 1}), runner.WithPolicy(policy.Policy{Images: []string{"other"}}))
+	waitFor(t, func() bool { return m2.Stats().Pools[0].Ready == 1 })
+	if s := create(t, m2, "acme", priv); s.Info().Pooled {
+		t.Fatal("a session of another image came from the pool")
+	}
+
+	if err := m.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := m2.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if b.closed.Load() != b.opened.Load()+b.warmed.Load() {
+		t.Fatalf("closed %d of %d opened and %d warmed", b.closed.Load(), b.opened.Load(), b.warmed.Load())
+	}
+}
+
+func TestSettingsRefused(t *testing.T) {
+	b := newGate()
+	m := newManager(t, b, runner.WithPolicy(policy.Policy{Networks: []string{"bridge"}}), runner.WithGrants(tools.GrantFSWrite))
+	for _, tc := range []struct {
+		name     string
+		settings runner.Settings
+		setting  string
+		denied   bool
+	}{
+		{"privileged", runner.Settings{Privileged: true}, "privileged", true},
+		{"host network", runner.Settings{Network: "host"}, "network", true},
+		{"host mount", runner.Settings{HostMounts: []runner.Mount{{Source: "/etc", Target: "/etc"}}}, "host mount", true},
+		{"capability", runner.Settings{CapAdd: []string{"SYS_ADMIN"}}, "capability", true},
+		{"image", runner.Settings{Image: "evil/miner"}, "image", true},
+		{"runtime", runner.Settings{Runtime: "kata"}, "runtime", true},
+		{"memory", runner.Settings{Limits: runner.Limits{MemoryBytes: 64 << 30}}, "memory", true},
+		{"grant", runner.Settings{Grants: []string{tools.GrantShellExec}}, "grant", true},
+		{"always without grant", runner.Settings{Always: []string{"edit"}}, "always", false},
+		{"host env", runner.Settings{Options: json.RawMessage(`{"bashInheritEnv":true}`)}, "options.bashInheritEnv", false},
+		{"unknown option", runner.Settings{Options: json.RawMessage(`{"maxLinez":3}`)}, "options", false},
+		{"bad option", runner.Settings{Options: json.RawMessage(`{"maxLines":-1}`)}, "maxLines", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := m.Create(context.Background(), runner.CreateRequest{Tenant: "acme", Settings: tc.settings})
+			var de *policy.DeniedError
+			var se *runner.SettingError
+			switch {
+			case tc.denied && errors.As(err, &de) && de.Setting == tc.setting:
+			case !tc.denied && errors.As(err, &se) && se.Setting == tc.setting:
+			default:
+				t.Fatalf("err = %v, want a refusal naming %q", err, tc.setting)
+			}
+		})
+	}
+	if n := b.opened.Load(); n != 0 {
+		t.Fatalf("refused settings opened %d workspaces", n)
+	}
+	s := create(t, m, "acme", runner.Settings{Network: "bridge", Grants: []string{tools.GrantFSWrite},
+		Options: json.RawMessage(`{"maxLines":7}`), Vars: map[string]string{"A": "1"}})
+	if got := s.Tools().Config().MaxLines; got != 7 {
+		t.Fatalf("maxLines = %d", got)
+	}
+	if got := tools.DefaultConfig().MaxLines; got == 7 {
+		t.Fatal("a session's options leaked into the defaults")
+	}
+}
+
+func TestReapAtStart(t *testing.T) {
+	dir := t.TempDir()
+	left := filepath.Join(dir, "ws-left-by-a-crash")
+	other := filepath.Join(dir, "not-ours")
+	for _, d := range []string{left, other} {
+		if err := os.MkdirAll(filepath.Join(d, "sub"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m := newManager(t, &runner.Local{Dir: dir})
+	if _, err := os.Stat(left); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("leftover workspace not reaped: %v", err)
+	}
+	if _, err := os.Stat(other); err != nil {
+		t.Fatalf("a directory not sandboxd's was removed: %v", err)
+	}
+	s := create(t, m, "acme", runner.Settings{Grants: shell.Grants})
+	res, err := s.Call(context.Background(), "load_skill", json.RawMessage(`{"skill":"shell"}`), tools.CallOptions{})
+	if err != nil || res.IsError {
+		t.Fatal(err, res.Text)
+	}
+	res, err = s.Call(context.Background(), "bash", json.RawMessage(`{"command":"pwd"}`), tools.CallOptions{})
+	if err != nil || res.IsError {
+		t.Fatal(err, res.Text)
+	}
+	if got := res.Structured.(*tools.BashResult).Output; got != s.Root()+"\n" {
+		t.Fatalf("pwd = %q, want %q", got, s.Root())
+	}
+	if err := m.Delete(context.Background(), "acme", s.ID()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(s.Root()); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("workspace directory left after Delete: %v", err)
+	}
+
+	b := newGate()
+	newManager(t, b, runner.WithDaemonName("d2"))
+	if b.reapedWithLabel[runner.LabelDaemon] != "d2" || b.reapedWithLabel[policy.LabelSandboxd] != "1" {
+		t.Fatalf("reaped with labels %v", b.reapedWithLabel)
+	}
+}

@@ -1,0 +1,252 @@
+package runner
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sandboxd/sandboxd/memfs"
+	"github.com/sandboxd/sandboxd/tools"
+	"github.com/sandboxd/sandboxd/workspace"
+)
+
+// Session is one tenant's workspace and the tool set over it. It is safe
+// for concurrent use.
+type Session struct {
+	m        *Manager
+	id       string
+	tenant   string
+	settings Settings
+	created  time.Time
+	lifetime time.Duration
+	idle     time.Duration
+	inst     *Instance
+	set      *tools.Set
+	pooled   bool
+
+	ctx    context.Context // ends when the session does
+	cancel context.CancelCauseFunc
+
+	mu       sync.Mutex
+	inflight int
+	lastUsed time.Time
+	closing  bool
+	calls    sync.WaitGroup
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// checkTools fails when a tool configuration cannot start a session — an
+// always-on skill without its grant — before a workspace is started for it.
+// Whether the backend has a shell is known only once it has.
+func checkTools(cfg tools.Config) error {
+	_, err := tools.New(tools.Env{FS: memfs.New(), Bash: noBash{}}, cfg)
+	if err != nil {
+		return &SettingError{"always", strings.TrimPrefix(err.Error(), "tools: ")}
+	}
+	return nil
+}
+
+// removeTimeout bounds the removal of one workspace.
+const removeTimeout = time.Minute
+
+type noBash struct{}
+
+func (noBash) Run(context.Context, workspace.Command) (workspace.Result, error) {
+	return workspace.Result{}, workspace.ErrUnavailable
+}
+
+func (m *Manager) newSession(id, tenant string, st Settings, cfg tools.Config, inst *Instance, lifetime, idle time.Duration) (*Session, error) {
+	set, err := tools.New(tools.Env{
+		FS: inst.FS, Bash: inst.Bash,
+		Session: workspace.Session{ID: id, RunID: id, Root: inst.Root, Vars: st.Vars},
+	}, cfg)
+	if err != nil {
+		return nil, &SettingError{"always", strings.TrimPrefix(err.Error(), "tools: ")}
+	}
+	now := time.Now()
+	s := &Session{
+		m: m, id: id, tenant: tenant, settings: st, created: now, lastUsed: now,
+		lifetime: lifetime, idle: idle, inst: inst, set: set,
+	}
+	s.ctx, s.cancel = context.WithCancelCause(context.Background())
+	return s, nil
+}
+
+// ID names the session.
+func (s *Session) ID() string { return s.id }
+
+// Tenant names the session's owner.
+func (s *Session) Tenant() string { return s.tenant }
+
+// Tools is the session's tool set. Calls made on it directly bypass the
+// session's cap of calls in flight and its audit; use Call or Do.
+func (s *Session) Tools() *tools.Set { return s.set }
+
+// FS is the session's workspace files, for bulk transfers made within Do.
+func (s *Session) FS() workspace.FileSystem { return s.inst.FS }
+
+// Root is the workspace root as commands see it.
+func (s *Session) Root() string { return s.inst.Root }
+
+// Done is closed when the session ends; Err then says why.
+func (s *Session) Done() <-chan struct{} { return s.ctx.Done() }
+
+// Err is nil while the session lives, and then why it ended (wrapping
+// ErrClosed or ErrShuttingDown).
+func (s *Session) Err() error { return context.Cause(s.ctx) }
+
+// Info describes a session, as the HTTP API shows it.
+type Info struct {
+	ID            string     `json:"id"`
+	Tenant        string     `json:"tenant"`
+	Backend       string     `json:"backend"`
+	Root          string     `json:"root"`
+	Settings      Settings   `json:"settings"`
+	Created       time.Time  `json:"created"`
+	LastUsed      time.Time  `json:"lastUsed"`
+	ExpiresAt     *time.Time `json:"expiresAt,omitempty"`
+	IdleTimeout   Duration   `json:"idleTimeout,omitzero"`
+	CallsInFlight int        `json:"callsInFlight"`
+	Pooled        bool       `json:"pooled"`
+}
+
+// Info returns a snapshot of the session.
+func (s *Session) Info() Info {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	in := Info{
+		ID: s.id, Tenant: s.tenant, Backend: s.m.backend.Name(), Root: s.inst.Root,
+		Settings: s.settings, Created: s.created, LastUsed: s.lastUsed,
+		IdleTimeout: Duration(s.idle), CallsInFlight: s.inflight, Pooled: s.pooled,
+	}
+	if s.lifetime > 0 {
+		t := s.created.Add(s.lifetime)
+		in.ExpiresAt = &t
+	}
+	return in
+}
+
+// Do runs fn as one call named op in the session: it takes one of the
+// session's slots for calls in flight (failing with ErrBusy when none is
+// free, and ErrClosed once the session is ending), marks the session used,
+// cancels fn's context when the session ends, and reports the call to the
+// manager's audit log and observer. fn reports whether the call failed as
+// a tool result (failed) or outside the tool (err).
+func (s *Session) Do(ctx context.Context, op string, fn func(ctx context.Context) (failed bool, err error)) error {
+	start := time.Now()
+	ev := CallEvent{Tenant: s.tenant, Session: s.id, Tool: op}
+	if err := s.begin(); err != nil {
+		ev.Outcome = OutcomeBusy
+		if errors.Is(err, ErrClosed) {
+			ev.Outcome = OutcomeClosed
+		}
+		s.m.observe(ev)
+		return err
+	}
+	cctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(s.ctx, func() { cancel(context.Cause(s.ctx)) })
+	failed, err := fn(cctx)
+	stop()
+	cancel(nil)
+	s.end()
+	ev.Duration = time.Since(start)
+	switch {
+	case s.ctx.Err() != nil:
+		ev.Outcome = OutcomeClosed
+		err = fmt.Errorf("%w (during the call)", context.Cause(s.ctx))
+	case err != nil:
+		ev.Outcome = OutcomeFailed
+	case failed:
+		ev.Outcome = OutcomeError
+	default:
+		ev.Outcome = OutcomeOK
+	}
+	s.m.observe(ev)
+	return err
+}
+
+// Call runs a tool of the session within Do. The result is the tool's (a
+// failure of the tool is a Result with IsError); the error is Do's.
+func (s *Session) Call(ctx context.Context, tool string, args json.RawMessage, opts tools.CallOptions) (tools.Result, error) {
+	var res tools.Result
+	err := s.Do(ctx, tool, func(ctx context.Context) (bool, error) {
+		res = s.set.Call(ctx, tool, args, opts)
+		return res.IsError, nil
+	})
+	return res, err
+}
+
+func (s *Session) begin() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch max := s.m.o.maxCalls; {
+	case s.closing:
+		return fmt.Errorf("%w: %s", ErrClosed, s.id)
+	case max > 0 && s.inflight >= max:
+		return fmt.Errorf("%w (%d)", ErrBusy, max)
+	}
+	s.inflight++
+	s.calls.Add(1)
+	s.lastUsed = time.Now()
+	return nil
+}
+
+func (s *Session) end() {
+	s.mu.Lock()
+	s.inflight--
+	s.lastUsed = time.Now()
+	s.mu.Unlock()
+	s.calls.Done()
+}
+
+// expired says why the session is over at now, or "".
+func (s *Session) expired(now time.Time) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.lifetime > 0 && now.Sub(s.created) >= s.lifetime:
+		return "its lifetime of " + s.lifetime.String() + " is over"
+	case s.idle > 0 && s.inflight == 0 && now.Sub(s.lastUsed) >= s.idle:
+		return "idle for " + s.idle.String()
+	}
+	return ""
+}
+
+// close ends the session once: no new calls; with drain, the calls in
+// flight may finish until ctx ends; then the rest are cancelled and the
+// workspace removed. The session must be out of the manager's map.
+func (s *Session) close(ctx context.Context, cause error, drain bool) error {
+	s.closeOnce.Do(func() {
+		s.mu.Lock()
+		s.closing = true
+		s.mu.Unlock()
+		idle := make(chan struct{})
+		go func() { s.calls.Wait(); close(idle) }()
+		if drain {
+			select {
+			case <-idle:
+			case <-ctx.Done():
+			}
+		}
+		s.cancel(cause)
+		// Cancelled calls end once their commands are killed; a backend that
+		// hangs is not waited for past ctx.
+		select {
+		case <-idle:
+		case <-ctx.Done():
+		}
+		// Removal happens even when ctx is over: a workspace is never leaked.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), removeTimeout)
+		s.closeErr = s.inst.Close(rctx)
+		cancel()
+		s.m.release(s.tenant)
+		s.m.o.logger.Info("session ended", "tenant", s.tenant, "session", s.id, "reason", cause.Error())
+	})
+	return s.closeErr
+}

@@ -1,0 +1,195 @@
+package runner
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/sandboxd/sandboxd/policy"
+	"github.com/sandboxd/sandboxd/tools"
+)
+
+// Settings are what a session asks for when it is created. Zero fields
+// take the operator's defaults; anything beyond the operator's policy is
+// refused, naming the setting.
+type Settings struct {
+	// Image is the container image; "" is the policy's default.
+	Image string `json:"image,omitempty"`
+	// Runtime is the OCI runtime; "" is the policy's default.
+	Runtime string `json:"runtime,omitempty"`
+	// Network is the network mode; "" is none.
+	Network string `json:"network,omitempty"`
+	// Privileged, CapAdd, HostMounts, WritableRootfs and RootUser relax the
+	// hardened profile, as far as the policy allows.
+	Privileged     bool     `json:"privileged,omitempty"`
+	CapAdd         []string `json:"capAdd,omitempty"`
+	HostMounts     []Mount  `json:"hostMounts,omitempty"`
+	WritableRootfs bool     `json:"writableRootfs,omitempty"`
+	RootUser       bool     `json:"rootUser,omitempty"`
+	// Limits are the container's resource limits.
+	Limits Limits `json:"limits,omitzero"`
+	// Grants are the permissions of tool discovery: "fs.write", "shell.exec".
+	Grants []string `json:"grants,omitempty"`
+	// Always are the skills active from the first step; nil keeps the
+	// operator's.
+	Always []string `json:"always,omitempty"`
+	// Options are tool options (maxLines, bashTimeoutMs, …) over the
+	// operator's. The host-facing ones (bashInheritEnv, bashEnvAllow) and
+	// those with settings of their own (grants, always) are refused here.
+	Options json.RawMessage `json:"options,omitempty"`
+	// Vars are added to every command's environment.
+	Vars map[string]string `json:"vars,omitempty"`
+	// Lifetime ends the session that long after it was created, and
+	// IdleTimeout when no call was made for that long; zero is the
+	// operator's default, more than the operator's maximum is refused.
+	Lifetime    Duration `json:"lifetime,omitzero"`
+	IdleTimeout Duration `json:"idleTimeout,omitzero"`
+}
+
+// Limits are a session container's resource limits; zero is the policy's
+// default.
+type Limits struct {
+	Pids        int64 `json:"pids,omitempty"`
+	MemoryBytes int64 `json:"memoryBytes,omitempty"`
+	NanoCPUs    int64 `json:"nanoCpus,omitempty"`
+}
+
+// Mount is a host path asked for in the container.
+type Mount struct {
+	Source   string `json:"source"`
+	Target   string `json:"target"`
+	ReadOnly bool   `json:"readOnly,omitempty"`
+}
+
+// Duration is a time.Duration written in JSON as a Go duration string
+// ("90s", "1h30m"); a JSON number is read as seconds.
+type Duration time.Duration
+
+// MarshalJSON writes d as a duration string.
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
+
+// UnmarshalJSON reads a duration string or a number of seconds.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var secs float64
+	if err := json.Unmarshal(b, &secs); err == nil {
+		*d = Duration(secs * float64(time.Second))
+		return nil
+	}
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("duration: want a string like \"90s\" or a number of seconds, got %s", b)
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// SettingError is a setting that cannot be used as written (an unknown tool
+// option, a lifetime over the operator's maximum). Operator-policy refusals
+// are *policy.DeniedError instead.
+type SettingError struct {
+	Setting string
+	Reason  string
+}
+
+func (e *SettingError) Error() string { return "setting " + e.Setting + ": " + e.Reason }
+
+// request is the policy request the settings make.
+func (s Settings) request(session, tenant string) policy.Request {
+	req := policy.Request{
+		Session: session, Tenant: tenant,
+		Image: s.Image, Runtime: s.Runtime, Network: s.Network,
+		Privileged: s.Privileged, CapAdd: s.CapAdd,
+		WritableRootfs: s.WritableRootfs, RootUser: s.RootUser,
+		PidsLimit: s.Limits.Pids, MemoryBytes: s.Limits.MemoryBytes, NanoCPUs: s.Limits.NanoCPUs,
+	}
+	for _, m := range s.HostMounts {
+		req.HostMounts = append(req.HostMounts, policy.HostMount{Source: m.Source, Target: m.Target, ReadOnly: m.ReadOnly})
+	}
+	return req
+}
+
+// sessionOnlyOptions are tool options a session may not set in Options.
+var sessionOnlyOptions = map[string]string{
+	"bashInheritEnv": "the operator's configuration sets it",
+	"bashEnvAllow":   "the operator's configuration sets it",
+	"grants":         "use the grants setting",
+	"always":         "use the always setting",
+}
+
+// toolsConfig is the tool configuration a session gets: base with the
+// session's options, grants and always-on skills.
+func toolsConfig(base tools.Config, s Settings, allowedGrants []string) (tools.Config, error) {
+	// A deep copy through JSON: decoding options over base must not write
+	// into base's slices and maps, which every session shares.
+	raw, err := json.Marshal(base)
+	if err != nil {
+		return tools.Config{}, err
+	}
+	var cfg tools.Config
+	if err := json.Unmarshal(raw, &cfg); err != nil {
+		return tools.Config{}, err
+	}
+	if opts := bytes.TrimSpace(s.Options); len(opts) > 0 && string(opts) != "null" {
+		var keys map[string]json.RawMessage
+		if err := json.Unmarshal(opts, &keys); err != nil {
+			return tools.Config{}, &SettingError{"options", "want a JSON object of tool options"}
+		}
+		for _, k := range slices.Sorted(maps.Keys(keys)) {
+			if why, ok := sessionOnlyOptions[k]; ok {
+				return tools.Config{}, &SettingError{"options." + k, "a session may not set it: " + why}
+			}
+		}
+		dec := json.NewDecoder(bytes.NewReader(opts))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&cfg); err != nil {
+			msg := strings.TrimPrefix(err.Error(), "json: ")
+			var te *json.UnmarshalTypeError
+			if errors.As(err, &te) && te.Field != "" {
+				msg = fmt.Sprintf("option %s: want %s, got JSON %s", te.Field, te.Type, te.Value)
+			}
+			return tools.Config{}, &SettingError{"options", msg}
+		}
+	}
+	for _, g := range s.Grants {
+		if allowedGrants != nil && !slices.Contains(allowedGrants, g) {
+			return tools.Config{}, &policy.DeniedError{Setting: "grant", Value: g}
+		}
+		if !slices.Contains(cfg.Grants, g) {
+			cfg.Grants = append(cfg.Grants, g)
+		}
+	}
+	if s.Always != nil {
+		cfg.Always = slices.Clone(s.Always)
+	}
+	if err := cfg.Validate(); err != nil {
+		var oe *tools.OptionError
+		if errors.As(err, &oe) {
+			return tools.Config{}, &SettingError{oe.Option, oe.Reason}
+		}
+		return tools.Config{}, &SettingError{"options", err.Error()}
+	}
+	return cfg, nil
+}
+
+// bounded returns asked, or def when asked is zero; asked over max (when
+// max is positive) is refused naming setting.
+func bounded(setting string, asked, def, max Duration) (time.Duration, error) {
+	switch {
+	case asked < 0:
+		return 0, &SettingError{setting, "must not be negative"}
+	case asked == 0:
+		return time.Duration(def), nil
+	case max > 0 && asked > max:
+		return 0, &SettingError{setting, fmt.Sprintf("%v is over the operator's maximum of %v", time.Duration(asked), time.Duration(max))}
+	}
+	return time.Duration(asked), nil
+}

@@ -38,9 +38,21 @@ type Replacement struct {
 	NewText string `json:"newText"`
 }
 
-// mutable checks that the workspace name may be changed by write and edit,
+// lockForChange resolves a path write or edit is to change, checks it
 // against the protect globs both as written and with its links resolved (a
-// link into .git is refused), and returns the resolved name.
+// link into .git is refused), and takes the file's write lock.
+func (s *Set) lockForChange(ctx context.Context, p string) (name string, unlock func(), err error) {
+	if name, err = s.resolve(p); err != nil {
+		return "", nil, err
+	}
+	real, err := s.mutable(ctx, name)
+	if err != nil {
+		return "", nil, err
+	}
+	unlock, err = workspace.Lock(ctx, s.env.FS, real)
+	return name, unlock, err
+}
+
 func (s *Set) mutable(ctx context.Context, name string) (string, error) {
 	if name == "." {
 		return "", newError(workspace.ErrNotAFile, "the workspace root is a directory, not a file")
@@ -72,15 +84,7 @@ func (s *Set) write(ctx context.Context, args json.RawMessage, _ *call) (Result,
 	if p.Path == "" || p.Content == nil {
 		return Result{}, invalid("path and content are required")
 	}
-	name, err := s.resolve(p.Path)
-	if err != nil {
-		return Result{}, err
-	}
-	real, err := s.mutable(ctx, name)
-	if err != nil {
-		return Result{}, err
-	}
-	unlock, err := workspace.Lock(ctx, s.env.FS, real)
+	name, unlock, err := s.lockForChange(ctx, p.Path)
 	if err != nil {
 		return Result{}, err
 	}
@@ -132,15 +136,7 @@ func (s *Set) edit(ctx context.Context, args json.RawMessage, _ *call) (Result, 
 	if p.Path == "" || len(p.Edits) == 0 {
 		return Result{}, invalid("path and at least one edit are required")
 	}
-	name, err := s.resolve(p.Path)
-	if err != nil {
-		return Result{}, err
-	}
-	real, err := s.mutable(ctx, name)
-	if err != nil {
-		return Result{}, err
-	}
-	unlock, err := workspace.Lock(ctx, s.env.FS, real)
+	name, unlock, err := s.lockForChange(ctx, p.Path)
 	if err != nil {
 		return Result{}, err
 	}

@@ -5,8 +5,11 @@ import (
 	"context"
 	"errors"
 	"regexp"
+	"regexp/syntax"
 	"runtime"
+	"slices"
 	"sync"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -203,6 +206,13 @@ func cleanDir(d string) string {
 type LineMatcher struct {
 	line *regexp.Regexp // matches one line
 	file *regexp.Regexp // the same pattern in multi-line mode, to skip files fast
+	// lit is a string every match contains, found by searching the file
+	// rather than running the expression on every line; nil when the
+	// pattern has none. With fold it is ASCII lower case, and matched
+	// ignoring ASCII case.
+	lit  []byte
+	fold bool
+	rare int // the index in lit of its rarest byte, where a folded search anchors
 }
 
 // NewLineMatcher compiles a grep pattern. An invalid expression fails with
@@ -223,7 +233,95 @@ func NewLineMatcher(pattern string, literal, ignoreCase bool) (*LineMatcher, err
 	if err != nil {
 		return nil, &PatternError{Pattern: pattern, Err: err}
 	}
-	return &LineMatcher{line: line, file: file}, nil
+	m := &LineMatcher{line: line, file: file}
+	if re, err := syntax.Parse(flags+pattern, syntax.Perl); err == nil {
+		m.lit, m.fold = requiredLiteral(re.Simplify())
+		m.rare = rarestByte(m.lit)
+	}
+	return m, nil
+}
+
+// requiredLiteral returns the longest literal that every match of re
+// contains, or nil. A case-folded literal is cut to its longest run of runes
+// whose case variants are all ASCII (so "k", whose variants include the
+// Kelvin sign, ends a run) and returned in lower case.
+func requiredLiteral(re *syntax.Regexp) ([]byte, bool) {
+	switch re.Op {
+	case syntax.OpLiteral:
+		fold := re.Flags&syntax.FoldCase != 0
+		if !fold {
+			lit := []byte(string(re.Rune))
+			// A "\n" is never within one line; U+FFFD also matches bytes
+			// that are not UTF-8, which a byte search would not find.
+			if bytes.IndexByte(lit, '\n') >= 0 || slices.Contains(re.Rune, utf8.RuneError) {
+				return nil, false
+			}
+			return lit, false
+		}
+		var best, run []byte
+		for _, r := range append(re.Rune, -1) {
+			if r >= 0 && r != '\n' && asciiFoldOrbit(r) {
+				run = append(run, byte(unicode.ToLower(r)))
+				continue
+			}
+			if len(run) > len(best) {
+				best = run
+			}
+			run = nil
+		}
+		return best, best != nil
+	case syntax.OpCapture, syntax.OpPlus:
+		return requiredLiteral(re.Sub[0])
+	case syntax.OpRepeat:
+		if re.Min >= 1 {
+			return requiredLiteral(re.Sub[0])
+		}
+	case syntax.OpConcat:
+		var best []byte
+		var bestFold bool
+		for _, sub := range re.Sub {
+			if lit, fold := requiredLiteral(sub); len(lit) > len(best) {
+				best, bestFold = lit, fold
+			}
+		}
+		return best, bestFold
+	}
+	return nil, false
+}
+
+// asciiFoldOrbit reports whether r and every rune that case-folds to it are
+// ASCII.
+func asciiFoldOrbit(r rune) bool {
+	for f := r; ; {
+		if f > unicode.MaxASCII {
+			return false
+		}
+		if f = unicode.SimpleFold(f); f == r {
+			return true
+		}
+	}
+}
+
+// byteRarity ranks bytes from common (low) to rare (high) in source code and
+// prose; a folded search anchors on the rarest byte of its literal.
+var byteRarity = func() (rank [256]byte) {
+	for i := range rank {
+		rank[i] = 30
+	}
+	for i, c := range []byte(" etaoinsrlcdhum\tpf_.(),gybw=\"/v;:kx-*jqz") {
+		rank[c] = byte(i)
+	}
+	return rank
+}()
+
+func rarestByte(lit []byte) int {
+	best := 0
+	for i, c := range lit {
+		if byteRarity[c] > byteRarity[lit[best]] {
+			best = i
+		}
+	}
+	return best
 }
 
 // PatternError is a regular expression that does not compile. It matches
@@ -239,49 +337,198 @@ func (e *PatternError) Unwrap() error { return ErrInvalidArgument }
 // MatchLine reports whether one line matches.
 func (m *LineMatcher) MatchLine(line []byte) bool { return m.line.Match(line) }
 
+// lineRef is a line of a file: its number and where it lies (end excludes
+// the newline).
+type lineRef struct{ no, start, end int }
+
 // grepFile returns the matching lines of data and their context.
 func (m *LineMatcher) grepFile(name string, data []byte, req GrepRequest) []GrepLine {
-	maxChars := req.MaxLineChars
+	var matches []lineRef
+	if m.lit != nil {
+		matches = m.literalMatches(data, req.MaxLineChars)
+	} else {
+		matches = m.scanMatches(data, req.MaxLineChars)
+	}
+	if len(matches) == 0 {
+		return nil
+	}
+	return withContext(name, data, matches, req.Context, req.MaxLineChars)
+}
+
+// lineText is a line as it is matched and shown: without its "\r", cut to
+// maxChars.
+func lineText(data []byte, l lineRef, maxChars int) []byte {
+	return CutLine(bytes.TrimSuffix(data[l.start:l.end], []byte("\r")), maxChars)
+}
+
+// literalMatches finds the lines holding the required literal and runs the
+// expression on those alone: a line without the literal cannot match.
+func (m *LineMatcher) literalMatches(data []byte, maxChars int) []lineRef {
+	var out []lineRef
+	var fs foldSearch
+	if m.fold {
+		fs = newFoldSearch(data, m.lit, m.rare)
+	}
+	countedTo, countedNo := 0, 1 // line countedNo starts at countedTo
+	for from := 0; from < len(data); {
+		var i int
+		if m.fold {
+			i = fs.index(from)
+		} else if i = bytes.Index(data[from:], m.lit); i >= 0 {
+			i += from
+		}
+		if i < 0 {
+			break
+		}
+		l := lineRef{start: bytes.LastIndexByte(data[:i], '\n') + 1, end: len(data)}
+		if j := bytes.IndexByte(data[i:], '\n'); j >= 0 {
+			l.end = i + j
+		}
+		l.no = countedNo + bytes.Count(data[countedTo:l.start], []byte("\n"))
+		countedTo, countedNo = l.start, l.no
+		if m.line.Match(lineText(data, l, maxChars)) {
+			out = append(out, l)
+		}
+		from = l.end + 1
+	}
+	return out
+}
+
+// scanMatches runs the expression on every line, after a whole-file check.
+func (m *LineMatcher) scanMatches(data []byte, maxChars int) []lineRef {
 	// The prefilter is exact unless a line gets cut (a cut can make "x$"
 	// match where the whole line does not) or ends in "\r\n" (lines are
 	// matched without the "\r", which multi-line "$" does not skip).
 	if !m.file.Match(data) && (maxChars <= 0 || !hasLineLongerThan(data, maxChars)) && bytes.IndexByte(data, '\r') < 0 {
 		return nil
 	}
-	var out []GrepLine
-	var before []GrepLine // ring of context lines not yet shown
-	after := 0            // context lines still owed after the last match
-	lineNo := 0
-	for len(data) > 0 {
-		lineNo++
-		var line []byte
-		if i := bytes.IndexByte(data, '\n'); i >= 0 {
-			line, data = data[:i], data[i+1:]
-		} else {
-			line, data = data, nil
+	var out []lineRef
+	for l := (lineRef{end: -1}); l.end < len(data); {
+		l = nextLine(data, l)
+		if l.start == len(data) {
+			break // a final newline ends the last line; it starts none
 		}
-		line = bytes.TrimSuffix(line, []byte("\r"))
-		line = CutLine(line, maxChars)
-		if m.line.Match(line) {
-			out = append(out, before...)
-			before = before[:0]
-			out = append(out, GrepLine{Path: name, Line: lineNo, Text: string(line), Match: true})
-			after = req.Context
-			continue
-		}
-		if after > 0 {
-			out = append(out, GrepLine{Path: name, Line: lineNo, Text: string(line)})
-			after--
-			continue
-		}
-		if req.Context > 0 {
-			if len(before) == req.Context {
-				before = append(before[:0], before[1:]...)
-			}
-			before = append(before, GrepLine{Path: name, Line: lineNo, Text: string(line)})
+		if m.line.Match(lineText(data, l, maxChars)) {
+			out = append(out, l)
 		}
 	}
 	return out
+}
+
+// nextLine returns the line after l (whose end must be below len(data)).
+func nextLine(data []byte, l lineRef) lineRef {
+	n := lineRef{no: l.no + 1, start: l.end + 1, end: len(data)}
+	if j := bytes.IndexByte(data[n.start:], '\n'); j >= 0 {
+		n.end = n.start + j
+	}
+	return n
+}
+
+// withContext turns matching lines into grep lines with up to c lines of
+// context before and after each, every line shown once, in order.
+func withContext(name string, data []byte, matches []lineRef, c, maxChars int) []GrepLine {
+	out := make([]GrepLine, 0, len(matches)*(1+2*c))
+	add := func(l lineRef, match bool) {
+		out = append(out, GrepLine{Path: name, Line: l.no, Text: string(lineText(data, l, maxChars)), Match: match})
+	}
+	last := lineRef{end: -1} // the last line shown
+	afterUntil := 0          // the last line of the pending after context
+	flushAfter := func(until int) {
+		for last.no < min(afterUntil, until) && last.end < len(data) {
+			n := nextLine(data, last)
+			if n.start == len(data) {
+				return
+			}
+			add(n, false)
+			last = n
+		}
+	}
+	var before []lineRef
+	for _, m := range matches {
+		flushAfter(m.no - 1)
+		before = before[:0]
+		for l := m; len(before) < c && l.no-1 > last.no; {
+			prevEnd := l.start - 1
+			l = lineRef{no: l.no - 1, start: bytes.LastIndexByte(data[:prevEnd], '\n') + 1, end: prevEnd}
+			before = append(before, l)
+		}
+		for i := len(before) - 1; i >= 0; i-- {
+			add(before[i], false)
+		}
+		add(m, true)
+		last, afterUntil = m, m.no+c
+	}
+	flushAfter(afterUntil)
+	return out
+}
+
+// foldSearch finds a lower-case ASCII literal in data ignoring ASCII case.
+// It anchors on the literal's rarest byte, scanning for its two cases with
+// bytes.IndexByte and remembering the next hit of each.
+type foldSearch struct {
+	data      []byte
+	lit       []byte
+	at        int     // anchor index in lit
+	c         [2]byte // the anchor byte's cases
+	next      [2]int  // next hit of each case at or after the last query; -1 unknown
+	searched  [2]int  // where each next was searched from
+	sameCases bool
+}
+
+func newFoldSearch(data, lit []byte, at int) foldSearch {
+	c := lit[at]
+	s := foldSearch{data: data, lit: lit, at: at, c: [2]byte{c, c}, next: [2]int{-1, -1}, searched: [2]int{-1, -1}}
+	if 'a' <= c && c <= 'z' {
+		s.c[1] = c - 'a' + 'A'
+	}
+	s.sameCases = s.c[0] == s.c[1]
+	return s
+}
+
+// index returns the offset of the first occurrence at or after from, or -1.
+func (s *foldSearch) index(from int) int {
+	for {
+		pos := from + s.at // where the anchor byte must lie at the earliest
+		if pos+len(s.lit)-s.at > len(s.data) {
+			return -1
+		}
+		hit := len(s.data)
+		for k := range 2 {
+			if k == 1 && s.sameCases {
+				break
+			}
+			if s.next[k] < pos && s.next[k] != len(s.data) || s.searched[k] > pos {
+				s.next[k] = len(s.data)
+				if j := bytes.IndexByte(s.data[pos:], s.c[k]); j >= 0 {
+					s.next[k] = pos + j
+				}
+				s.searched[k] = pos
+			}
+			hit = min(hit, s.next[k])
+		}
+		start := hit - s.at
+		if hit == len(s.data) || start+len(s.lit) > len(s.data) {
+			return -1
+		}
+		if equalFoldASCII(s.data[start:start+len(s.lit)], s.lit) {
+			return start
+		}
+		from = start + 1
+	}
+}
+
+// equalFoldASCII reports whether b equals the lower-case lit ignoring ASCII
+// case.
+func equalFoldASCII(b, lit []byte) bool {
+	for i, c := range b {
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		if c != lit[i] {
+			return false
+		}
+	}
+	return true
 }
 
 func hasLineLongerThan(data []byte, n int) bool {

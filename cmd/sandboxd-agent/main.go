@@ -1,0 +1,151 @@
+// Command sandboxd-agent serves a workspace over its standard input and
+// output, for the sandboxd host on the other end (see package agent). It runs
+// as PID 1 of every session container:
+//
+//	sandboxd-agent serve --root /workspace
+//
+// It serves the FileSystem of localfs and the Bash of localexec over the
+// directory, with the agent's own environment (the container's, which the
+// host chose) as the base environment of commands. Standard output carries
+// protocol frames only; the agent logs to standard error.
+//
+// As PID 1 it never exits while its standard input is open: SIGTERM, SIGINT,
+// SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2 and SIGPIPE are logged and otherwise
+// ignored (SIGKILL sent from inside the container does not reach PID 1, so
+// no command can end the session by signal), and it reaps the orphans the
+// kernel hands it. When its input closes it ends every command, waits for
+// them, and exits with status 0; a protocol error exits with status 1.
+//
+// It needs no shell, no C library and no writable root file system: it is a
+// static binary (CGO_ENABLED=0) that writes only inside the workspace and the
+// lock directory under $TMPDIR. Without a shell in the image the FileSystem
+// works and every command fails with workspace.ErrUnavailable.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"strings"
+	"syscall"
+
+	"github.com/sandboxd/sandboxd/agent"
+	"github.com/sandboxd/sandboxd/localexec"
+	"github.com/sandboxd/sandboxd/localfs"
+	"github.com/sandboxd/sandboxd/workspace"
+)
+
+// build is the build identifier announced in the handshake; set it with
+// -ldflags "-X main.build=ID", or it is taken from the Go build information.
+var build string
+
+func main() {
+	if os.Getenv(probeEnv) != "" {
+		os.Exit(0) // the reaper's probe child (see reap_linux.go)
+	}
+	if len(os.Args) < 2 || os.Args[1] != "serve" {
+		fmt.Fprintln(os.Stderr, "usage: sandboxd-agent serve [--root DIR] [--env-allow NAMES] [--shell PATH] [--sync]")
+		os.Exit(2)
+	}
+	flags := flag.NewFlagSet("serve", flag.ExitOnError)
+	root := flags.String("root", "/workspace", "the workspace `directory`")
+	envAllow := flags.String("env-allow", "", "comma-separated `names` of the agent's variables commands see (NAME* is a prefix); default: all of them")
+	shell := flags.String("shell", "", "the shell that runs scripts (default bash, else sh)")
+	sync := flags.Bool("sync", false, "flush every write to stable storage before it returns")
+	flags.Parse(os.Args[2:])
+	os.Exit(serve(*root, *envAllow, *shell, *sync))
+}
+
+func serve(root, envAllow, shell string, sync bool) int {
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("agent", os.Getpid())
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ignoreSignals(log)
+	if os.Getpid() == 1 {
+		go reapOrphans(ctx, log)
+	}
+
+	fsys, err := localfs.New(root, localfs.WithSync(sync))
+	if err != nil {
+		log.Error("cannot open the workspace", "err", err)
+		return 1
+	}
+	defer fsys.Close()
+	opts := []localexec.Option{localexec.WithInheritEnv(envAllow == "")}
+	if envAllow != "" {
+		opts = []localexec.Option{localexec.WithEnvAllow(strings.Split(envAllow, ","))}
+	}
+	if shell != "" {
+		opts = append(opts, localexec.WithShell(shell))
+	}
+	var bash workspace.Bash
+	if b, err := localexec.New(root, opts...); err == nil {
+		bash = b
+	} else {
+		log.Warn("commands are unavailable", "err", err)
+		bash = noShell{err}
+	}
+
+	srv := agent.NewServer(fsys, bash, agent.WithBuild(buildID()), agent.WithLogger(log))
+	log.Info("serving", "root", root, "build", buildID())
+	err = srv.Serve(ctx, stdio{os.Stdin, os.Stdout})
+	if err != nil {
+		log.Error("stream ended", "err", err)
+		return 1
+	}
+	log.Info("input closed; exiting")
+	return 0
+}
+
+// stdio is the agent's stream: frames in on standard input, out on standard
+// output.
+type stdio struct {
+	io.Reader
+	io.Writer
+}
+
+// ignoreSignals keeps the signals that would end a Go program from ending
+// the agent. They are caught, not ignored (SIG_IGN would be inherited by
+// every command), so commands start with the default dispositions.
+func ignoreSignals(log *slog.Logger) {
+	c := make(chan os.Signal, 8)
+	signal.Notify(c, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT,
+		syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGPIPE)
+	go func() {
+		for s := range c {
+			log.Info("signal ignored", "signal", s)
+		}
+	}()
+}
+
+// noShell is the Bash of an image without a shell.
+type noShell struct{ err error }
+
+func (n noShell) Run(context.Context, workspace.Command) (workspace.Result, error) {
+	return workspace.Result{}, n.err
+}
+
+func buildID() string {
+	if build != "" {
+		return build
+	}
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown"
+	}
+	id := info.GoVersion
+	for _, s := range info.Settings {
+		switch {
+		case s.Key == "vcs.revision":
+			id = s.Value[:min(12, len(s.Value))] + " " + id
+		case s.Key == "vcs.modified" && s.Value == "true":
+			id = "dirty " + id
+		}
+	}
+	return id
+}

@@ -1,0 +1,13 @@
+//go:build !linux
+
+package main
+
+import (
+	"context"
+	"log/slog"
+)
+
+const probeEnv = "SANDBOXD_AGENT_PROBE"
+
+// reapOrphans does nothing: the agent is PID 1 of Linux containers only.
+func reapOrphans(context.Context, *slog.Logger) {}

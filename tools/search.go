@@ -193,13 +193,19 @@ func (s *Set) grep(ctx context.Context, args json.RawMessage, _ *call) (Result, 
 	if err != nil {
 		return Result{}, err
 	}
+	dir := name
 	if !info.IsDir() {
 		if _, err := s.regularFile(ctx, name, "grep"); err != nil {
 			return Result{}, err
 		}
+		// A walk does not search a link to a file: search the file it
+		// names, and report it under the name the model gave.
+		if dir, err = workspace.RealPath(ctx, s.env.FS, s.root, name); err != nil {
+			return Result{}, err
+		}
 	}
 	g, err := workspace.Grep(ctx, s.env.FS, workspace.GrepRequest{
-		Pattern: p.Pattern, Literal: p.Literal, IgnoreCase: p.IgnoreCase, Dir: name, Glob: p.Glob,
+		Pattern: p.Pattern, Literal: p.Literal, IgnoreCase: p.IgnoreCase, Dir: dir, Glob: p.Glob,
 		Exclude: s.cfg.Exclude, Context: p.Context, Limit: limit,
 		MaxLineChars: s.cfg.GrepLineChars, MaxFileBytes: s.cfg.MaxFileBytes,
 	})
@@ -212,6 +218,11 @@ func (s *Set) grep(ctx context.Context, args json.RawMessage, _ *call) (Result, 
 	r := &GrepResult{Matches: []GrepMatch{}}
 	lines := make([]string, 0, len(g.Lines))
 	longLines := false
+	for i := range g.Lines {
+		if dir != name { // one file, through a link: under the name given
+			g.Lines[i].Path = name
+		}
+	}
 	for i, l := range g.Lines {
 		if p.Context > 0 && i > 0 && (l.Path != g.Lines[i-1].Path || l.Line != g.Lines[i-1].Line+1) {
 			lines = append(lines, "--")

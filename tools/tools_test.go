@@ -317,6 +317,7 @@ func TestGrep(t *testing.T) {
 		"bin":               "TODO\x00binary",
 		"node_modules/m.go": "TODO hidden\n",
 		"linked":            "->sub",
+		"alias.go":          "->sub/b.go",
 		"wide.txt":          strings.Repeat("w", 600) + "TODO\n",
 		"re.txt":            "a.b\naxb\n",
 	}
@@ -340,6 +341,8 @@ func TestGrep(t *testing.T) {
 			&tools.GrepResult{Matches: []tools.GrepMatch{m("sub/b.go", 3, "TODO three"), m("sub/c.txt", 1, "TODO txt")},
 				Context: []tools.GrepMatch{m("sub/b.go", 2, "y"), m("sub/b.go", 4, "z")}}},
 		{map[string]any{"pattern": "a.b", "literal": true}, "", "re.txt:1:a.b", nil},
+		{map[string]any{"pattern": "three", "path": "linked/b.go"}, "", "linked/b.go:3:TODO three", nil},
+		{map[string]any{"pattern": "three", "path": "alias.go"}, "", "alias.go:3:TODO three", nil},
 		{map[string]any{"pattern": "TODO", "limit": 1}, "", "a.go:2:// TODO one\n\n[Stopped at 1 matches; there are more. Narrow the pattern, path or glob.]",
 			&tools.GrepResult{Matches: []tools.GrepMatch{m("a.go", 2, "// TODO one")}, Truncated: true}},
 		// Lines are cut to 500 characters before matching: the TODO past them is not found.

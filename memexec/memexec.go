@@ -1,0 +1,274 @@
+// Package memexec runs workspace commands over an in-memory workspace: the
+// Bash port for a memfs.FS (or any workspace.FileSystem that holds its files
+// away from the host's disk).
+//
+//	fsys, _ := memfs.FromDir(ctx, "./repo", memfs.WithUmask(0))
+//	sh, err := memexec.New(fsys, memexec.WithExec(localexec.WithEnv(vars)))
+//	defer sh.Close()
+//	res, err := sh.Run(ctx, workspace.Command{Script: "make test", Timeout: time.Minute})
+//
+// # How a command runs
+//
+// A process needs a real directory, so each Run
+//
+//  1. brings a private host directory up to date with the workspace: the
+//     directory (mode 0700) holds a "workspace" directory that mirrors the
+//     FileSystem — directories, regular files with their permission bits and
+//     modification times, and symbolic links; special files are left out;
+//  2. runs the command there with the local adapter (localexec), which gives
+//     it its environment, streams its output and, at the timeout or when ctx
+//     ends, kills its whole process tree;
+//  3. copies what the command changed back through the FileSystem's own
+//     methods — files created or changed (contents and permission bits),
+//     files, links and directories removed, links and directories created —
+//     so the FileSystem's guardrails hold for them: a link the command made
+//     is copied as a link, and whether it may be followed is the
+//     FileSystem's decision.
+//
+// Changes are copied back after every command, including one that failed,
+// timed out or whose ctx ended.
+//
+// # The cache
+//
+// The host directory stays between Runs, with a record of each entry: the
+// FileSystem's (type, permission bits, size, modification time) and the
+// host's (the same, the inode, a link's target, and a SHA-256 of a file's
+// contents). Step 1 rewrites only entries whose FileSystem or host record
+// no longer matches; step 3 reads only host files whose metadata changed, or
+// whose modification time is recent enough that a same-sized rewrite within
+// the file system's timestamp granularity could hide (they are hashed), and
+// writes into the FileSystem only those whose contents or bits really
+// changed. A Run over an unchanged workspace therefore costs two listings.
+//
+// # Serial runs and conflicts
+//
+// Runs share the directory, so they are serialised: a Run waits (or gives up
+// when its ctx ends) while another is in progress. Other users of the
+// FileSystem — tools writing and editing — are not held up, and may change
+// the workspace while a command runs. When both changed the same entry, the
+// workspace wins: the FileSystem's version is kept, the command's change to
+// that entry is discarded, and a line on the command's standard error (after
+// its own output) says so; the next Run gives the command the FileSystem's
+// version. The check and the copy are two steps, so a change made through the
+// FileSystem in between is overwritten by the command's.
+//
+// # Limits
+//
+// Commands see the workspace root as the host directory (Root), not as the
+// FileSystem's root path: "/workspace" does not exist for them, pwd prints
+// the host path, and an absolute link under the workspace root is given to
+// them pointing into the host directory (and copied back the other way). A
+// private mount namespace could put the directory at /workspace, but it
+// needs root or unprivileged user namespaces, which many hosts disable; this
+// package does not try. WithRootVars sets variables such as
+// SANDBOXD_WORKSPACE to the path commands do see.
+//
+// The port cannot change a directory's permission bits or any modification
+// time, so a command's chmod of a directory is undone at the next Run, and
+// the FileSystem gives changed files its own times. A file whose bits change
+// is recreated with them, so a FileSystem with a umask (memfs's default is
+// 022) clears those bits: use memfs.WithUmask(0) for exact modes. Special
+// files a command makes stay on the host, and one that replaced a file counts
+// as the file's removal. Hard links are copied as separate files.
+//
+// As with localexec, this contains mistakes, not attacks: the command runs as
+// the host user, may cd out of the directory and may write anywhere the host
+// user can; only what it leaves inside the directory is copied back.
+package memexec
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"maps"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+
+	"github.com/sandboxd/sandboxd/localexec"
+	"github.com/sandboxd/sandboxd/memfs"
+	"github.com/sandboxd/sandboxd/workspace"
+)
+
+// Bash runs commands over a FileSystem's files in a private host directory.
+// It is safe for concurrent use; Runs are serialised (see the package
+// documentation).
+type Bash struct {
+	fsys    workspace.FileSystem
+	links   workspace.SymlinkFS // fsys as a SymlinkFS, or nil
+	memRoot string              // the workspace root as the FileSystem's links name it
+	parent  string              // the private directory (0700) holding root
+	root    string              // the workspace root as commands see it
+	aliases []string            // root and the paths it resolves to, for link targets
+	sh      *localexec.Bash
+	vars    []string // variables set to root in every command
+
+	// sem holds one token while a Run (or Close) uses the directory; it
+	// guards snap and closed.
+	sem    chan struct{}
+	snap   map[string]*entry
+	closed bool
+}
+
+var _ workspace.Bash = (*Bash)(nil)
+
+// Option configures a Bash.
+type Option func(*config)
+
+type config struct {
+	tempDir string
+	exec    []localexec.Option
+	vars    []string
+	memRoot string
+}
+
+// WithTempDir sets the directory in which the private directory is made
+// (default os.TempDir()).
+func WithTempDir(dir string) Option { return func(c *config) { c.tempDir = dir } }
+
+// WithExec passes options to the local adapter that runs the commands: its
+// environment allowlist (localexec.WithEnvAllow), WithInheritEnv, the session
+// variables (WithEnv) and the shell.
+func WithExec(opts ...localexec.Option) Option {
+	return func(c *config) { c.exec = append(c.exec, opts...) }
+}
+
+// WithRootVars names variables that every command sees set to the workspace
+// root as it is for commands (Root), over any value the adapter's or the
+// command's environment gives them: say "SANDBOXD_WORKSPACE", which a
+// session would otherwise set to the FileSystem's root path, a path that
+// does not exist for commands. PWD needs no such help: it is always the
+// directory the command starts in.
+func WithRootVars(names ...string) Option {
+	return func(c *config) { c.vars = append(c.vars, names...) }
+}
+
+// WithRoot sets the workspace root's absolute path as the FileSystem's
+// links name it. The default is the FileSystem's Root method's answer when
+// it has one (memfs.FS does), otherwise memfs.DefaultRoot.
+func WithRoot(root string) Option { return func(c *config) { c.memRoot = path.Clean("/" + root) } }
+
+// New returns a Bash over fsys. It makes the private directory at once (the
+// workspace is copied into it at the first Run) and fails with
+// ErrUnavailable when it cannot, or when no shell is found. The caller must
+// Close the Bash to remove the directory.
+func New(fsys workspace.FileSystem, opts ...Option) (*Bash, error) {
+	c := config{memRoot: memfs.DefaultRoot}
+	if r, ok := fsys.(interface{ Root() string }); ok {
+		c.memRoot = r.Root()
+	}
+	for _, o := range opts {
+		o(&c)
+	}
+	parent, err := os.MkdirTemp(c.tempDir, "memexec-")
+	if err != nil {
+		return nil, unavailable("memexec", c.tempDir, err)
+	}
+	if parent, err = filepath.Abs(parent); err != nil {
+		os.RemoveAll(parent)
+		return nil, unavailable("memexec", parent, err)
+	}
+	root := filepath.Join(parent, "workspace")
+	if err := os.Mkdir(root, 0o755); err != nil {
+		os.RemoveAll(parent)
+		return nil, unavailable("memexec", root, err)
+	}
+	sh, err := localexec.New(root, c.exec...)
+	if err != nil {
+		os.RemoveAll(parent)
+		return nil, err
+	}
+	b := &Bash{
+		fsys: fsys, memRoot: c.memRoot, parent: parent, root: root, sh: sh,
+		aliases: []string{root}, vars: slices.Clone(c.vars),
+		sem: make(chan struct{}, 1), snap: map[string]*entry{},
+	}
+	b.links, _ = fsys.(workspace.SymlinkFS)
+	if real, err := filepath.EvalSymlinks(root); err == nil && real != root {
+		b.aliases = append(b.aliases, real) // /tmp under a link, as on macOS
+	}
+	return b, nil
+}
+
+// Root returns the workspace root as commands see it: the host directory
+// they run in for Dir "", an absolute slash path.
+func (b *Bash) Root() string { return filepath.ToSlash(b.root) }
+
+// Run brings the host directory up to date with the FileSystem, runs cmd
+// there as localexec.Bash.Run does, and copies the command's changes back;
+// see workspace.Bash and the package documentation. It waits for a Run in
+// progress first, giving up with ctx's error when ctx ends. The changes are
+// copied back even when the command timed out or ctx ended; what could not
+// be copied (a conflict, a full workspace) is reported on the command's
+// standard error. After Close, Run fails with ErrUnavailable.
+func (b *Bash) Run(ctx context.Context, cmd workspace.Command) (workspace.Result, error) {
+	select {
+	case b.sem <- struct{}{}:
+	case <-ctx.Done():
+		return workspace.Result{}, ctx.Err()
+	}
+	defer func() { <-b.sem }()
+	if b.closed {
+		return workspace.Result{}, workspace.PathError("run", cmd.Dir, workspace.ErrUnavailable)
+	}
+	if err := b.prepare(ctx); err != nil {
+		return workspace.Result{}, err
+	}
+	if len(b.vars) > 0 {
+		cmd.Env = maps.Clone(cmd.Env)
+		if cmd.Env == nil {
+			cmd.Env = map[string]string{}
+		}
+		for _, v := range b.vars {
+			cmd.Env[v] = b.root
+		}
+	}
+	res, runErr := b.sh.Run(ctx, cmd)
+	// The command's changes are copied back whatever became of it and of
+	// ctx: they are in the directory, as they would be on a disk.
+	notes, err := b.collect(context.WithoutCancel(ctx))
+	if cmd.Output != nil {
+		for _, n := range notes {
+			cmd.Output(workspace.Stderr, []byte("memexec: "+n+"\n"))
+		}
+	}
+	if runErr != nil {
+		return res, runErr
+	}
+	return res, err
+}
+
+// Close removes the host directory, waiting for a Run in progress to end.
+// Later Runs fail with ErrUnavailable. Close is idempotent.
+func (b *Bash) Close() error {
+	b.sem <- struct{}{}
+	defer func() { <-b.sem }()
+	if b.closed {
+		return nil
+	}
+	b.closed = true
+	b.snap = nil
+	return removeAll(b.parent)
+}
+
+// removeAll is os.RemoveAll that first gives the owner back the right to
+// list and change directories a command took it from.
+func removeAll(dir string) error {
+	if err := os.RemoveAll(dir); err == nil || errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if d != nil && d.IsDir() {
+			_ = os.Chmod(p, 0o700)
+		}
+		return nil
+	})
+	return os.RemoveAll(dir)
+}
+
+// unavailable reports a failure of the host directory.
+func unavailable(op, name string, err error) error {
+	return &fs.PathError{Op: op, Path: name, Err: fmt.Errorf("%w: %v", workspace.ErrUnavailable, err)}
+}

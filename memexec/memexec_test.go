@@ -1,0 +1,525 @@
+package memexec_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/memexec"
+	"github.com/sandboxd/sandboxd/memfs"
+	"github.com/sandboxd/sandboxd/workspace"
+)
+
+// setup returns an empty memfs workspace (umask 0, so modes are exact) and
+// a Bash over it, closed at the end of the test.
+func setup(t *testing.T, fsOpts []memfs.Option, opts ...memexec.Option) (*memfs.FS, *memexec.Bash) {
+	t.Helper()
+	fsys := memfs.New(append([]memfs.Option{memfs.WithUmask(0)}, fsOpts...)...)
+	sh, err := memexec.New(fsys, append([]memexec.Option{memexec.WithTempDir(t.TempDir())}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := sh.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	return fsys, sh
+}
+
+type ran struct {
+	res            workspace.Result
+	err            error
+	stdout, stderr string
+}
+
+func runCmd(t *testing.T, ctx context.Context, sh *memexec.Bash, cmd workspace.Command) ran {
+	t.Helper()
+	var r ran
+	var out, errs bytes.Buffer
+	user := cmd.Output
+	cmd.Output = func(s workspace.Stream, p []byte) {
+		if s == workspace.Stdout {
+			out.Write(p)
+		} else {
+			errs.Write(p)
+		}
+		if user != nil {
+			user(s, p)
+		}
+	}
+	r.res, r.err = sh.Run(ctx, cmd)
+	r.stdout, r.stderr = out.String(), errs.String()
+	return r
+}
+
+// sh runs a script that must succeed quietly and returns its output.
+func sh(t *testing.T, b *memexec.Bash, script string) string {
+	t.Helper()
+	r := runCmd(t, t.Context(), b, workspace.Command{Script: script, Timeout: 10 * time.Second})
+	if r.err != nil || r.res.ExitCode != 0 || r.stderr != "" {
+		t.Fatalf("Run(%q) = %+v, %v; stdout %q, stderr %q", script, r.res, r.err, r.stdout, r.stderr)
+	}
+	return r.stdout
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func readMem(t *testing.T, fsys *memfs.FS, name string) string {
+	t.Helper()
+	data, err := fsys.ReadFile(t.Context(), name, 1<<20)
+	if err != nil {
+		t.Fatalf("ReadFile(%s): %v", name, err)
+	}
+	return string(data)
+}
+
+// tree describes the workspace one entry a line: "d/ 755", "f 644 text",
+// "l@ target".
+func tree(t *testing.T, fsys *memfs.FS) []string {
+	t.Helper()
+	ctx := t.Context()
+	res, err := workspace.Walk(ctx, fsys, workspace.WalkRequest{})
+	must(t, err)
+	var out []string
+	for _, e := range res.Entries {
+		fi, err := fsys.Lstat(ctx, e.Path)
+		must(t, err)
+		switch {
+		case fi.IsDir():
+			out = append(out, fmt.Sprintf("%s/ %o", e.Path, fi.Mode().Perm()))
+		case fi.Mode()&fs.ModeSymlink != 0:
+			target, err := fsys.Readlink(ctx, e.Path)
+			must(t, err)
+			out = append(out, e.Path+"@ "+target)
+		case fi.Mode().IsRegular():
+			out = append(out, fmt.Sprintf("%s %o %s", e.Path, fi.Mode().Perm(), readMem(t, fsys, e.Path)))
+		default:
+			out = append(out, e.Path+" "+fi.Mode().Type().String())
+		}
+	}
+	return out
+}
+
+func sameTree(t *testing.T, fsys *memfs.FS, want ...string) {
+	t.Helper()
+	if got := tree(t, fsys); !slices.Equal(got, want) {
+		t.Errorf("workspace:\n  %s\nwant:\n  %s", strings.Join(got, "\n  "), strings.Join(want, "\n  "))
+	}
+}
+
+// TestCommandSeesWorkspace: the command sees every directory, file (with its
+// bits and time) and link of the workspace, and no special file.
+func TestCommandSeesWorkspace(t *testing.T) {
+	old := time.Date(2001, 2, 3, 4, 5, 6, 0, time.UTC)
+	fsys, b := setup(t, []memfs.Option{memfs.WithClock(func() time.Time { return old })})
+	ctx := t.Context()
+	must(t, fsys.MkdirAll(ctx, "src", 0o755))
+	must(t, fsys.Mkdir(ctx, "src/ro", 0o555)) // read-only: filled all the same
+	must(t, fsys.WriteFile(ctx, "src/main.go", []byte("package main\n"), 0o644))
+	must(t, fsys.WriteFile(ctx, "run.sh", []byte("#!/bin/sh\necho ran\n"), 0o755))
+	must(t, fsys.WriteFile(ctx, "src/ro/secret", []byte("s"), 0o400))
+	must(t, fsys.Symlink(ctx, "src/main.go", "rel"))
+	must(t, fsys.Symlink(ctx, "/workspace/src", "abs"))
+	must(t, fsys.Symlink(ctx, "/etc/hostname", "out"))
+	must(t, fsys.Mknod("pipe", fs.ModeNamedPipe|0o644))
+
+	out := sh(t, b, `find . -path ./pipe -prune -o -print | sort | while read -r p; do
+  if [ -L "$p" ]; then echo "$p -> $(readlink "$p")"; else stat -c '%n %a %Y' "$p"; fi
+done; cat rel; ./run.sh; [ -e pipe ] || echo no pipe`)
+	root, ts := b.Root(), old.Unix()
+	want := strings.Join([]string{
+		fmt.Sprintf(". 755 %d", ts), // the root keeps the workspace's bits
+		"./abs -> " + root + "/src",
+		"./out -> /etc/hostname",
+		"./rel -> src/main.go",
+		fmt.Sprintf("./run.sh 755 %d", ts),
+		fmt.Sprintf("./src 755 %d", ts),
+		fmt.Sprintf("./src/main.go 644 %d", ts),
+		fmt.Sprintf("./src/ro 555 %d", ts),
+		fmt.Sprintf("./src/ro/secret 400 %d", ts),
+		"package main", "ran", "no pipe", "",
+	}, "\n")
+	// Directory times are the host's: the port cannot set them.
+	got := out
+	for _, d := range []string{".", "./src", "./src/ro"} {
+		got = replaceField(got, d)
+		want = replaceField(want, d)
+	}
+	if got != want {
+		t.Errorf("the command saw:\n%s\nwant:\n%s", got, want)
+	}
+	if pwd := sh(t, b, "pwd"); pwd != root+"\n" {
+		t.Errorf("pwd = %q, want %q", pwd, root)
+	}
+}
+
+// replaceField blanks the time of the line for path p.
+func replaceField(s, p string) string {
+	lines := strings.Split(s, "\n")
+	for i, l := range lines {
+		if f := strings.Fields(l); len(f) == 3 && f[0] == p {
+			lines[i] = f[0] + " " + f[1] + " T"
+		}
+	}
+	return strings.Join(lines, "\n")
+}
+
+// TestChangesCopiedBack: what a command creates, changes and removes is in
+// the workspace afterwards, and what it left alone is untouched.
+func TestChangesCopiedBack(t *testing.T) {
+	fsys, b := setup(t, nil)
+	ctx := t.Context()
+	must(t, fsys.MkdirAll(ctx, "keep", 0o755))
+	must(t, fsys.WriteFile(ctx, "keep/same", []byte("same"), 0o644))
+	must(t, fsys.WriteFile(ctx, "edit.txt", []byte("old\n"), 0o644))
+	must(t, fsys.WriteFile(ctx, "gone.txt", []byte("x"), 0o644))
+	must(t, fsys.WriteFile(ctx, "script", []byte("echo"), 0o644))
+	must(t, fsys.WriteFile(ctx, "dirnow", []byte("file"), 0o644))
+	must(t, fsys.MkdirAll(ctx, "tree/sub", 0o755))
+	must(t, fsys.WriteFile(ctx, "tree/sub/f", []byte("f"), 0o644))
+	must(t, fsys.MkdirAll(ctx, "filenow", 0o755))
+	must(t, fsys.Symlink(ctx, "edit.txt", "relink"))
+	before, err := fsys.Lstat(ctx, "keep/same")
+	must(t, err)
+
+	sh(t, b, `echo new > edit.txt; rm gone.txt; chmod 700 script
+mkdir -p made/deep && printf data > made/deep/file && chmod 600 made/deep/file
+rm -r tree; rm dirnow; mkdir dirnow; rmdir filenow; echo f > filenow
+ln -s made/deep link; ln -s "$PWD/made" abslink; ln -sfn keep relink; ln -s /etc/passwd outlink
+mkfifo fifo`)
+
+	sameTree(t, fsys,
+		"abslink@ /workspace/made",
+		"dirnow/ 755",
+		"edit.txt 644 new\n",
+		"filenow 644 f\n",
+		"keep/ 755",
+		"keep/same 644 same",
+		"link@ made/deep",
+		"made/ 755",
+		"made/deep/ 755",
+		"made/deep/file 600 data",
+		"outlink@ /etc/passwd",
+		"relink@ keep",
+		"script 700 echo",
+	)
+	if after, err := fsys.Lstat(ctx, "keep/same"); err != nil || !after.ModTime().Equal(before.ModTime()) {
+		t.Errorf("a file the command did not touch was rewritten: %v", err)
+	}
+	// The FileSystem confines the links the command made.
+	if _, err := fsys.ReadFile(ctx, "outlink", 100); !errors.Is(err, workspace.ErrOutsideWorkspace) {
+		t.Errorf("ReadFile through the command's link out = %v, want OutsideWorkspace", err)
+	}
+	if got := readMem(t, fsys, "abslink/deep/file"); got != "data" {
+		t.Errorf("through the command's absolute link: %q", got)
+	}
+}
+
+// TestLinkOutIsNotFollowed: what a command writes through a link that
+// leaves the directory is not copied in.
+func TestLinkOutIsNotFollowed(t *testing.T) {
+	fsys, b := setup(t, nil)
+	outside := t.TempDir()
+	sh(t, b, fmt.Sprintf("ln -s %s lo; echo x > lo/planted", outside))
+	if _, err := fsys.Lstat(t.Context(), "lo/planted"); !errors.Is(err, workspace.ErrOutsideWorkspace) {
+		t.Errorf("Lstat(lo/planted) = %v, want OutsideWorkspace", err)
+	}
+	if data, err := os.ReadFile(filepath.Join(outside, "planted")); err != nil || string(data) != "x\n" {
+		t.Errorf("the command's write outside: %q, %v", data, err)
+	}
+}
+
+// TestSameSizeRewriteWithOldTime: a rewrite in place that keeps the size and
+// puts the old modification time back is still seen.
+func TestSameSizeRewriteWithOldTime(t *testing.T) {
+	fsys, b := setup(t, nil)
+	must(t, fsys.WriteFile(t.Context(), "f", []byte("aaaa"), 0o644))
+	sh(t, b, `m=$(stat -c %y f); printf bbbb > f; touch -d "$m" f`)
+	if got := readMem(t, fsys, "f"); got != "bbbb" {
+		t.Errorf("f = %q, want the command's bbbb", got)
+	}
+	sh(t, b, `printf cccc > f`) // racy: written within the second it was recorded
+	if got := readMem(t, fsys, "f"); got != "cccc" {
+		t.Errorf("f = %q, want the command's cccc", got)
+	}
+}
+
+// TestCacheRewritesOnlyChanges: between Runs only what changed in the
+// workspace is rewritten on the host, and a file the command rewrote with
+// the same bytes is not written back.
+func TestCacheRewritesOnlyChanges(t *testing.T) {
+	fsys, b := setup(t, nil)
+	ctx := t.Context()
+	for _, n := range []string{"a", "b", "c"} {
+		must(t, fsys.WriteFile(ctx, n, []byte(n), 0o644))
+	}
+	inodes := func() []string { return strings.Fields(sh(t, b, "stat -c %i a b c")) }
+	first := inodes()
+	must(t, fsys.WriteFile(ctx, "b", []byte("B"), 0o644))
+	must(t, fsys.Remove(ctx, "c"))
+	must(t, fsys.WriteFile(ctx, "d", []byte("d"), 0o644))
+	if got := sh(t, b, "cat a b d; [ -e c ] || echo no c"); got != "aBdno c\n" {
+		t.Errorf("after changes through the FileSystem the command sees %q", got)
+	}
+	second := strings.Fields(sh(t, b, "stat -c %i a b"))
+	if first[0] != second[0] || first[1] == second[1] {
+		t.Errorf("inodes of a, b: %v then %v; want a kept and b rewritten", first[:2], second)
+	}
+
+	before, err := fsys.Lstat(ctx, "a")
+	must(t, err)
+	sh(t, b, "printf a > a; touch d")
+	if after, err := fsys.Lstat(ctx, "a"); err != nil || !after.ModTime().Equal(before.ModTime()) {
+		t.Errorf("a, rewritten with the same bytes, was copied back: %v", err)
+	}
+}
+
+// TestConflictWorkspaceWins: an entry changed through the FileSystem while
+// the command also changed it keeps the FileSystem's version, and the
+// command is told.
+func TestConflictWorkspaceWins(t *testing.T) {
+	fsys, b := setup(t, nil)
+	ctx := t.Context()
+	must(t, fsys.WriteFile(ctx, "both", []byte("original"), 0o644))
+	must(t, fsys.WriteFile(ctx, "removed", []byte("original"), 0o644))
+	must(t, fsys.WriteFile(ctx, "cmdonly", []byte("original"), 0o644))
+	var once sync.Once
+	r := runCmd(t, ctx, b, workspace.Command{
+		Script: `echo ready; while [ ! -e go ]; do sleep 0.01; done
+echo command > both; rm removed; echo command > created; echo command > cmdonly`,
+		Timeout: 10 * time.Second,
+		Output: func(s workspace.Stream, p []byte) {
+			if s == workspace.Stdout && bytes.Contains(p, []byte("ready")) {
+				once.Do(func() {
+					must(t, fsys.WriteFile(ctx, "both", []byte("tool"), 0o644))
+					must(t, fsys.WriteFile(ctx, "removed", []byte("tool"), 0o644))
+					must(t, fsys.WriteFile(ctx, "created", []byte("tool"), 0o644))
+					must(t, os.WriteFile(filepath.Join(b.Root(), "go"), nil, 0o644))
+				})
+			}
+		},
+	})
+	if r.err != nil || r.res.ExitCode != 0 {
+		t.Fatalf("Run = %+v, %v; stderr %q", r.res, r.err, r.stderr)
+	}
+	for _, name := range []string{"both", "removed", "created"} {
+		if got := readMem(t, fsys, name); got != "tool" {
+			t.Errorf("%s = %q, want the tool's version", name, got)
+		}
+		if !strings.Contains(r.stderr, "memexec: "+name+" changed in the workspace while the command ran") {
+			t.Errorf("stderr %q does not report the conflict on %s", r.stderr, name)
+		}
+	}
+	if got := readMem(t, fsys, "cmdonly"); got != "command\n" {
+		t.Errorf("cmdonly = %q, want the command's version", got)
+	}
+	if got := sh(t, b, "cat both removed created"); got != "tooltooltool" {
+		t.Errorf("the next command sees %q, want the workspace's versions", got)
+	}
+}
+
+// TestWorkspaceFull: a change the FileSystem refuses is reported, not
+// copied, and undone on the host at the next Run.
+func TestWorkspaceFull(t *testing.T) {
+	fsys, b := setup(t, []memfs.Option{memfs.WithMaxBytes(100)})
+	r := runCmd(t, t.Context(), b, workspace.Command{Script: "head -c 1000 /dev/zero > big; echo small > small"})
+	if r.err != nil || r.res.ExitCode != 0 {
+		t.Fatalf("Run = %+v, %v", r.res, r.err)
+	}
+	if !strings.Contains(r.stderr, "memexec: big: not copied back") || !strings.Contains(r.stderr, "workspace full") {
+		t.Errorf("stderr %q does not report the refused file", r.stderr)
+	}
+	sameTree(t, fsys, "small 644 small\n")
+	if got := sh(t, b, "ls"); got != "small\n" {
+		t.Errorf("the next command sees %q", got)
+	}
+}
+
+// TestChangesKeptAfterTimeout: what a command wrote before it was killed is
+// copied back.
+func TestChangesKeptAfterTimeout(t *testing.T) {
+	fsys, b := setup(t, nil)
+	r := runCmd(t, t.Context(), b, workspace.Command{Script: "echo partial > out; sleep 10", Timeout: 200 * time.Millisecond})
+	if !r.res.TimedOut || r.err != nil {
+		t.Fatalf("Run = %+v, %v; want TimedOut", r.res, r.err)
+	}
+	if got := readMem(t, fsys, "out"); got != "partial\n" {
+		t.Errorf("out = %q", got)
+	}
+
+	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+	defer cancel()
+	r = runCmd(t, ctx, b, workspace.Command{Script: "echo cancelled > out2; sleep 10"})
+	if !errors.Is(r.err, context.DeadlineExceeded) {
+		t.Fatalf("Run = %+v, %v; want the deadline", r.res, r.err)
+	}
+	if got := readMem(t, fsys, "out2"); got != "cancelled\n" {
+		t.Errorf("out2 = %q", got)
+	}
+}
+
+// TestRunsAreSerial: concurrent Runs take turns, and one waiting for its
+// turn gives up when its ctx ends.
+func TestRunsAreSerial(t *testing.T) {
+	fsys, b := setup(t, nil)
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Go(func() {
+			_, err := b.Run(t.Context(), workspace.Command{Script: "echo start >> log; sleep 0.1; echo end >> log"})
+			if err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	if got := readMem(t, fsys, "log"); got != strings.Repeat("start\nend\n", 3) {
+		t.Errorf("log = %q: Runs overlapped", got)
+	}
+
+	started := make(chan struct{})
+	go func() {
+		var once sync.Once
+		b.Run(t.Context(), workspace.Command{Script: "echo go; sleep 1", Output: func(workspace.Stream, []byte) { once.Do(func() { close(started) }) }})
+	}()
+	<-started
+	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+	defer cancel()
+	begin := time.Now()
+	if _, err := b.Run(ctx, workspace.Command{Script: "true"}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Run waiting for its turn = %v, want the deadline", err)
+	}
+	if d := time.Since(begin); d > 700*time.Millisecond {
+		t.Errorf("Run waited %v after its ctx ended", d)
+	}
+}
+
+// TestRootVars: WithRootVars gives the command the root it really sees.
+func TestRootVars(t *testing.T) {
+	_, b := setup(t, nil, memexec.WithRootVars("SANDBOXD_WORKSPACE"))
+	r := runCmd(t, t.Context(), b, workspace.Command{
+		Script: `printf '%s\n' "$SANDBOXD_WORKSPACE" "$PWD"`,
+		Env:    map[string]string{"SANDBOXD_WORKSPACE": "/workspace"},
+	})
+	if want := b.Root() + "\n" + b.Root() + "\n"; r.err != nil || r.stdout != want {
+		t.Errorf("Run = %v, stdout %q; want %q", r.err, r.stdout, want)
+	}
+}
+
+// TestClose: Close removes the directory, even one a command made
+// unreadable, and later Runs fail.
+func TestClose(t *testing.T) {
+	fsys := memfs.New()
+	b, err := memexec.New(fsys, memexec.WithTempDir(t.TempDir()))
+	must(t, err)
+	sh(t, b, "mkdir -p locked/in && touch locked/in/f && chmod 000 locked/in locked")
+	root := b.Root()
+	must(t, b.Close())
+	if _, err := os.Lstat(filepath.Dir(root)); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("after Close the directory is still there: %v", err)
+	}
+	if _, err := b.Run(t.Context(), workspace.Command{Script: "true"}); !errors.Is(err, workspace.ErrUnavailable) {
+		t.Errorf("Run after Close = %v, want Unavailable", err)
+	}
+	must(t, b.Close())
+}
+
+// TestPrivateDirectory: the directory holding the workspace is the owner's
+// alone.
+func TestPrivateDirectory(t *testing.T) {
+	_, b := setup(t, nil)
+	fi, err := os.Stat(filepath.Dir(b.Root()))
+	if err != nil || fi.Mode().Perm() != 0o700 {
+		t.Errorf("the private directory: %v, %v; want mode 0700", fi.Mode(), err)
+	}
+}
+
+// BenchmarkRun measures a Run of "true" over a workspace of 2000 files of
+// 4 KiB: the first (which copies everything), then one with nothing
+// changed, then one after a tool changed one file.
+func BenchmarkRun(b *testing.B) {
+	ctx := context.Background()
+	fill := func(fsys *memfs.FS) {
+		data := bytes.Repeat([]byte("x"), 4096)
+		for i := range 2000 {
+			name := fmt.Sprintf("d%02d/f%04d", i%20, i)
+			if err := fsys.MkdirAll(ctx, filepath.Dir(name), 0o755); err != nil {
+				b.Fatal(err)
+			}
+			if err := fsys.WriteFile(ctx, name, data, 0o644); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	run := func(b *testing.B, sh *memexec.Bash) {
+		if res, err := sh.Run(ctx, workspace.Command{Script: "true"}); err != nil || res.ExitCode != 0 {
+			b.Fatal(res, err)
+		}
+	}
+	b.Run("first", func(b *testing.B) {
+		for b.Loop() {
+			b.StopTimer()
+			fsys := memfs.New()
+			fill(fsys)
+			sh, err := memexec.New(fsys, memexec.WithTempDir(b.TempDir()))
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.StartTimer()
+			run(b, sh)
+			b.StopTimer()
+			sh.Close()
+			b.StartTimer()
+		}
+	})
+	for _, tc := range []struct {
+		name   string
+		change bool
+	}{{"unchanged", false}, {"oneChanged", true}} {
+		b.Run(tc.name, func(b *testing.B) {
+			fsys := memfs.New()
+			fill(fsys)
+			sh, err := memexec.New(fsys, memexec.WithTempDir(b.TempDir()))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer sh.Close()
+			run(b, sh)
+			i := 0
+			for b.Loop() {
+				if tc.change {
+					i++
+					if err := fsys.WriteFile(ctx, "d00/f0000", []byte(fmt.Sprint(i)), 0o644); err != nil {
+						b.Fatal(err)
+					}
+				}
+				run(b, sh)
+			}
+		})
+	}
+	b.Run("empty", func(b *testing.B) { // the floor: the same command with nothing to copy
+		fsys := memfs.New()
+		sh, err := memexec.New(fsys, memexec.WithTempDir(b.TempDir()))
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer sh.Close()
+		for b.Loop() {
+			run(b, sh)
+		}
+	})
+}

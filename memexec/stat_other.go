@@ -1,0 +1,17 @@
+//go:build unix && !linux
+
+package memexec
+
+import (
+	"io/fs"
+	"syscall"
+)
+
+// sysStat returns a host file's inode number; the status-change time, whose
+// field differs between systems, is compared on Linux only.
+func sysStat(fi fs.FileInfo) (ino uint64, ctime int64) {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return uint64(st.Ino), 0
+	}
+	return 0, 0
+}

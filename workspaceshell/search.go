@@ -1,0 +1,943 @@
+package workspaceshell
+
+import (
+	"bytes"
+	"fmt"
+	"io/fs"
+	"path"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/bmatcuk/doublestar/v4"
+	"mvdan.cc/sh/v3/pattern"
+
+	"github.com/sandboxd/sandboxd/workspace"
+)
+
+// grep and rg: one searcher, two front ends. Patterns are compiled to Go's
+// RE2 (linear time: no pattern can hold the line): grep's basic and extended
+// syntaxes are translated, -P and rg patterns are taken as RE2, whose syntax
+// covers what they commonly use (no look-around, no back-references).
+
+// lineMatcher matches single lines.
+type lineMatcher struct {
+	re   *regexp.Regexp // the pattern; with word set, wrapped so group 1 is the word
+	cont *regexp.Regexp // word mode: the pattern after a known non-word character
+	word bool
+}
+
+// wordClass is what -w takes as a word constituent: letters, digits, "_".
+const nonWord = `[^\pL\pN_]`
+
+// newLineMatcher compiles patterns (alternatives) of the given syntax: 'G'
+// (POSIX basic), 'E' (extended), 'F' (fixed strings) or 'P' (RE2 as it is).
+func newLineMatcher(patterns []string, syntax byte, ignoreCase, word, whole bool) (*lineMatcher, error) {
+	alts := make([]string, len(patterns))
+	for i, p := range patterns {
+		switch syntax {
+		case 'F':
+			alts[i] = regexp.QuoteMeta(p)
+		case 'G', 'E':
+			t, err := posixToRE2(p, syntax == 'E')
+			if err != nil {
+				return nil, err
+			}
+			alts[i] = t
+		default:
+			alts[i] = p
+		}
+	}
+	expr := "(?:" + strings.Join(alts, ")|(?:") + ")"
+	if len(alts) == 0 {
+		expr = `[^\s\S]` // no pattern matches nothing
+	}
+	if whole {
+		expr = "^(?:" + expr + ")$"
+	}
+	flags := ""
+	if ignoreCase {
+		flags = "(?i)"
+	}
+	m := &lineMatcher{word: word && !whole}
+	compile := func(e string) (*regexp.Regexp, error) {
+		re, err := regexp.Compile(flags + e)
+		if err != nil {
+			return nil, fmt.Errorf("invalid regular expression: %v", strings.TrimPrefix(err.Error(), "error parsing regexp: "))
+		}
+		if syntax == 'G' || syntax == 'E' {
+			re.Longest() // POSIX: leftmost-longest
+		}
+		return re, nil
+	}
+	var err error
+	if m.word {
+		if m.re, err = compile("(?:^|" + nonWord + ")(" + expr + ")(?:" + nonWord + "|$)"); err != nil {
+			return nil, err
+		}
+		m.cont, err = compile(nonWord + "(" + expr + ")(?:" + nonWord + "|$)")
+		return m, err
+	}
+	m.re, err = compile(expr)
+	return m, err
+}
+
+func (m *lineMatcher) match(line []byte) bool { return m.re.Match(line) }
+
+// spans returns the non-empty matches in line, left to right.
+func (m *lineMatcher) spans(line []byte) [][2]int {
+	var out [][2]int
+	if !m.word {
+		for _, loc := range m.re.FindAllIndex(line, -1) {
+			if loc[1] > loc[0] {
+				out = append(out, [2]int{loc[0], loc[1]})
+			}
+		}
+		return out
+	}
+	pos := 0
+	for pos <= len(line) {
+		var loc []int
+		shift := 0
+		if pos == 0 {
+			loc = m.re.FindSubmatchIndex(line)
+		} else {
+			_, size := utf8.DecodeLastRune(line[:pos])
+			shift = pos - size
+			loc = m.cont.FindSubmatchIndex(line[shift:])
+		}
+		if loc == nil {
+			break
+		}
+		s, e := loc[2]+shift, loc[3]+shift
+		if e == s {
+			pos = e + 1
+			continue
+		}
+		out = append(out, [2]int{s, e})
+		pos = e
+	}
+	return out
+}
+
+// posixToRE2 translates a POSIX basic (ere false) or extended regular
+// expression, with GNU's extensions (\< \> \w \s \b \| \+ \?), to RE2.
+// Back-references have no RE2 form and fail.
+func posixToRE2(p string, ere bool) (string, error) {
+	var b strings.Builder
+	atStart := true // where "*" is literal and "^" an anchor
+	for i := 0; i < len(p); {
+		c := p[i]
+		start := atStart
+		atStart = false
+		switch {
+		case c == '\\':
+			if i+1 == len(p) {
+				return "", fmt.Errorf("trailing backslash (\\)")
+			}
+			n := p[i+1]
+			i += 2
+			switch {
+			case !ere && (n == '(' || n == '|'):
+				b.WriteByte(n)
+				atStart = true
+			case !ere && n == ')':
+				b.WriteByte(n)
+			case !ere && n == '{':
+				if start {
+					b.WriteString(`\{`)
+				} else {
+					b.WriteByte('{')
+				}
+			case !ere && n == '}':
+				b.WriteByte('}')
+			case !ere && (n == '+' || n == '?'):
+				if start {
+					b.WriteString(`\` + string(n))
+				} else {
+					b.WriteByte(n)
+				}
+			case n == '<' || n == '>':
+				b.WriteString(`\b`)
+			case n >= '1' && n <= '9':
+				return "", fmt.Errorf("back-references (\\%c) are not supported: patterns are RE2", n)
+			case strings.IndexByte("wWsSbB", n) >= 0:
+				b.WriteString(`\` + string(n))
+			case n == '`':
+				b.WriteString(`\A`)
+			case n == '\'':
+				b.WriteString(`\z`)
+			default:
+				b.WriteString(regexp.QuoteMeta(string(n)))
+			}
+			continue
+		case c == '[':
+			j, class, err := bracket(p, i)
+			if err != nil {
+				return "", err
+			}
+			b.WriteString(class)
+			i = j
+			continue
+		case c == '*' || (ere && (c == '+' || c == '?')):
+			if start {
+				b.WriteString(`\` + string(c))
+			} else {
+				b.WriteByte(c)
+			}
+		case c == '^':
+			if start || ere {
+				b.WriteByte('^')
+				atStart = true
+			} else {
+				b.WriteString(`\^`)
+			}
+		case c == '$':
+			rest := p[i+1:]
+			if ere || rest == "" || strings.HasPrefix(rest, `\)`) || strings.HasPrefix(rest, `\|`) {
+				b.WriteByte('$')
+			} else {
+				b.WriteString(`\$`)
+			}
+		case ere && (c == '(' || c == '|'):
+			b.WriteByte(c)
+			atStart = true
+		case ere && c == ')':
+			b.WriteByte(c)
+		case ere && c == '{':
+			if start || !interval.MatchString(p[i:]) {
+				b.WriteString(`\{`)
+			} else {
+				b.WriteByte('{')
+			}
+		case strings.IndexByte("(){}|+?", c) >= 0:
+			b.WriteString(`\` + string(c))
+		default:
+			b.WriteByte(c)
+		}
+		i++
+	}
+	return b.String(), nil
+}
+
+var interval = regexp.MustCompile(`^\{[0-9]+(,[0-9]*)?\}`)
+
+// bracket translates the bracket expression at p[i] and returns the index
+// after it. Backslashes are literal inside POSIX brackets.
+func bracket(p string, i int) (int, string, error) {
+	var b strings.Builder
+	b.WriteByte('[')
+	j := i + 1
+	if j < len(p) && p[j] == '^' {
+		b.WriteByte('^')
+		j++
+	}
+	first := true
+	for ; j < len(p); j++ {
+		c := p[j]
+		switch {
+		case c == ']' && !first:
+			b.WriteByte(']')
+			return j + 1, b.String(), nil
+		case c == '[' && j+1 < len(p) && (p[j+1] == ':' || p[j+1] == '=' || p[j+1] == '.'):
+			end := strings.Index(p[j+2:], string(p[j+1])+"]")
+			if end < 0 {
+				return 0, "", fmt.Errorf("unmatched [ in a character class")
+			}
+			if p[j+1] != ':' {
+				return 0, "", fmt.Errorf("[%c…%c] in a bracket expression is not supported", p[j+1], p[j+1])
+			}
+			b.WriteString(p[j : j+2+end+2])
+			j += 2 + end + 1
+		case c == '\\' || c == '[' || c == ']':
+			b.WriteString(`\` + string(c))
+		default:
+			b.WriteByte(c)
+		}
+		first = false
+	}
+	return 0, "", fmt.Errorf("unmatched [, [^, [:, [., or [=")
+}
+
+// searcher prints what grep or rg found in one input.
+type searcher struct {
+	m                         *lineMatcher
+	invert, only, lineNumbers bool
+	count, listMatch, listNo  bool
+	quiet                     bool
+	withName                  bool
+	before, after             int
+	maxCount                  int64 // < 0: no limit
+	binary                    byte  // 'r' report (grep), 's' skip, 't' text
+	replace                   *string
+	printedGroup              bool // a group was printed: the next one is separated by "--"
+}
+
+// search searches data (the input called name) and reports whether a line
+// was selected.
+func (s *searcher) search(c *call, name string, data []byte) bool {
+	isBinary := s.binary != 't' && bytes.IndexByte(data, 0) >= 0
+	if isBinary && s.binary == 's' {
+		return false
+	}
+	lines := bytes.Split(data, []byte("\n"))
+	if len(lines) > 0 && len(lines[len(lines)-1]) == 0 {
+		lines = lines[:len(lines)-1]
+	}
+	quietOut := s.quiet || s.count || s.listMatch || s.listNo || isBinary
+	var selected int64
+	lastPrinted, afterLeft := -1, 0
+	prefix := func(i int, sep byte) string {
+		var b strings.Builder
+		if s.withName {
+			b.WriteString(name)
+			b.WriteByte(sep)
+		}
+		if s.lineNumbers {
+			b.WriteString(strconv.Itoa(i + 1))
+			b.WriteByte(sep)
+		}
+		return b.String()
+	}
+	context := s.before > 0 || s.after > 0
+	printLine := func(i int, sep byte) {
+		c.print(prefix(i, sep))
+		c.write(lines[i])
+		c.print("\n")
+		lastPrinted = i
+	}
+	for i, line := range lines {
+		if c.stopped() {
+			break
+		}
+		if s.maxCount >= 0 && selected >= s.maxCount {
+			if quietOut || afterLeft == 0 || s.m.match(line) != s.invert {
+				break
+			}
+		}
+		if s.m.match(line) == s.invert {
+			if !quietOut && afterLeft > 0 && !s.only {
+				printLine(i, '-')
+				afterLeft--
+			}
+			continue
+		}
+		selected++
+		if s.quiet || s.listMatch {
+			break
+		}
+		if quietOut {
+			continue
+		}
+		if context {
+			from := max(i-s.before, lastPrinted+1)
+			if s.printedGroup && (lastPrinted < 0 || from > lastPrinted+1) {
+				c.print("--\n")
+			}
+			s.printedGroup = true
+			if !s.only {
+				for k := from; k < i; k++ {
+					printLine(k, '-')
+				}
+			}
+			afterLeft = s.after
+		}
+		switch {
+		case s.only:
+			if !s.invert {
+				for _, sp := range s.m.spans(line) {
+					c.print(prefix(i, ':'))
+					c.write(line[sp[0]:sp[1]])
+					c.print("\n")
+				}
+			}
+			lastPrinted = i
+		case s.replace != nil && !s.m.word:
+			c.print(prefix(i, ':'))
+			c.write(s.m.re.ReplaceAll(line, []byte(*s.replace)))
+			c.print("\n")
+			lastPrinted = i
+		default:
+			printLine(i, ':')
+		}
+	}
+	switch {
+	case s.count:
+		if s.withName {
+			c.print(name + ":")
+		}
+		c.print(strconv.FormatInt(selected, 10) + "\n")
+	case s.listMatch && selected > 0:
+		c.print(name + "\n")
+	case s.listNo && selected == 0:
+		c.print(name + "\n")
+	case isBinary && selected > 0 && !s.quiet && !s.listMatch && !s.listNo:
+		c.out.Flush()
+		fmt.Fprintf(c.errw, "%s: %s: binary file matches\n", c.name, name)
+	}
+	return selected > 0
+}
+
+// walkFiles visits the files below the directory ws (shown as disp), sorted
+// depth first, skipping the workspace's exclude names. skipDir prunes
+// directories and keep selects files (rel is the path below ws, depth 1 for
+// ws's entries); links are visited only with follow, and then only links to
+// files. Errors below the start are reported with onErr.
+func (c *call) walkFiles(ws, disp string, follow bool, maxDepth int,
+	skipDir func(rel string) bool, keep func(rel string) bool,
+	visit func(ws, disp string), onErr func(disp string, err error)) {
+	var walk func(dir, ddisp, rel string, depth int)
+	walk = func(dir, ddisp, rel string, depth int) {
+		entries, err := c.r.env.FS.ReadDir(c.ctx, dir)
+		if err != nil {
+			onErr(ddisp, err)
+			return
+		}
+		for _, e := range entries {
+			if c.stopped() {
+				return
+			}
+			child, cdisp, crel := path.Join(dir, e.Name()), display(ddisp, e.Name()), path.Join(rel, e.Name())
+			if c.r.env.exclude().Skip(child) {
+				continue
+			}
+			switch t := e.Type(); {
+			case t == fs.ModeDir:
+				if (maxDepth < 0 || depth < maxDepth) && !skipDir(crel) {
+					walk(child, cdisp, crel, depth+1)
+				}
+			case t == fs.ModeSymlink:
+				if !follow {
+					continue
+				}
+				if info, err := c.r.env.FS.Stat(c.ctx, child); err == nil && info.Mode().IsRegular() && keep(crel) {
+					visit(child, cdisp)
+				}
+			case t == 0:
+				if keep(crel) {
+					visit(child, cdisp)
+				}
+			}
+		}
+	}
+	walk(ws, disp, "", 1)
+}
+
+// ---- grep
+
+var grepFlags = flagSpec{
+	bools: "rRnivlLcEFGPwxhHoqsaIUZyz", values: "efABCmd", numeric: "C",
+	long: map[string]string{
+		"recursive": "r", "dereference-recursive": "R", "line-number": "n", "ignore-case": "i",
+		"no-ignore-case": "no-ignore-case", "invert-match": "v", "files-with-matches": "l",
+		"files-without-match": "L", "count": "c", "extended-regexp": "E", "fixed-strings": "F",
+		"basic-regexp": "G", "perl-regexp": "P", "word-regexp": "w", "line-regexp": "x",
+		"no-filename": "h", "with-filename": "H", "only-matching": "o", "quiet": "q", "silent": "q",
+		"no-messages": "s", "text": "a", "regexp": "e=", "file": "f=", "after-context": "A=",
+		"before-context": "B=", "context": "C=", "max-count": "m=", "include": "include=",
+		"exclude": "exclude=", "exclude-dir": "exclude-dir=", "color": "color?", "colour": "color?",
+		"binary-files": "binary-files=", "directories": "d=", "null": "Z", "line-buffered": "line-buffered",
+	},
+}
+
+func cmdGrep(c *call) int {
+	opts, ops, ok := c.parseFlags(grepFlags)
+	if !ok {
+		return 2
+	}
+	s := &searcher{maxCount: -1, binary: 'r'}
+	var patterns []string
+	havePatterns := false
+	syntax := byte('G')
+	var recursive, follow, ignoreCase, word, whole, noMessages bool
+	nameMode := 0 // -1 -h, 1 -H
+	var include, exclude, excludeDir []string
+	for _, f := range opts {
+		switch f.name {
+		case "r":
+			recursive = true
+		case "R":
+			recursive, follow = true, true
+		case "n":
+			s.lineNumbers = true
+		case "i", "y":
+			ignoreCase = true
+		case "no-ignore-case":
+			ignoreCase = false
+		case "v":
+			s.invert = true
+		case "l":
+			s.listMatch = true
+		case "L":
+			s.listNo = true
+		case "c":
+			s.count = true
+		case "E", "F", "G", "P":
+			syntax = f.name[0]
+		case "w":
+			word = true
+		case "x":
+			whole = true
+		case "h":
+			nameMode = -1
+		case "H":
+			nameMode = 1
+		case "o":
+			s.only = true
+		case "q":
+			s.quiet = true
+		case "s":
+			noMessages = true
+		case "a":
+			s.binary = 't'
+		case "I":
+			s.binary = 's'
+		case "e":
+			patterns, havePatterns = append(patterns, strings.Split(f.val, "\n")...), true
+		case "f":
+			data, err := c.readInput(f.val)
+			if err != nil {
+				c.fail(f.val, err)
+				return 2
+			}
+			havePatterns = true
+			for _, l := range strings.Split(strings.TrimSuffix(string(data), "\n"), "\n") {
+				if len(data) > 0 {
+					patterns = append(patterns, l)
+				}
+			}
+		case "A", "B", "C", "m":
+			n, err := strconv.ParseInt(f.val, 10, 64)
+			if err != nil || n < 0 {
+				return c.usage("invalid argument '%s' to -%s", f.val, f.name)
+			}
+			switch f.name {
+			case "A":
+				s.after = int(n)
+			case "B":
+				s.before = int(n)
+			case "C":
+				s.before, s.after = int(n), int(n)
+			case "m":
+				s.maxCount = n
+			}
+		case "include":
+			include = append(include, f.val)
+		case "exclude":
+			exclude = append(exclude, f.val)
+		case "exclude-dir":
+			excludeDir = append(excludeDir, f.val)
+		case "binary-files":
+			switch f.val {
+			case "binary":
+				s.binary = 'r'
+			case "text":
+				s.binary = 't'
+			case "without-match":
+				s.binary = 's'
+			default:
+				return c.usage("invalid argument '%s' for '--binary-files'", f.val)
+			}
+		case "d":
+			switch f.val {
+			case "recurse":
+				recursive = true
+			case "read", "skip":
+			default:
+				return c.usage("invalid argument '%s' for '--directories'", f.val)
+			}
+		case "Z", "z", "U":
+			return c.usage("-%s is not supported", f.name)
+		}
+	}
+	if !havePatterns {
+		if len(ops) == 0 {
+			return c.usage("no pattern given (usage: grep [OPTION]... PATTERNS [FILE]...)")
+		}
+		patterns, ops = strings.Split(ops[0], "\n"), ops[1:]
+	}
+	m, err := newLineMatcher(patterns, syntax, ignoreCase, word, whole)
+	if err != nil {
+		return c.usage("%v", err)
+	}
+	s.m = m
+	bareRecursive := recursive && len(ops) == 0
+	if len(ops) == 0 {
+		ops = []string{"-"}
+		if recursive {
+			ops = []string{"."}
+		}
+	}
+	s.withName = nameMode == 1 || (nameMode == 0 && (recursive || len(ops) > 1))
+	globs := func(list []string, name string) bool {
+		for _, g := range list {
+			if fnmatch(g, name) {
+				return true
+			}
+		}
+		return false
+	}
+	keep := func(rel string) bool {
+		base := path.Base(rel)
+		return (len(include) == 0 || globs(include, base)) && !globs(exclude, base)
+	}
+	run := &searchRun{c: c, s: s, noMessages: noMessages}
+	for _, a := range ops {
+		if c.stopped() || (s.quiet && run.matched) {
+			break
+		}
+		if a == "-" {
+			run.stdin("(standard input)")
+			continue
+		}
+		ws, info, ok := run.operand(a)
+		switch {
+		case !ok:
+		case !info.IsDir():
+			if keep(a) {
+				run.file(ws, a)
+			}
+		case !recursive:
+			run.report(a, errorf(workspace.ErrNotAFile, "%s: Is a directory", a))
+		default:
+			disp := a
+			if bareRecursive {
+				disp = ""
+			}
+			c.walkFiles(ws, disp, follow, -1,
+				func(rel string) bool { return globs(excludeDir, path.Base(rel)) },
+				keep, run.file, run.report)
+		}
+	}
+	return run.status()
+}
+
+// searchRun is one grep or rg: the searcher and what happened so far.
+type searchRun struct {
+	c                   *call
+	s                   *searcher
+	matched, failed     bool
+	noMessages, listing bool // listing: rg --files, print the files instead
+}
+
+func (r *searchRun) report(disp string, err error) {
+	r.failed = true
+	if !r.noMessages {
+		r.c.fail(disp, err)
+	}
+}
+
+// operand resolves and stats a path operand, reporting a failure.
+func (r *searchRun) operand(a string) (string, fs.FileInfo, bool) {
+	ws, err := r.c.resolve(a)
+	var info fs.FileInfo
+	if err == nil {
+		info, err = r.c.r.env.FS.Stat(r.c.ctx, ws)
+	}
+	if err != nil {
+		r.report(a, err)
+		return "", nil, false
+	}
+	return ws, info, true
+}
+
+func (r *searchRun) file(ws, disp string) {
+	if r.s.quiet && r.matched {
+		return
+	}
+	if r.listing {
+		r.c.print(disp + "\n")
+		return
+	}
+	data, err := r.c.r.env.FS.ReadFile(r.c.ctx, ws, r.c.r.env.maxFileBytes())
+	if err != nil {
+		r.report(disp, err)
+		return
+	}
+	if r.s.search(r.c, disp, data) {
+		r.matched = true
+	}
+}
+
+func (r *searchRun) stdin(name string) {
+	data, err := readAll(r.c.ctx, r.c.in, r.c.r.env.maxFileBytes())
+	if err != nil {
+		r.report(name, err)
+		return
+	}
+	if r.s.search(r.c, name, data) {
+		r.matched = true
+	}
+}
+
+// status is the exit status grep and rg share: 0 when a line was selected,
+// 1 when none was, 2 after an error (unless -q found a match).
+func (r *searchRun) status() int {
+	switch {
+	case r.listing:
+		return boolStatus(!r.failed)
+	case r.c.ctx.Err() != nil:
+		return 2
+	case r.failed && !(r.s.quiet && r.matched):
+		return 2
+	case r.matched:
+		return 0
+	}
+	return 1
+}
+
+// fnmatch matches a name against a shell pattern (no special slash).
+func fnmatch(pat, name string) bool {
+	expr, err := pattern.Regexp(pat, pattern.EntireString|pattern.NoGlobStar)
+	if err != nil {
+		return false
+	}
+	re, err := regexp.Compile(expr)
+	return err == nil && re.MatchString(name)
+}
+
+// ---- rg
+
+var rgFlags = flagSpec{
+	bools: "inNlcvwxFsSHIoqaLuU.0P", values: "egtTABCmMdjr",
+	long: map[string]string{
+		"ignore-case": "i", "case-sensitive": "s", "smart-case": "S", "line-number": "n",
+		"no-line-number": "N", "files-with-matches": "l", "files-without-match": "files-without-match",
+		"count": "c", "invert-match": "v", "word-regexp": "w", "line-regexp": "x", "fixed-strings": "F",
+		"with-filename": "H", "no-filename": "I", "only-matching": "o", "quiet": "q", "text": "a",
+		"hidden": ".", "no-ignore": "no-ignore", "unrestricted": "u", "regexp": "e=", "glob": "g=",
+		"iglob": "iglob=", "type": "t=", "type-not": "T=", "after-context": "A=", "before-context": "B=",
+		"context": "C=", "max-count": "m=", "max-depth": "d=", "maxdepth": "d=", "files": "files",
+		"heading": "heading", "no-heading": "no-heading", "color": "color=", "colors": "colors=",
+		"sort": "sort=", "sortr": "sortr=", "threads": "j=", "follow": "L", "multiline": "U",
+		"pcre2": "P", "no-messages": "no-messages", "null": "0", "max-columns": "M=",
+		"no-ignore-vcs": "no-ignore", "no-config": "no-config", "replace": "r=",
+	},
+}
+
+// rgTypes are the file types -t and -T know, by extension or name.
+var rgTypes = map[string][]string{
+	"go": {"*.go"}, "js": {"*.js", "*.jsx", "*.mjs", "*.cjs", "*.vue"}, "ts": {"*.ts", "*.tsx", "*.cts", "*.mts"},
+	"py": {"*.py", "*.pyi"}, "rust": {"*.rs"}, "c": {"*.c", "*.h"}, "cpp": {"*.cpp", "*.cc", "*.cxx", "*.hpp", "*.hh", "*.h"},
+	"java": {"*.java"}, "md": {"*.md", "*.markdown"}, "markdown": {"*.md", "*.markdown"}, "json": {"*.json"},
+	"yaml": {"*.yaml", "*.yml"}, "toml": {"*.toml"}, "sh": {"*.sh", "*.bash", "*.zsh"}, "html": {"*.html", "*.htm"},
+	"css": {"*.css", "*.scss", "*.sass", "*.less"}, "ruby": {"*.rb", "Gemfile", "*.gemspec"}, "php": {"*.php"},
+	"txt": {"*.txt"}, "sql": {"*.sql"}, "proto": {"*.proto"}, "kotlin": {"*.kt", "*.kts"}, "swift": {"*.swift"},
+	"csharp": {"*.cs"}, "make": {"Makefile", "makefile", "GNUmakefile", "*.mk"}, "docker": {"Dockerfile", "*.dockerfile"},
+	"xml": {"*.xml"}, "lua": {"*.lua"}, "zig": {"*.zig"}, "svelte": {"*.svelte"},
+}
+
+func cmdRg(c *call) int {
+	opts, ops, ok := c.parseFlags(rgFlags)
+	if !ok {
+		return 2
+	}
+	s := &searcher{maxCount: -1, binary: 's'}
+	var patterns []string
+	havePatterns, ignoreCase, smart, word, whole, fixed, hidden, listFiles, noMessages := false, false, false, false, false, false, false, false, false
+	nameMode, unrestricted, maxDepth := 0, 0, -1
+	var globs []string
+	var iglobs []string
+	var types, notTypes []string
+	for _, f := range opts {
+		switch f.name {
+		case "i":
+			ignoreCase, smart = true, false
+		case "s":
+			ignoreCase, smart = false, false
+		case "S":
+			smart = true
+		case "n":
+			s.lineNumbers = true
+		case "N":
+			s.lineNumbers = false
+		case "l":
+			s.listMatch = true
+		case "files-without-match":
+			s.listNo = true
+		case "c":
+			s.count = true
+		case "v":
+			s.invert = true
+		case "w":
+			word = true
+		case "x":
+			whole = true
+		case "F":
+			fixed = true
+		case "H":
+			nameMode = 1
+		case "I":
+			nameMode = -1
+		case "o":
+			s.only = true
+		case "q":
+			s.quiet = true
+		case "a":
+			s.binary = 't'
+		case ".":
+			hidden = true
+		case "u":
+			unrestricted++
+		case "e":
+			patterns, havePatterns = append(patterns, f.val), true
+		case "g":
+			globs = append(globs, f.val)
+		case "iglob":
+			iglobs = append(iglobs, f.val)
+		case "t", "T":
+			if _, known := rgTypes[f.val]; !known {
+				return c.usage("unrecognized file type: %s", f.val)
+			}
+			if f.name == "t" {
+				types = append(types, f.val)
+			} else {
+				notTypes = append(notTypes, f.val)
+			}
+		case "A", "B", "C", "m", "d":
+			n, err := strconv.ParseInt(f.val, 10, 64)
+			if err != nil || n < 0 {
+				return c.usage("invalid value '%s' for -%s", f.val, f.name)
+			}
+			switch f.name {
+			case "A":
+				s.after = int(n)
+			case "B":
+				s.before = int(n)
+			case "C":
+				s.before, s.after = int(n), int(n)
+			case "m":
+				s.maxCount = n
+			case "d":
+				maxDepth = int(n)
+			}
+		case "r":
+			v := f.val
+			s.replace = &v
+		case "files":
+			listFiles = true
+		case "no-messages":
+			noMessages = true
+		case "L", "U", "0":
+			return c.usage("-%s is not supported", f.name)
+		}
+	}
+	if unrestricted >= 2 {
+		hidden = true
+	}
+	if unrestricted >= 3 {
+		s.binary = 't'
+	}
+	if !havePatterns && !listFiles {
+		if len(ops) == 0 {
+			return c.usage("no pattern given (usage: rg [OPTIONS] PATTERN [PATH ...])")
+		}
+		patterns, ops = []string{ops[0]}, ops[1:]
+	}
+	if smart && !ignoreCase {
+		ignoreCase = !slices.ContainsFunc(patterns, func(p string) bool { return strings.ContainsFunc(p, unicode.IsUpper) })
+	}
+	syntax := byte('P')
+	if fixed {
+		syntax = 'F'
+	}
+	m, err := newLineMatcher(patterns, syntax, ignoreCase, word, whole)
+	if err != nil {
+		return c.usage("regex parse error: %v", err)
+	}
+	s.m = m
+	useStdin := len(ops) == 0 && !listFiles && c.in != c.r.noInput
+	bare := len(ops) == 0
+	if bare && !useStdin {
+		ops = []string{"."}
+	}
+	if len(globs)+len(iglobs) > 0 {
+		for _, g := range iglobs {
+			globs = append(globs, strings.ToLower(g)+"\x00i")
+		}
+	}
+	globMatch := func(g, rel string, dir bool) (matched, negated bool) {
+		g, fold := strings.CutSuffix(g, "\x00i")
+		g, negated = strings.CutPrefix(g, "!")
+		if fold {
+			rel = strings.ToLower(rel)
+		}
+		g = strings.TrimPrefix(g, "/")
+		name := rel
+		if !strings.Contains(g, "/") {
+			name = path.Base(rel)
+		}
+		ok, _ := doublestar.Match(g, name)
+		if !ok && dir && strings.HasSuffix(g, "/**") {
+			ok, _ = doublestar.Match(strings.TrimSuffix(g, "/**"), name)
+		}
+		return ok, negated
+	}
+	hasWhitelist := slices.ContainsFunc(globs, func(g string) bool { return !strings.HasPrefix(g, "!") })
+	skipDir := func(rel string) bool {
+		if !hidden && strings.HasPrefix(path.Base(rel), ".") {
+			return true
+		}
+		for _, g := range globs {
+			if ok, neg := globMatch(g, rel, true); ok && neg {
+				return true
+			}
+		}
+		return false
+	}
+	typeMatch := func(list []string, base string) bool {
+		for _, t := range list {
+			for _, g := range rgTypes[t] {
+				if ok, _ := doublestar.Match(g, base); ok {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	keep := func(rel string) bool {
+		base := path.Base(rel)
+		if !hidden && strings.HasPrefix(base, ".") {
+			return false
+		}
+		if (len(types) > 0 && !typeMatch(types, base)) || typeMatch(notTypes, base) {
+			return false
+		}
+		in := !hasWhitelist
+		for _, g := range globs {
+			if ok, neg := globMatch(g, rel, false); ok {
+				in = !neg
+			}
+		}
+		return in
+	}
+	s.withName = nameMode == 1 || (nameMode == 0 && !useStdin)
+	run := &searchRun{c: c, s: s, noMessages: noMessages, listing: listFiles}
+	if useStdin {
+		run.stdin("<stdin>")
+	}
+	for _, a := range ops {
+		if c.stopped() {
+			break
+		}
+		ws, info, ok := run.operand(a)
+		switch {
+		case !ok:
+		case !info.IsDir():
+			if len(ops) == 1 && nameMode == 0 {
+				s.withName = false
+			}
+			run.file(ws, a)
+		default:
+			disp := a
+			if bare {
+				disp = ""
+			}
+			c.walkFiles(ws, disp, false, maxDepth, skipDir, keep, run.file, run.report)
+		}
+	}
+	return run.status()
+}

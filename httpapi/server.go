@@ -1,0 +1,316 @@
+// Package httpapi serves a runner.Manager's sessions over HTTP: a JSON API
+// under /v1, MCP over streamable HTTP at /mcp, health and readiness probes,
+// Prometheus metrics, and the OpenAPI document that describes it all
+// (/openapi.json, checked in as openapi.json).
+//
+//	m, _ := runner.New(ctx, runner.Memory{}, runner.WithObserver(metrics.Observe))
+//	srv, _ := httpapi.New(m, httpapi.WithTenants(tenants), httpapi.WithMetrics(metrics))
+//	http.ListenAndServe("127.0.0.1:7878", srv)
+//
+// Every /v1 route and /mcp need a tenant's bearer token ("Authorization:
+// Bearer …"); tokens are configured as SHA-256 hashes (HashToken) and
+// compared in constant time. No token or a bad one is 401; another tenant's
+// session is 404, as if it did not exist; a cap reached is 429; a body over
+// its limit is 413. Errors are JSON: {"error": KIND, "message": …}.
+//
+// Tool calls answer what MCP answers: {"content": [...], "structuredContent":
+// {...}, "isError": bool}. A call whose request accepts text/event-stream is
+// answered as server-sent events instead: "output" events with bash's output
+// while the command runs, then one "result" event.
+package httpapi
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync/atomic"
+
+	"github.com/sandboxd/sandboxd/policy"
+	"github.com/sandboxd/sandboxd/runner"
+	"github.com/sandboxd/sandboxd/workspace"
+)
+
+// Server is the daemon's HTTP handler. It is safe for concurrent use.
+type Server struct {
+	m        *runner.Manager
+	o        options
+	auth     *authenticator
+	mux      *http.ServeMux
+	mcp      *mcpHandler
+	draining atomic.Bool
+}
+
+// Option configures New.
+type Option func(*options)
+
+type options struct {
+	tenants     []Tenant
+	logger      *slog.Logger
+	metrics     *Metrics
+	maxBody     int64
+	maxTransfer int64
+	version     string
+}
+
+// WithTenants sets the tenants and their tokens. Without tenants every
+// request needing a token is refused.
+func WithTenants(t []Tenant) Option { return func(o *options) { o.tenants = append(o.tenants, t...) } }
+
+// WithLogger logs requests that fail on the server's side (default: discard).
+func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
+
+// WithMetrics serves m at /metrics; pass m.Observe to runner.WithObserver so
+// that it sees every call. Default: a Metrics of its own, which counts no
+// calls.
+func WithMetrics(m *Metrics) Option { return func(o *options) { o.metrics = m } }
+
+// WithMaxBodyBytes caps a JSON request body (default 64 MiB: a write may
+// carry a file of maxFileBytes). Over it is 413.
+func WithMaxBodyBytes(n int64) Option { return func(o *options) { o.maxBody = n } }
+
+// WithMaxTransferBytes caps an upload's tar stream and a download's file
+// contents (default 256 MiB). Over it is 413, with nothing written.
+func WithMaxTransferBytes(n int64) Option { return func(o *options) { o.maxTransfer = n } }
+
+// WithVersion sets the version the MCP server reports.
+func WithVersion(v string) Option { return func(o *options) { o.version = v } }
+
+// New returns the handler of m's sessions. It fails when a tenant is
+// misconfigured (no name, a token that is not "sha256:" and 64 hex digits).
+func New(m *runner.Manager, opts ...Option) (*Server, error) {
+	o := options{maxBody: 64 << 20, maxTransfer: 256 << 20, version: "devel"}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.logger == nil {
+		o.logger = slog.New(slog.DiscardHandler)
+	}
+	if o.metrics == nil {
+		o.metrics = NewMetrics()
+	}
+	auth, err := newAuthenticator(o.tenants)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{m: m, o: o, auth: auth, mux: http.NewServeMux()}
+	s.mcp = newMCPHandler(s)
+	for _, r := range s.routes() {
+		h := r.handler
+		if r.auth {
+			h = s.authenticate(h)
+		}
+		s.mux.Handle(r.method+" "+r.pattern, h)
+	}
+	return s, nil
+}
+
+// route is one entry of the API; routes lists them all, and a test checks
+// each against the OpenAPI document.
+type route struct {
+	method, pattern string
+	auth            bool
+	handler         http.Handler
+}
+
+func (s *Server) routes() []route {
+	f := func(h func(http.ResponseWriter, *http.Request)) http.Handler { return http.HandlerFunc(h) }
+	return []route{
+		{"GET", "/healthz", false, f(s.healthz)},
+		{"GET", "/readyz", false, f(s.readyz)},
+		{"GET", "/metrics", false, f(s.metrics)},
+		{"GET", "/openapi.json", false, f(serveOpenAPI)},
+		{"POST", "/v1/sessions", true, f(s.createSession)},
+		{"GET", "/v1/sessions", true, f(s.listSessions)},
+		{"GET", "/v1/sessions/{id}", true, f(s.getSession)},
+		{"DELETE", "/v1/sessions/{id}", true, f(s.deleteSession)},
+		{"GET", "/v1/sessions/{id}/tools", true, f(s.listTools)},
+		{"POST", "/v1/sessions/{id}/tools/{tool}", true, f(s.callTool)},
+		{"PUT", "/v1/sessions/{id}/files/{path...}", true, f(s.upload)},
+		{"GET", "/v1/sessions/{id}/files/{path...}", true, f(s.download)},
+		{"POST", "/mcp", true, s.mcp},
+		{"GET", "/mcp", true, s.mcp},
+		{"DELETE", "/mcp", true, s.mcp},
+	}
+}
+
+// ServeHTTP serves the API.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+// Drain makes /readyz answer 503, so that a load balancer stops sending
+// new work; call it before shutting the HTTP server and the manager down.
+func (s *Server) Drain() { s.draining.Store(true) }
+
+func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
+	if s.draining.Load() {
+		writeError(w, http.StatusServiceUnavailable, "ShuttingDown", "the daemon is shutting down")
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+}
+
+func (s *Server) metrics(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+	s.o.metrics.write(w, s.m.Stats())
+}
+
+// sessionInfo is a session as the API shows it: runner.Info.
+type sessionList struct {
+	Sessions []runner.Info `json:"sessions"`
+}
+
+func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
+	t := tenantOf(r)
+	var st runner.Settings
+	if !s.decode(w, r, &st) {
+		return
+	}
+	sess, err := s.m.Create(r.Context(), runner.CreateRequest{Tenant: t.Name, Settings: st, MaxSessions: t.MaxSessions})
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.Header().Set("Location", "/v1/sessions/"+sess.ID())
+	writeJSON(w, http.StatusCreated, sess.Info())
+}
+
+func (s *Server) listSessions(w http.ResponseWriter, r *http.Request) {
+	out := sessionList{Sessions: []runner.Info{}}
+	for _, sess := range s.m.List(tenantOf(r).Name) {
+		out.Sessions = append(out.Sessions, sess.Info())
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) getSession(w http.ResponseWriter, r *http.Request) {
+	if sess, ok := s.session(w, r); ok {
+		writeJSON(w, http.StatusOK, sess.Info())
+	}
+}
+
+func (s *Server) deleteSession(w http.ResponseWriter, r *http.Request) {
+	if err := s.m.Delete(r.Context(), tenantOf(r).Name, r.PathValue("id")); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// session finds the request's session for its tenant, or answers 404.
+func (s *Server) session(w http.ResponseWriter, r *http.Request) (*runner.Session, bool) {
+	sess, err := s.m.Get(tenantOf(r).Name, r.PathValue("id"))
+	if err != nil {
+		s.fail(w, r, err)
+		return nil, false
+	}
+	return sess, true
+}
+
+// decode reads a JSON body of at most maxBody bytes into v, strictly;
+// an empty body leaves v as it is. It answers 400 or 413 itself.
+func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) bool {
+	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.o.maxBody))
+	if err != nil {
+		s.fail(w, r, err)
+		return false
+	}
+	if len(bytes.TrimSpace(data)) == 0 {
+		return true
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		writeError(w, http.StatusBadRequest, workspace.ErrInvalidArgument.Name(), "request body: "+strings.TrimPrefix(err.Error(), "json: "))
+		return false
+	}
+	if dec.More() {
+		writeError(w, http.StatusBadRequest, workspace.ErrInvalidArgument.Name(), "request body: more than one JSON value")
+		return false
+	}
+	return true
+}
+
+// errorBody is every error response.
+type errorBody struct {
+	Error   string `json:"error"`
+	Message string `json:"message"`
+}
+
+func writeError(w http.ResponseWriter, status int, kind, msg string) {
+	writeJSON(w, status, errorBody{Error: kind, Message: msg})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	enc.Encode(v)
+}
+
+// classify maps an error to its status and kind.
+func classify(err error) (int, string) {
+	var de *policy.DeniedError
+	var se *runner.SettingError
+	var mbe *http.MaxBytesError
+	var te *tooLargeError
+	switch {
+	case errors.Is(err, runner.ErrNotFound):
+		return http.StatusNotFound, "NotFound"
+	case errors.Is(err, runner.ErrTooManySessions):
+		return http.StatusTooManyRequests, "TooManySessions"
+	case errors.Is(err, runner.ErrBusy):
+		return http.StatusTooManyRequests, "Busy"
+	case errors.Is(err, runner.ErrShuttingDown):
+		return http.StatusServiceUnavailable, "ShuttingDown"
+	case errors.Is(err, runner.ErrClosed):
+		return http.StatusGone, "SessionEnded"
+	case errors.As(err, &de):
+		return http.StatusForbidden, workspace.ErrForbidden.Name()
+	case errors.As(err, &se):
+		return http.StatusBadRequest, workspace.ErrInvalidArgument.Name()
+	case errors.As(err, &mbe), errors.As(err, &te):
+		return http.StatusRequestEntityTooLarge, "TooLarge"
+	}
+	if k := workspace.KindOf(err); k != nil {
+		switch k {
+		case workspace.ErrNotFound:
+			return http.StatusNotFound, k.Name()
+		case workspace.ErrUnavailable:
+			return http.StatusBadGateway, k.Name()
+		case workspace.ErrFileTooLarge:
+			return http.StatusRequestEntityTooLarge, k.Name()
+		case workspace.ErrTimeout:
+			return http.StatusGatewayTimeout, k.Name()
+		}
+		return http.StatusBadRequest, k.Name()
+	}
+	return http.StatusInternalServerError, "Internal"
+}
+
+// fail answers err; errors of the server's own are logged.
+func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
+	status, kind := classify(err)
+	if status == http.StatusInternalServerError || status == http.StatusBadGateway {
+		s.o.logger.Error("request failed", "method", r.Method, "path", r.URL.Path, "tenant", tenantOf(r).Name, "error", err)
+	}
+	if status == http.StatusTooManyRequests {
+		w.Header().Set("Retry-After", "1")
+	}
+	writeError(w, status, kind, err.Error())
+}
+
+// tooLargeError is a transfer over its cap, found while reading it.
+type tooLargeError struct{ what string }
+
+func (e *tooLargeError) Error() string { return e.what }
+
+func tooLarge(format string, a ...any) error { return &tooLargeError{fmt.Sprintf(format, a...)} }

@@ -1,0 +1,446 @@
+package httpapi
+
+import (
+	"archive/tar"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net/http"
+	"path"
+	"strings"
+	"time"
+
+	"github.com/sandboxd/sandboxd/runner"
+	"github.com/sandboxd/sandboxd/workspace"
+)
+
+// maxTarEntries caps the entries of one upload.
+const maxTarEntries = 100_000
+
+// daemonDir is the workspace directory of sandboxd itself (spilled output);
+// uploads may not write into it.
+const daemonDir = ".sandboxd"
+
+// transferResult is the answer to an upload.
+type transferResult struct {
+	Files int   `json:"files"`
+	Dirs  int   `json:"dirs"`
+	Links int   `json:"links"`
+	Bytes int64 `json:"bytes"`
+}
+
+// upload extracts a tar stream into a directory of the workspace (created
+// when missing). The whole stream is read and judged before anything is
+// written: an absolute name, a ".." component, a link leading out of the
+// workspace, an entry written through a link of the archive or an existing
+// link that leads out, a device or FIFO, a hard link, or more than the
+// transfer cap, refuses the upload with nothing written.
+func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
+	sess, dir, ok := s.sessionPath(w, r)
+	if !ok {
+		return
+	}
+	body := http.MaxBytesReader(w, r.Body, s.o.maxTransfer)
+	var res transferResult
+	err := sess.Do(r.Context(), "upload", func(ctx context.Context) (bool, error) {
+		entries, err := readTar(body, dir, sess.Root(), s.o.maxTransfer)
+		if err != nil {
+			return false, err
+		}
+		if err := checkTargets(ctx, sess.FS(), entries); err != nil {
+			return false, err
+		}
+		res, err = extract(ctx, sess.FS(), dir, entries)
+		return false, err
+	})
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, res)
+}
+
+// sessionPath finds the request's session and the workspace name its path
+// names, or answers the error.
+func (s *Server) sessionPath(w http.ResponseWriter, r *http.Request) (*runner.Session, string, bool) {
+	sess, ok := s.session(w, r)
+	if !ok {
+		return nil, "", false
+	}
+	name, err := cleanName(r.PathValue("path"))
+	if err != nil {
+		s.fail(w, r, err)
+		return nil, "", false
+	}
+	return sess, name, true
+}
+
+// cleanName turns the path of a files URL into a workspace name: "" is the
+// root; absolute paths and ".." are refused.
+func cleanName(p string) (string, error) {
+	if p == "" {
+		return ".", nil
+	}
+	if strings.HasPrefix(p, "/") {
+		return "", workspace.PathError("upload", p, workspace.ErrOutsideWorkspace)
+	}
+	for part := range strings.SplitSeq(p, "/") {
+		if part == ".." {
+			return "", workspace.PathError("upload", p, workspace.ErrOutsideWorkspace)
+		}
+	}
+	c := path.Clean(p)
+	if !fs.ValidPath(c) || strings.IndexByte(c, 0) >= 0 {
+		return "", workspace.PathError("upload", p, workspace.ErrInvalidArgument)
+	}
+	return c, nil
+}
+
+// tarEntry is one accepted entry of an upload, named in the workspace.
+type tarEntry struct {
+	name string
+	typ  byte // tar.TypeReg, tar.TypeDir or tar.TypeSymlink
+	mode fs.FileMode
+	data []byte
+	link string
+}
+
+func refuse(name string, kind *workspace.Kind, why string) error {
+	return &fs.PathError{Op: "upload", Path: name, Err: fmt.Errorf("%w: %s", kind, why)}
+}
+
+// readTar reads and judges a whole tar stream destined for dir.
+func readTar(r io.Reader, dir, root string, max int64) ([]tarEntry, error) {
+	tr := tar.NewReader(r)
+	var entries []tarEntry
+	var total int64
+	links := map[string]bool{} // the archive's links, by workspace name
+	for {
+		hdr, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return entries, nil
+		}
+		if err != nil {
+			var mbe *http.MaxBytesError
+			if errors.As(err, &mbe) {
+				return nil, err
+			}
+			return nil, refuse("", workspace.ErrInvalidArgument, "not a tar stream: "+err.Error())
+		}
+		if hdr.Typeflag == tar.TypeXGlobalHeader {
+			continue
+		}
+		if len(entries) >= maxTarEntries {
+			return nil, tooLarge("the archive has more than %d entries", maxTarEntries)
+		}
+		rel, err := cleanName(hdr.Name)
+		if err != nil {
+			return nil, refuse(hdr.Name, workspace.KindOf(err), "names must be relative and stay below the upload directory")
+		}
+		name := path.Join(dir, rel)
+		if name == daemonDir || strings.HasPrefix(name, daemonDir+"/") {
+			return nil, refuse(hdr.Name, workspace.ErrProtected, daemonDir+"/ belongs to sandboxd")
+		}
+		for p := path.Dir(name); p != "."; p = path.Dir(p) {
+			if links[p] {
+				return nil, refuse(hdr.Name, workspace.ErrOutsideWorkspace, "written through the archive's link "+p)
+			}
+		}
+		e := tarEntry{name: name, typ: hdr.Typeflag, mode: fs.FileMode(hdr.Mode).Perm()}
+		switch hdr.Typeflag {
+		case tar.TypeDir:
+			if rel == "." {
+				continue
+			}
+		case tar.TypeReg, tar.TypeRegA:
+			e.typ = tar.TypeReg
+			if rel == "." {
+				return nil, refuse(hdr.Name, workspace.ErrInvalidArgument, "a file cannot replace the upload directory")
+			}
+			if hdr.Size > max-total {
+				return nil, tooLarge("the archive's files hold more than %d bytes", max)
+			}
+			if e.data, err = io.ReadAll(tr); err != nil {
+				return nil, err
+			}
+			total += int64(len(e.data))
+		case tar.TypeSymlink:
+			if rel == "." {
+				return nil, refuse(hdr.Name, workspace.ErrInvalidArgument, "a link cannot replace the upload directory")
+			}
+			if leadsOut(root, name, hdr.Linkname) {
+				return nil, refuse(hdr.Name, workspace.ErrOutsideWorkspace, "the link's target "+hdr.Linkname+" is outside the workspace")
+			}
+			e.link = hdr.Linkname
+			links[name] = true
+		case tar.TypeLink:
+			return nil, refuse(hdr.Name, workspace.ErrInvalidArgument, "hard links are not accepted")
+		case tar.TypeChar, tar.TypeBlock, tar.TypeFifo:
+			return nil, refuse(hdr.Name, workspace.ErrNotAFile, "devices and FIFOs are not accepted")
+		default:
+			return nil, refuse(hdr.Name, workspace.ErrInvalidArgument, fmt.Sprintf("entries of type %q are not accepted", hdr.Typeflag))
+		}
+		entries = append(entries, e)
+	}
+}
+
+// leadsOut reports whether a link at name (a workspace name) with target
+// would lead outside the workspace, lexically.
+func leadsOut(root, name, target string) bool {
+	if target == "" || strings.IndexByte(target, 0) >= 0 {
+		return true
+	}
+	if path.IsAbs(target) {
+		_, err := workspace.Resolve(root, target)
+		return err != nil
+	}
+	j := path.Join(path.Dir(name), target)
+	return j == ".." || strings.HasPrefix(j, "../")
+}
+
+// checkTargets judges the entries against the workspace as it is: every
+// directory an entry goes into must be one (or not exist yet), reached
+// without leaving the workspace, and no entry may replace an entry of
+// another kind.
+func checkTargets(ctx context.Context, fsys workspace.FileSystem, entries []tarEntry) error {
+	inArchive := map[string]byte{}
+	for _, e := range entries {
+		inArchive[e.name] = e.typ
+	}
+	dirOK := map[string]error{}
+	isDir := func(p string) error {
+		if err, ok := dirOK[p]; ok {
+			return err
+		}
+		var err error
+		if typ, ok := inArchive[p]; ok && typ != tar.TypeDir {
+			err = refuse(p, workspace.ErrNotADirectory, "the archive makes it a file or link, and puts entries in it")
+		} else if !ok {
+			info, serr := fsys.Stat(ctx, p)
+			switch {
+			case errors.Is(serr, workspace.ErrNotFound):
+			case serr != nil:
+				err = serr
+			case !info.IsDir():
+				err = refuse(p, workspace.ErrNotADirectory, "the workspace has a file there")
+			}
+		}
+		dirOK[p] = err
+		return err
+	}
+	if _, ok := fsys.(workspace.SymlinkFS); !ok {
+		for _, e := range entries {
+			if e.typ == tar.TypeSymlink {
+				return refuse(e.name, workspace.ErrInvalidArgument, "this workspace cannot hold symbolic links")
+			}
+		}
+	}
+	for _, e := range entries {
+		for p := path.Dir(e.name); ; p = path.Dir(p) {
+			if err := isDir(p); err != nil {
+				return err
+			}
+			if p == "." {
+				break
+			}
+		}
+		info, err := fsys.Lstat(ctx, e.name)
+		if errors.Is(err, workspace.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if info.Mode()&fs.ModeSymlink != 0 && e.typ != tar.TypeSymlink {
+			// A file or directory goes through the existing link: it must
+			// stay inside and be of the same kind.
+			if info, err = fsys.Stat(ctx, e.name); errors.Is(err, workspace.ErrNotFound) {
+				return refuse(e.name, workspace.ErrInvalidArgument, "the workspace has a dangling link there")
+			} else if err != nil {
+				return err
+			}
+		}
+		switch {
+		case e.typ == tar.TypeDir && !info.IsDir():
+			return refuse(e.name, workspace.ErrNotADirectory, "the workspace has a file there")
+		case e.typ != tar.TypeDir && info.IsDir():
+			return refuse(e.name, workspace.ErrNotAFile, "the workspace has a directory there")
+		}
+	}
+	return nil
+}
+
+// extract writes judged entries.
+func extract(ctx context.Context, fsys workspace.FileSystem, dir string, entries []tarEntry) (transferResult, error) {
+	var res transferResult
+	if err := workspace.MkdirAll(ctx, fsys, dir, 0o755); err != nil {
+		return res, err
+	}
+	for _, e := range entries {
+		if err := workspace.MkdirAll(ctx, fsys, path.Dir(e.name), 0o755); err != nil {
+			return res, err
+		}
+		switch e.typ {
+		case tar.TypeDir:
+			if err := workspace.MkdirAll(ctx, fsys, e.name, e.mode|0o700); err != nil {
+				return res, err
+			}
+			res.Dirs++
+		case tar.TypeReg:
+			if err := fsys.WriteFile(ctx, e.name, e.data, e.mode|0o600); err != nil {
+				return res, err
+			}
+			res.Files++
+			res.Bytes += int64(len(e.data))
+		case tar.TypeSymlink:
+			if err := fsys.Remove(ctx, e.name); err != nil && !errors.Is(err, workspace.ErrNotFound) {
+				return res, err
+			}
+			if err := fsys.(workspace.SymlinkFS).Symlink(ctx, e.link, e.name); err != nil {
+				return res, err
+			}
+			res.Links++
+		}
+	}
+	return res, nil
+}
+
+// download answers a tar stream of a file or a directory of the workspace:
+// a directory's entries are named relative to it, a file by its base name.
+// Links are kept as links; pipes, sockets and devices are left out. Over
+// the transfer cap is 413, before anything is sent.
+func (s *Server) download(w http.ResponseWriter, r *http.Request) {
+	sess, name, ok := s.sessionPath(w, r)
+	if !ok {
+		return
+	}
+	started := false
+	err := sess.Do(r.Context(), "download", func(ctx context.Context) (bool, error) {
+		plan, err := planDownload(ctx, sess.FS(), name, s.o.maxTransfer)
+		if err != nil {
+			return false, err
+		}
+		base := path.Base(name)
+		if name == "." {
+			base = "workspace"
+		}
+		w.Header().Set("Content-Type", "application/x-tar")
+		w.Header().Set("Content-Disposition", fmt.Sprintf("attachment; filename=%q", base+".tar"))
+		w.WriteHeader(http.StatusOK)
+		started = true
+		return false, writeTar(ctx, w, sess.FS(), plan, s.o.maxTransfer)
+	})
+	if err != nil {
+		if started {
+			// The status is sent: cut the stream so the client sees a broken
+			// archive, never a short one that looks whole.
+			s.o.logger.Warn("download cut short", "tenant", tenantOf(r).Name, "session", sess.ID(), "error", err)
+			panic(http.ErrAbortHandler)
+		}
+		s.fail(w, r, err)
+	}
+}
+
+// planned is one entry of a download.
+type planned struct {
+	name    string // in the workspace
+	tarName string
+	mode    fs.FileMode
+	modTime time.Time
+}
+
+// planDownload lists what a download of name holds, and refuses one whose
+// files hold more than max bytes.
+func planDownload(ctx context.Context, fsys workspace.FileSystem, name string, max int64) ([]planned, error) {
+	info, err := fsys.Stat(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	if !info.IsDir() {
+		if !info.Mode().IsRegular() {
+			return nil, workspace.PathError("download", name, workspace.ErrNotAFile)
+		}
+		if info.Size() > max {
+			return nil, tooLarge("%s holds %d bytes, over the transfer cap of %d", name, info.Size(), max)
+		}
+		return []planned{{name: name, tarName: path.Base(name), mode: info.Mode(), modTime: info.ModTime()}}, nil
+	}
+	var plan []planned
+	var total int64
+	var walk func(dir, prefix string) error
+	walk = func(dir, prefix string) error {
+		list, err := fsys.ReadDir(ctx, dir)
+		if err != nil {
+			return err
+		}
+		for _, d := range list {
+			info, err := d.Info()
+			if err != nil {
+				continue // gone since the listing
+			}
+			p := planned{name: path.Join(dir, d.Name()), tarName: prefix + d.Name(), mode: info.Mode(), modTime: info.ModTime()}
+			switch {
+			case info.IsDir():
+				p.tarName += "/"
+				plan = append(plan, p)
+				if err := walk(p.name, p.tarName); err != nil {
+					return err
+				}
+			case info.Mode()&fs.ModeSymlink != 0:
+				if _, ok := fsys.(workspace.SymlinkFS); ok {
+					plan = append(plan, p)
+				}
+			case info.Mode().IsRegular():
+				if total += info.Size(); total > max {
+					return tooLarge("%s holds more than the transfer cap of %d bytes", name, max)
+				}
+				plan = append(plan, p)
+			}
+		}
+		return nil
+	}
+	return plan, walk(name, "")
+}
+
+// writeTar writes the planned entries, reading each file as it goes; a file
+// removed since the plan is left out.
+func writeTar(ctx context.Context, w io.Writer, fsys workspace.FileSystem, plan []planned, max int64) error {
+	tw := tar.NewWriter(w)
+	for _, p := range plan {
+		hdr := &tar.Header{Name: p.tarName, Mode: int64(p.mode.Perm()), ModTime: p.modTime, Format: tar.FormatPAX}
+		var data []byte
+		switch {
+		case p.mode.IsDir():
+			hdr.Typeflag = tar.TypeDir
+		case p.mode&fs.ModeSymlink != 0:
+			target, err := fsys.(workspace.SymlinkFS).Readlink(ctx, p.name)
+			if errors.Is(err, workspace.ErrNotFound) {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			hdr.Typeflag, hdr.Linkname = tar.TypeSymlink, target
+		default:
+			var err error
+			data, err = fsys.ReadFile(ctx, p.name, max)
+			if errors.Is(err, workspace.ErrNotFound) {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			max -= int64(len(data))
+			hdr.Typeflag, hdr.Size = tar.TypeReg, int64(len(data))
+		}
+		if err := tw.WriteHeader(hdr); err != nil {
+			return err
+		}
+		if _, err := tw.Write(data); err != nil {
+			return err
+		}
+	}
+	return tw.Close()
+}

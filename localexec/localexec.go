@@ -152,7 +152,7 @@ func (b *Bash) Run(ctx context.Context, cmd workspace.Command) (workspace.Result
 	}
 	p, err := proctree.Start(context.WithoutCancel(ctx), spec)
 	if err != nil {
-		return b.startFailed(cmd, out, err)
+		return failed(cmd, out, err)
 	}
 	// Whichever of the timeout and ctx comes first kills the tree, and is
 	// the reason the command ended if it was still running.
@@ -172,10 +172,10 @@ func (b *Bash) Run(ctx context.Context, cmd workspace.Command) (workspace.Result
 		defer t.Stop()
 	}
 	exit, err := p.Wait()
-	res := workspace.Result{ExitCode: exit.Code, Signal: exit.Signal, Duration: exit.Duration}
 	if err != nil && !errors.Is(err, proctree.ErrOutputHeld) {
-		return res, &fs.PathError{Op: "run", Path: argv[0], Err: fmt.Errorf("%w: %v", workspace.ErrUnavailable, err)}
+		return failed(cmd, out, err)
 	}
+	res := workspace.Result{ExitCode: exit.Code, Signal: exit.Signal, Duration: exit.Duration}
 	if exit.Killed {
 		switch cause.Load() {
 		case causeTimeout:
@@ -263,10 +263,10 @@ func kindOf(err error) *workspace.Kind {
 	return workspace.ErrUnavailable
 }
 
-// startFailed turns a failure to start into a result or an error: a program
+// failed turns a failure of proctree into a result or an error: a program
 // of an Argv that cannot be executed ends like it would in a shell, anything
 // else is the host's failure.
-func (b *Bash) startFailed(cmd workspace.Command, out *output, err error) (workspace.Result, error) {
+func failed(cmd workspace.Command, out *output, err error) (workspace.Result, error) {
 	var pe *fs.PathError
 	if len(cmd.Argv) > 0 && errors.As(err, &pe) && pe.Op == "exec" {
 		code, msg := 126, "cannot execute"

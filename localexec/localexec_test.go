@@ -80,9 +80,8 @@ func TestExitStatus(t *testing.T) {
 
 func TestArgv(t *testing.T) {
 	b, dir := newBash(t)
-	if err := os.WriteFile(filepath.Join(dir, "data"), []byte("x"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	must(t, os.WriteFile(filepath.Join(dir, "data"), []byte("x"), 0o644))
+	must(t, os.WriteFile(filepath.Join(dir, "noshebang"), []byte("\x00\x01binary"), 0o755))
 	tests := []struct {
 		argv           []string
 		code           int
@@ -91,6 +90,7 @@ func TestArgv(t *testing.T) {
 		{[]string{"printf", "%s|", "a b", "$HOME", "*"}, 0, "a b|$HOME|*|", ""},
 		{[]string{"no-such-program-xyz"}, 127, "", "no-such-program-xyz: command not found\n"},
 		{[]string{"./data"}, 126, "", "./data: permission denied\n"},
+		{[]string{"./noshebang"}, 126, "", "./noshebang: cannot execute\n"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.argv[0], func(t *testing.T) {

@@ -203,9 +203,11 @@ func (p *Process) KillTree() {
 // Wait waits for the command's main process to end and for its process tree
 // to be gone, then for the output pipes to reach end of file (at most
 // WaitDelay more), and returns how the main process ended. The Exit is valid
-// even when Wait also returns ErrOutputHeld or an output writer's error; any
-// other error means the outcome is not known. No output writer is called after
-// Wait returns.
+// even when Wait also returns ErrOutputHeld or an output writer's error. An
+// *fs.PathError with Op "exec" says that the program could not be executed
+// after all (Start checks it, but the file may change in between). Any other
+// error means the outcome is not known. No output writer is called after Wait
+// returns.
 func (p *Process) Wait() (Exit, error) {
 	err := errors.New("proctree: Wait called twice")
 	var exit Exit
@@ -361,10 +363,11 @@ const defaultPath = "/usr/local/bin:/usr/bin:/bin"
 
 // lookPath finds the program named name the way execvp would for a process
 // with environment env running in dir: in the PATH of env, not of the caller.
-// A name with a slash is returned as it is, for exec to resolve against dir.
+// A name with a slash is returned as it is, for exec to resolve against dir,
+// once it is seen to be an executable file.
 func lookPath(name string, env []string, dir string) (string, error) {
 	if strings.Contains(name, "/") {
-		return name, nil
+		return name, executable(name, dir)
 	}
 	search := defaultPath
 	for _, kv := range env {
@@ -378,24 +381,33 @@ func lookPath(name string, env []string, dir string) (string, error) {
 			d = "."
 		}
 		cand := d + "/" + name
-		check := cand
-		if !filepath.IsAbs(check) && dir != "" {
-			check = filepath.Join(dir, check)
-		}
-		fi, err := os.Stat(check)
-		if err != nil || fi.IsDir() {
-			continue
-		}
-		if fi.Mode()&0o111 == 0 {
+		switch err := executable(cand, dir); {
+		case err == nil:
+			return cand, nil
+		case errors.Is(err, fs.ErrPermission):
 			denied = true
-			continue
 		}
-		return cand, nil
 	}
 	if denied {
 		return "", fs.ErrPermission
 	}
 	return "", notFoundError{}
+}
+
+// executable checks that name, relative to dir, is a file with an execute
+// bit: ErrNotExist if it is not there, ErrPermission if it cannot be run.
+func executable(name, dir string) error {
+	if !filepath.IsAbs(name) && dir != "" {
+		name = filepath.Join(dir, name)
+	}
+	fi, err := os.Stat(name)
+	switch {
+	case err != nil:
+		return err
+	case fi.IsDir() || fi.Mode()&0o111 == 0:
+		return fs.ErrPermission
+	}
+	return nil
 }
 
 // execErrnos are the errors of execve and chdir that say the program (or the

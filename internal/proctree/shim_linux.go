@@ -18,9 +18,10 @@ import (
 
 // The shim protocol. The parent starts /proc/self/exe with markerEnv set and
 // two extra descriptors: fd 3, from which the shim reads one shimSpec, and fd
-// 4, on which it writes shimMsg lines: {pid} once the program started (or
-// {error} when it could not be), {exit} once the program ended. The shim
-// exits when the program's tree is gone. The spec travels over a pipe, not the
+// 4, on which it writes shimMsg lines: {ready} once it handles SIGTERM (Start
+// waits for it, so no SIGTERM kills the shim instead of the tree), {pid} once
+// the program started (or {error} when it could not be), {exit} once the
+// program ended. The shim exits when the program's tree is gone. The spec travels over a pipe, not the
 // command line, so that the command's environment is not visible in ps.
 
 type shimSpec struct {
@@ -31,6 +32,7 @@ type shimSpec struct {
 }
 
 type shimMsg struct {
+	Ready bool   `json:"ready,omitempty"`
 	Pid   int    `json:"pid,omitempty"`
 	Error string `json:"error,omitempty"`
 	Errno int    `json:"errno,omitempty"`
@@ -58,18 +60,23 @@ func init() {
 // shimTree is the parent's handle on a running shim.
 type shimTree struct {
 	proc   *os.Process // the shim
+	argv0  string
 	status *os.File
 	dec    *json.Decoder
-	pid    int // the program's pid, and its process group's id
 
 	mu       sync.Mutex
+	pid      int // the program's pid and process group, once reported
 	termSent bool
 	exited   bool        // the shim has been reaped
-	timer    *time.Timer // the last resort, once armed
+	deadline time.Time   // of the last resort, once armed
+	timer    *time.Timer // the next tick
 }
 
 // startTree starts the shim, hands it the program, and returns once the
-// program has started (or failed to).
+// shim is ready (at most killGrace later). It does not wait for the program
+// to start: the program may stop the shim (kill -STOP $PPID) before the
+// shim has said so, and only kill, which the caller can reach once Start
+// returns, gets past that.
 func startTree(path string, spec Spec, stdio [3]*os.File) (tree, error) {
 	specR, specW, err := os.Pipe()
 	if err != nil {
@@ -95,25 +102,36 @@ func startTree(path string, spec Spec, stdio [3]*os.File) (tree, error) {
 		statR.Close()
 		return nil, fmt.Errorf("proctree: starting the shim: %w", err)
 	}
-	// An encoding error means the shim died; the decode below sees EOF.
+	// The shim reads the spec before it starts anything, so this cannot
+	// block on a stopped shim. An error means the shim died: wait says so.
 	json.NewEncoder(specW).Encode(shimSpec{Path: path, Argv: spec.Argv, Dir: spec.Dir, Env: spec.Env})
 	specW.Close()
+	t := &shimTree{proc: proc, argv0: spec.Argv[0], status: statR, dec: json.NewDecoder(io.LimitReader(statR, 1<<20))}
 
-	t := &shimTree{proc: proc, status: statR, dec: json.NewDecoder(io.LimitReader(statR, 1<<20))}
-	var m shimMsg
-	if err := t.dec.Decode(&m); err != nil || m.Pid <= 0 {
+	ready := make(chan error, 1)
+	go func() {
+		var m shimMsg
+		err := t.dec.Decode(&m)
+		if err == nil && !m.Ready {
+			err = errors.New("no ready message")
+		}
+		ready <- err
+	}()
+	timer := time.NewTimer(killGrace)
+	defer timer.Stop()
+	select {
+	case err = <-ready:
+	case <-timer.C:
+		proc.Kill()
+		<-ready
+		err = fmt.Errorf("not ready after %v", killGrace)
+	}
+	if err != nil {
 		proc.Kill()
 		state, _ := proc.Wait()
 		statR.Close()
-		switch {
-		case m.Errno != 0:
-			return nil, startError(spec.Argv[0], syscall.Errno(m.Errno))
-		case m.Error != "":
-			return nil, fmt.Errorf("proctree: shim: %s", m.Error)
-		}
-		return nil, fmt.Errorf("proctree: the shim failed (%v)", state)
+		return nil, fmt.Errorf("proctree: the shim failed to start (%v): %w", state, err)
 	}
-	t.pid = m.Pid
 	return t, nil
 }
 
@@ -125,34 +143,76 @@ func (t *shimTree) kill() {
 	}
 	t.termSent = true
 	t.proc.Signal(syscall.SIGTERM)
+	t.proc.Signal(syscall.SIGCONT) // in case the program stopped it
 	t.armLocked()
 }
 
 // armLocked starts the countdown after which the shim is killed outright.
 func (t *shimTree) armLocked() {
 	if t.timer == nil && !t.exited {
-		t.timer = time.AfterFunc(killGrace, t.lastResort)
+		t.deadline = time.Now().Add(killGrace)
+		t.timer = time.AfterFunc(contInterval, t.tick)
 	}
 }
 
-// lastResort kills a shim that did not finish its work in time, and what is
-// left of the program's process group. Descendants that left the group are
-// then beyond reach: they are the shim's, and it is gone.
-func (t *shimTree) lastResort() {
+// contInterval is how often an armed shimTree sends SIGCONT to the shim.
+const contInterval = 50 * time.Millisecond
+
+// tick keeps the shim going until its deadline — the program or one of its
+// descendants may stop it (SIGSTOP) just after a SIGCONT — and then kills it
+// and what is left of the program's process group. Descendants that left the
+// group are then beyond reach: they were the shim's, and it is gone.
+func (t *shimTree) tick() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if !t.exited {
-		syscall.Kill(-t.pid, syscall.SIGKILL)
+	switch {
+	case t.exited:
+	case time.Now().Before(t.deadline):
+		t.proc.Signal(syscall.SIGCONT)
+		t.timer.Reset(contInterval)
+	default:
+		t.killGroupLocked()
 		t.proc.Kill()
 	}
 }
 
+// killGroupLocked kills the program's process group, if the program started.
+func (t *shimTree) killGroupLocked() {
+	if t.pid > 0 { // never -0: that is our own group
+		syscall.Kill(-t.pid, syscall.SIGKILL)
+	}
+}
+
 func (t *shimTree) wait() (Exit, error) {
-	var m shimMsg
-	err := t.dec.Decode(&m)
-	if err == nil && m.Exit != nil {
+	var exit *Exit
+	var failed error
+	for exit == nil && failed == nil {
+		var m shimMsg
+		if err := t.dec.Decode(&m); err != nil {
+			failed = err
+			break
+		}
+		switch {
+		case m.Pid > 0:
+			t.mu.Lock()
+			t.pid = m.Pid
+			t.mu.Unlock()
+		case m.Errno != 0:
+			failed = startError(t.argv0, syscall.Errno(m.Errno))
+		case m.Error != "":
+			failed = errors.New("proctree: shim: " + m.Error)
+		case m.Exit != nil:
+			exit = m.Exit
+			t.mu.Lock()
+			t.armLocked() // the cleanup is bounded too
+			t.mu.Unlock()
+		}
+	}
+	if exit == nil {
+		// The shim failed, or died: what it ran is on its own now.
 		t.mu.Lock()
-		t.armLocked() // the cleanup is bounded too
+		t.killGroupLocked()
+		t.proc.Kill()
 		t.mu.Unlock()
 	}
 	state, werr := t.proc.Wait()
@@ -163,34 +223,35 @@ func (t *shimTree) wait() (Exit, error) {
 	}
 	t.mu.Unlock()
 	t.status.Close()
-	if err != nil || m.Exit == nil {
-		syscall.Kill(-t.pid, syscall.SIGKILL)
-		if werr == nil {
-			werr = fmt.Errorf("shim %v", state)
-		}
+	switch {
+	case exit != nil:
+		return *exit, nil
+	case failed != io.EOF:
+		return Exit{Code: -1}, failed
+	case werr != nil:
 		return Exit{Code: -1}, fmt.Errorf("proctree: the shim ended without a report: %w", werr)
 	}
-	return *m.Exit, nil
+	return Exit{Code: -1}, fmt.Errorf("proctree: the shim ended without a report (%v)", state)
 }
 
 // shim is the shim's main function; it returns its exit status.
 func shim() int {
+	term := make(chan os.Signal, 1)
+	signal.Notify(term, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	closeOnExec() // the program gets stdin, stdout and stderr, nothing else
 	specF, statF := os.NewFile(specFD, "spec"), os.NewFile(statusFD, "status")
+	enc := json.NewEncoder(statF)
+	enc.Encode(shimMsg{Ready: true})
 	var s shimSpec
 	if err := json.NewDecoder(io.LimitReader(specF, maxSpec)).Decode(&s); err != nil {
 		return 125
 	}
 	specF.Close()
-	enc := json.NewEncoder(statF)
 
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
 		enc.Encode(shimMsg{Error: "PR_SET_CHILD_SUBREAPER: " + err.Error()})
 		return 125
 	}
-	term := make(chan os.Signal, 1)
-	signal.Notify(term, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
-
 	start := time.Now()
 	pid, err := syscall.ForkExec(s.Path, s.Argv, &syscall.ProcAttr{
 		Dir:   s.Dir,

@@ -170,3 +170,22 @@ func TestShimKilled(t *testing.T) {
 		}
 	}
 }
+
+// A command that stops the shim, once or again and again, does not stop the
+// tree kill.
+func TestShimStopped(t *testing.T) {
+	for _, script := range []string{
+		"kill -STOP $PPID; sleep 600",
+		"(while :; do kill -STOP $PPID; done) & sleep 600",
+	} {
+		t.Run(script, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+			defer cancel()
+			exit, _, err := bash(t, ctx, false, script)
+			if err != nil || !exit.Killed {
+				t.Fatalf("Wait = %+v, %v; want the tree killed", exit, err)
+			}
+		})
+	}
+	noChildren(t)
+}

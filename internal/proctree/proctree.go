@@ -27,8 +27,13 @@
 //     it keeps the output open Wait gives up waiting for it after WaitDelay.
 //
 // Not covered anywhere: processes started on the command's behalf by other
-// services (systemd-run, at, a container engine), and processes stuck in
-// uninterruptible sleep, which die only when the kernel lets them.
+// services (systemd-run, at, a container engine), processes the caller may
+// not signal (setuid programs), processes stuck in uninterruptible sleep,
+// which die only when the kernel lets them, and — the shim runs as the same
+// user as the command — processes that left the group after the command
+// SIGKILLed its own shim. Wait still returns: the parent kills a shim that
+// has not finished five seconds after the tree was to die, and stops waiting
+// for output WaitDelay after that.
 package proctree
 
 import (

@@ -12,6 +12,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/localexec"
 	"github.com/sandboxd/sandboxd/localfs"
+	"github.com/sandboxd/sandboxd/memexec"
 	"github.com/sandboxd/sandboxd/memfs"
 	"github.com/sandboxd/sandboxd/policy"
 	"github.com/sandboxd/sandboxd/workspace"
@@ -94,10 +95,16 @@ func randomID(prefix string) string {
 	return prefix + strings.ToLower(rand.Text()[:16])
 }
 
-// Memory is the backend of workspaces held in the daemon's memory
-// (package memfs), rooted at /workspace. It has no shell: the bash tool is
-// not offered. For development and tests; nothing survives the daemon.
-type Memory struct{}
+// Memory is the backend of workspaces held in the daemon's memory (package
+// memfs), rooted at /workspace. Commands run through memexec: in a private
+// host directory mirrored to and from the memory tree, on the host as the
+// daemon's user — no isolation beyond the file system's confinement. For
+// development and tests; nothing survives the daemon.
+type Memory struct {
+	// TempDir is where memexec makes its private directories (default
+	// os.TempDir()).
+	TempDir string
+}
 
 var _ Warmer = Memory{}
 
@@ -108,12 +115,18 @@ func (Memory) Name() string { return "memory" }
 func (m Memory) Open(ctx context.Context, spec Spec) (*Instance, error) { return m.Warm(ctx, spec) }
 
 // Warm is Open: a memory workspace belongs to no session until claimed.
-func (Memory) Warm(_ context.Context, spec Spec) (*Instance, error) {
+func (m Memory) Warm(_ context.Context, spec Spec) (*Instance, error) {
 	fsys := memfs.New(memfs.WithMaxBytes(spec.MaxBytes))
-	return &Instance{FS: fsys, Root: fsys.Root(), ID: randomID("mem-"), Close: func(context.Context) error { return nil }}, nil
+	sh, err := memexec.New(fsys, memexec.WithTempDir(m.TempDir), memexec.WithRootVars("SANDBOXD_WORKSPACE"),
+		memexec.WithExec(localexec.WithEnvAllow(spec.EnvAllow), localexec.WithInheritEnv(spec.InheritEnv)))
+	if err != nil {
+		return nil, fmt.Errorf("memory backend: %w", err)
+	}
+	return &Instance{FS: fsys, Bash: sh, Root: fsys.Root(), ID: sh.Root(), Close: func(context.Context) error { return sh.Close() }}, nil
 }
 
-// Reap has nothing to do: memory does not outlive the process.
+// Reap has nothing to do: memory does not outlive the process. (memexec's
+// private directories of a crashed daemon stay in TempDir.)
 func (Memory) Reap(context.Context, map[string]string) (int, error) { return 0, nil }
 
 // Local is the backend of workspaces on the host's disk: each session gets

@@ -87,6 +87,7 @@ type options struct {
 	grants         []string
 	pools          []PoolConfig
 	daemon         string
+	labels         map[string]string
 	logger         *slog.Logger
 	observe        func(CallEvent)
 	sweep          time.Duration
@@ -138,6 +139,17 @@ func WithPool(p PoolConfig) Option { return func(o *options) { o.pools = append(
 // "sandboxd"). Two daemons sharing one Docker engine need different names.
 func WithDaemonName(name string) Option { return func(o *options) { o.daemon = name } }
 
+// WithLabels adds labels to everything the backend makes (and to what
+// reaping at start looks for).
+func WithLabels(labels map[string]string) Option {
+	return func(o *options) {
+		if o.labels == nil {
+			o.labels = map[string]string{}
+		}
+		maps.Copy(o.labels, labels)
+	}
+}
+
 // WithLogger logs lifecycle events and one audit line per call to l
 // (default: discard).
 func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
@@ -180,9 +192,14 @@ func New(ctx context.Context, backend Backend, opts ...Option) (*Manager, error)
 	if err := o.tools.Validate(); err != nil {
 		return nil, fmt.Errorf("runner: tool configuration: %w", err)
 	}
+	labels := maps.Clone(o.labels)
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	labels[policy.LabelSandboxd], labels[LabelDaemon] = "1", o.daemon
 	m := &Manager{
 		backend: backend, o: o,
-		labels:    map[string]string{policy.LabelSandboxd: "1", LabelDaemon: o.daemon},
+		labels:    labels,
 		sessions:  map[string]*Session{},
 		perTenant: map[string]int{},
 		stopSweep: make(chan struct{}),

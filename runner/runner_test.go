@@ -49,7 +49,8 @@ func (b *gateBackend) wrap(inst *runner.Instance, err error) (*runner.Instance, 
 		return nil, err
 	}
 	inst.Bash = gateBash{b.gate}
-	inst.Close = func(context.Context) error { b.closed.Add(1); return nil }
+	closeMem := inst.Close
+	inst.Close = func(ctx context.Context) error { b.closed.Add(1); return closeMem(ctx) }
 	return inst, nil
 }
 
@@ -304,8 +305,9 @@ func TestShutdownDrainsCallsThenRemoves(t *testing.T) {
 	if err := <-stopped; err != nil {
 		t.Fatal(err)
 	}
-	if b.closed.Load() != 2 {
-		t.Fatalf("closed %d of 2 workspaces", b.closed.Load())
+	// Sessions created while Shutdown began are removed too.
+	if b.closed.Load() != b.opened.Load() || b.opened.Load() < 2 {
+		t.Fatalf("closed %d of %d workspaces", b.closed.Load(), b.opened.Load())
 	}
 }
 

@@ -107,6 +107,7 @@ type Info struct {
 	Tenant        string     `json:"tenant"`
 	Backend       string     `json:"backend"`
 	Root          string     `json:"root"`
+	Workspace     string     `json:"workspace"` // the backend's name for it: a container, a directory
 	Settings      Settings   `json:"settings"`
 	Created       time.Time  `json:"created"`
 	LastUsed      time.Time  `json:"lastUsed"`
@@ -121,7 +122,7 @@ func (s *Session) Info() Info {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	in := Info{
-		ID: s.id, Tenant: s.tenant, Backend: s.m.backend.Name(), Root: s.inst.Root,
+		ID: s.id, Tenant: s.tenant, Backend: s.m.backend.Name(), Root: s.inst.Root, Workspace: s.inst.ID,
 		Settings: s.settings, Created: s.created, LastUsed: s.lastUsed,
 		IdleTimeout: Duration(s.idle), CallsInFlight: s.inflight, Pooled: s.pooled,
 	}

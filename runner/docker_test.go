@@ -1,0 +1,129 @@
+package runner_test
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/moby/moby/client"
+
+	"github.com/sandboxd/sandboxd/internal/agentbin"
+	"github.com/sandboxd/sandboxd/internal/dockertest"
+	"github.com/sandboxd/sandboxd/policy"
+	"github.com/sandboxd/sandboxd/runner"
+	"github.com/sandboxd/sandboxd/tools"
+)
+
+func TestMain(m *testing.M) { dockertest.Main(m, "runner") }
+
+func dockerManager(t *testing.T, opts ...runner.Option) (*runner.Manager, *client.Client) {
+	t.Helper()
+	cli := dockertest.Client(t)
+	agent, err := agentbin.Path()
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts = append([]runner.Option{
+		runner.WithLabels(dockertest.Labels()),
+		runner.WithPolicy(policy.Policy{DefaultImage: dockertest.Image(t)}),
+	}, opts...)
+	m, err := runner.New(context.Background(), &runner.Docker{Client: cli, Agent: agent}, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, cli
+}
+
+// containers lists the containers carrying the test's labels and labels.
+func containers(t *testing.T, cli *client.Client, labels map[string]string) []string {
+	t.Helper()
+	f := make(client.Filters)
+	for k, v := range dockertest.Labels() {
+		f.Add("label", k+"="+v)
+	}
+	for k, v := range labels {
+		f.Add("label", k+"="+v)
+	}
+	list, err := cli.ContainerList(context.Background(), client.ContainerListOptions{All: true, Filters: f})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, c := range list.Items {
+		names = append(names, c.ID)
+	}
+	return names
+}
+
+func bash(t *testing.T, s *runner.Session, script string) (*tools.BashResult, tools.Result) {
+	t.Helper()
+	args, _ := json.Marshal(map[string]any{"command": script, "timeout": 20})
+	res, err := s.Call(context.Background(), "bash", args, tools.CallOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	br, _ := res.Structured.(*tools.BashResult)
+	return br, res
+}
+
+func TestDockerSessions(t *testing.T) {
+	m, cli := dockerManager(t, runner.WithPool(runner.PoolConfig{Size: 1}), runner.WithDaemonName("runner-test"))
+	defer m.Shutdown(context.Background())
+	waitFor(t, func() bool { return m.Stats().Pools[0].Ready == 1 })
+
+	s := create(t, m, "acme", shell)
+	if !s.Info().Pooled || s.Root() != "/workspace" {
+		t.Fatalf("session %+v", s.Info())
+	}
+	br, res := bash(t, s, "id -u; pwd; echo $SANDBOXD_SESSION_ID; echo hi > f")
+	if br == nil || br.Output != "1000\n/workspace\n\n" {
+		t.Fatalf("bash in the container: %q", res.Text)
+	}
+	if r, _ := s.Call(context.Background(), "read", json.RawMessage(`{"path":"f"}`), tools.CallOptions{}); r.IsError {
+		t.Fatal(r.Text)
+	}
+
+	// A container killed from outside: the next call fails at once.
+	cold := create(t, m, "acme", shell)
+	if _, err := cli.ContainerKill(context.Background(), cold.Info().Workspace, client.ContainerKillOptions{Signal: "KILL"}); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_, res = bash(t, cold, "echo never")
+	if !res.IsError || !strings.Contains(res.Text, "Unavailable") || time.Since(start) > 10*time.Second {
+		t.Fatalf("call in a killed container (%v): %s", time.Since(start), res.Text)
+	}
+
+	if err := m.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if left := containers(t, cli, map[string]string{runner.LabelDaemon: "runner-test"}); len(left) != 0 {
+		t.Fatalf("containers left after Shutdown: %v", left)
+	}
+}
+
+// TestDockerReapAfterCrash: a manager that never shut down leaves its
+// containers; the next manager of the same daemon removes them at start.
+func TestDockerReapAfterCrash(t *testing.T) {
+	crashed, cli := dockerManager(t, runner.WithDaemonName("crashy"))
+	create(t, crashed, "acme", runner.Settings{})
+	if n := len(containers(t, cli, map[string]string{runner.LabelDaemon: "crashy"})); n != 1 {
+		t.Fatalf("%d containers before the restart", n)
+	}
+	other, _ := dockerManager(t, runner.WithDaemonName("someone-else"))
+	defer other.Shutdown(context.Background())
+	if n := len(containers(t, cli, map[string]string{runner.LabelDaemon: "crashy"})); n != 1 {
+		t.Fatal("another daemon reaped crashy's container")
+	}
+	restarted, _ := dockerManager(t, runner.WithDaemonName("crashy"))
+	defer restarted.Shutdown(context.Background())
+	if left := containers(t, cli, map[string]string{runner.LabelDaemon: "crashy"}); len(left) != 0 {
+		t.Fatalf("containers of the crashed run left: %v", left)
+	}
+	s := create(t, restarted, "acme", shell)
+	if br, res := bash(t, s, "echo ok"); br == nil || br.Output != "ok\n" {
+		t.Fatal(res.Text)
+	}
+}

@@ -173,8 +173,7 @@ func TestMCPEveryTool(t *testing.T) {
 		tools   []string
 	}{
 		{"local", "read,edit,shell", []string{"bash", "edit", "find", "grep", "load_skill", "ls", "read", "write"}},
-		// The memory backend has no shell (see openMemory).
-		{"memory", "read,edit", []string{"edit", "find", "grep", "load_skill", "ls", "read", "write"}},
+		{"memory", "read,edit,shell", []string{"bash", "edit", "find", "grep", "load_skill", "ls", "read", "write"}},
 	} {
 		t.Run(tc.backend, func(t *testing.T) {
 			dir, pngData := newWorkspace(t)
@@ -257,24 +256,71 @@ func TestMCPEveryTool(t *testing.T) {
 			res, sc = c.call(t, "load_skill", map[string]any{"skill": "workspace.read"})
 			want(t, "load_skill", res, sc, map[string]any{"skill": "workspace.read"})
 
-			if tc.backend == "local" {
-				res, sc = c.call(t, "bash", map[string]any{"command": "cat; pwd; exit 4", "stdin": "in\n"})
-				want(t, "bash", res, sc, map[string]any{"exitCode": 4, "signal": "", "timedOut": false,
-					"output": "in\n" + dir + "\n", "truncated": false, "outputPath": ""})
-				res, sc = c.call(t, "bash", map[string]any{"command": "echo to-stderr >&2"})
-				want(t, "bash stderr", res, sc, map[string]any{"exitCode": 0, "output": "to-stderr\n"})
-				res, sc = c.call(t, "bash", map[string]any{"command": "seq 1 3000"})
-				want(t, "bash long output", res, sc, map[string]any{"exitCode": 0, "truncated": true})
-				spilled, _ := sc["outputPath"].(string)
-				if !strings.HasPrefix(spilled, ".sandboxd/runtime/tool-output/") {
-					t.Errorf("bash outputPath %q, want a path under .sandboxd/runtime/tool-output", spilled)
-				}
-				res, sc = c.call(t, "read", map[string]any{"path": spilled, "offset": 3000})
-				want(t, "read the saved output", res, sc, map[string]any{"content": "3000\n", "totalLines": 3000})
-				res, sc = c.call(t, "bash", map[string]any{"command": "sleep 5", "timeout": 0.2})
-				want(t, "bash timeout", res, sc, map[string]any{"timedOut": true})
+			// Commands run in the directory on the local backend, and in a
+			// private copy of the workspace on the memory backend.
+			res, sc = c.call(t, "bash", map[string]any{"command": "cat; pwd; exit 4", "stdin": "in\n"})
+			want(t, "bash", res, sc, map[string]any{"exitCode": 4, "signal": "", "timedOut": false, "truncated": false, "outputPath": ""})
+			out, _ := sc["output"].(string)
+			pwd, ok := strings.CutPrefix(out, "in\n")
+			if pwd = strings.TrimSuffix(pwd, "\n"); !ok || tc.backend == "local" && pwd != dir || tc.backend == "memory" && (pwd == dir || !filepath.IsAbs(pwd)) {
+				t.Errorf("bash output %q: want the input, then the directory the command ran in", out)
 			}
+			if tc.backend == "memory" {
+				memoryBash(t, c, dir)
+			}
+			res, sc = c.call(t, "bash", map[string]any{"command": "echo to-stderr >&2"})
+			want(t, "bash stderr", res, sc, map[string]any{"exitCode": 0, "output": "to-stderr\n"})
+			res, sc = c.call(t, "bash", map[string]any{"command": "seq 1 3000"})
+			want(t, "bash long output", res, sc, map[string]any{"exitCode": 0, "truncated": true})
+			spilled, _ := sc["outputPath"].(string)
+			if !strings.HasPrefix(spilled, ".sandboxd/runtime/tool-output/") {
+				t.Errorf("bash outputPath %q, want a path under .sandboxd/runtime/tool-output", spilled)
+			}
+			res, sc = c.call(t, "read", map[string]any{"path": spilled, "offset": 3000})
+			want(t, "read the saved output", res, sc, map[string]any{"content": "3000\n", "totalLines": 3000})
+			res, sc = c.call(t, "bash", map[string]any{"command": "sleep 5", "timeout": 0.2})
+			want(t, "bash timeout", res, sc, map[string]any{"timedOut": true})
 		})
+	}
+}
+
+// memoryBash runs a command that creates, changes and removes files on the
+// memory backend: the other tools see its changes, and the directory the
+// workspace was copied from does not change.
+func memoryBash(t *testing.T, c *mcpClient, dir string) {
+	t.Helper()
+	res, sc := c.call(t, "bash", map[string]any{"command": `cat new/dir/n.txt
+printf 'alpha\nBETA\n' > a.txt; rm crlf.txt; echo made > made.txt; chmod 755 made.txt
+mkdir -p gen && echo 'func generated() {}' > gen/g.go; ln -s gen glink; ls "$PWD"/glink/`})
+	want(t, "bash that changes files", res, sc, map[string]any{"exitCode": 0, "output": "fresh\ng.go\n"})
+
+	res, sc = c.call(t, "read", map[string]any{"path": "a.txt"})
+	want(t, "read after bash", res, sc, map[string]any{"content": "alpha\nBETA\n"})
+	res, sc = c.call(t, "read", map[string]any{"path": "/workspace/glink/g.go"})
+	want(t, "read through the command's link", res, sc, map[string]any{"path": "glink/g.go", "content": "func generated() {}\n"})
+	res, sc = c.call(t, "read", map[string]any{"path": "crlf.txt"})
+	wantError(t, "read a file the command removed", res, sc, "NotFound")
+	res, sc = c.call(t, "ls", map[string]any{})
+	want(t, "ls after bash", res, sc, map[string]any{"entries": []string{"a.txt", "chart.bin", "gen/", "glink@", "link@", "made.txt", "new/", "src/"}})
+	res, sc = c.call(t, "grep", map[string]any{"pattern": "func", "glob": "*.go"})
+	want(t, "grep after bash", res, sc, map[string]any{"matches": []map[string]any{
+		{"path": "gen/g.go", "line": 1, "text": "func generated() {}"},
+		{"path": "src/main.go", "line": 3, "text": "func main() {}"},
+	}})
+	res, sc = c.call(t, "edit", map[string]any{"path": "made.txt", "edits": []map[string]any{{"oldText": "made", "newText": "edited"}}})
+	want(t, "edit a file the command made", res, sc, map[string]any{"replaced": 1})
+	res, sc = c.call(t, "bash", map[string]any{"command": "cat made.txt; stat -c %a made.txt; [ -e crlf.txt ] || echo no crlf"})
+	want(t, "bash sees the edit", res, sc, map[string]any{"exitCode": 0, "output": "edited\n755\nno crlf\n"})
+
+	for name, data := range map[string]string{"a.txt": "alpha\nbeta\n", "crlf.txt": "one\r\ntwo\r\n"} {
+		if got, err := os.ReadFile(filepath.Join(dir, name)); err != nil || string(got) != data {
+			t.Errorf("the directory's %s: %q, %v; want it untouched", name, got, err)
+		}
+	}
+	for _, name := range []string{"made.txt", "gen", "glink"} {
+		if _, err := os.Lstat(filepath.Join(dir, name)); err == nil {
+			t.Errorf("the command's %s appeared in the directory the workspace was copied from", name)
+		}
 	}
 }
 

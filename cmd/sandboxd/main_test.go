@@ -72,7 +72,7 @@ func TestUsage(t *testing.T) {
 		{args: []string{"tools", "--workspace", ws, "--config", badConfig}, code: 1, err: "option maxLines"},
 		{args: []string{"tools", "--workspace", ws, "--always", "read,edit"}, code: 1, err: "needs the grant fs.write"},
 		{args: []string{"tools", "--workspace", ws, "--grant", "fs.write", "--always", "edit,shell"}, code: 1, err: "needs the grant shell.exec"},
-		{args: []string{"tools", "--backend", "memory", "--workspace", ws, "--grant", "shell.exec", "--always", "shell"}, code: 1, err: "memory backend runs no commands"},
+		{args: []string{"tools", "--backend", "memory", "--workspace", ws, "--grant", "shell.exec", "--always", "shell"}, code: 0, out: "bash        workspace.shell  true"},
 		{args: []string{"tools", "--workspace", ws}, code: 0, out: "load_skill"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/localexec"
 	"github.com/sandboxd/sandboxd/localfs"
+	"github.com/sandboxd/sandboxd/memexec"
 	"github.com/sandboxd/sandboxd/memfs"
 	"github.com/sandboxd/sandboxd/tools"
 	"github.com/sandboxd/sandboxd/workspace"
@@ -186,22 +187,28 @@ func openLocal(ctx context.Context, f *sessionFlags, cfg tools.Config, sess work
 }
 
 // openMemory starts from an in-memory copy of the directory, rooted at
-// /workspace; nothing is written back. It has no shell: commands need a
-// real file system to run on, so bash is not offered (and "shell" in
-// --always refuses to start).
+// /workspace; nothing is written back to the directory. Commands run in a
+// private host copy of the workspace that memexec keeps in step with it, so
+// for them the root is that copy's path (SANDBOXD_WORKSPACE, with
+// bashSessionEnv, says which), not /workspace. The memory copy has umask 0,
+// so the modes commands give files are kept exactly (the tools ask for 0644
+// and 0755 themselves, and commands get the process's umask).
 func openMemory(ctx context.Context, f *sessionFlags, cfg tools.Config, sess workspace.Session) (tools.Env, func() error, error) {
-	if slices.ContainsFunc(cfg.Always, isShellSkill) {
-		return tools.Env{}, nil, errors.New("the memory backend runs no commands, so the shell skill cannot be active: leave shell out of --always, or use --backend local or docker")
-	}
-	fsys, err := memfs.FromDir(ctx, f.workspace)
+	fsys, err := memfs.FromDir(ctx, f.workspace, memfs.WithUmask(0))
 	if err != nil {
 		return tools.Env{}, nil, fmt.Errorf("copying the workspace into memory: %w", err)
 	}
+	opts := []memexec.Option{memexec.WithExec(localexec.WithEnvAllow(cfg.BashEnvAllow), localexec.WithInheritEnv(cfg.BashInheritEnv))}
+	if cfg.BashSessionEnv {
+		opts = append(opts, memexec.WithRootVars("SANDBOXD_WORKSPACE"))
+	}
+	sh, err := memexec.New(fsys, opts...)
+	if err != nil {
+		return tools.Env{}, nil, fmt.Errorf("the memory backend's commands: %w", err)
+	}
 	sess.Root = fsys.Root()
-	return tools.Env{FS: fsys, Session: sess}, func() error { return nil }, nil
+	return tools.Env{FS: fsys, Bash: sh, Session: sess}, sh.Close, nil
 }
-
-func isShellSkill(s string) bool { return s == "shell" || s == "workspace.shell" }
 
 // openDocker is the docker backend's place; it answers until the Docker
 // adapters (dockerfs, dockerexec) are wired in here.

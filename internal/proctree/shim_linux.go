@@ -159,9 +159,10 @@ func (t *shimTree) armLocked() {
 const contInterval = 50 * time.Millisecond
 
 // tick keeps the shim going until its deadline — the program or one of its
-// descendants may stop it (SIGSTOP) just after a SIGCONT — and then kills it
-// and what is left of the program's process group. Descendants that left the
-// group are then beyond reach: they were the shim's, and it is gone.
+// descendants may stop it (SIGSTOP) just after a SIGCONT — and then does the
+// shim's work itself, as well as it can from outside: it kills every
+// descendant of the shim it finds in /proc (while the shim lives, its
+// descendants stay its own), the program's process group, and the shim.
 func (t *shimTree) tick() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -171,6 +172,15 @@ func (t *shimTree) tick() {
 		t.proc.Signal(syscall.SIGCONT)
 		t.timer.Reset(contInterval)
 	default:
+		for range 10 {
+			pids, family := descendants(t.proc.Pid)
+			if len(pids) == 0 {
+				break
+			}
+			for _, pid := range pids {
+				killOne(pid, family)
+			}
+		}
 		t.killGroupLocked()
 		t.proc.Kill()
 	}
@@ -348,7 +358,7 @@ func startReaper(mainPid int) *reaper {
 func killAll(r *reaper) {
 	pause := time.Millisecond
 	for {
-		pids, family := descendants()
+		pids, family := descendants(os.Getpid())
 		for _, pid := range pids {
 			killOne(pid, family)
 		}
@@ -364,8 +374,8 @@ func killAll(r *reaper) {
 
 // killOne sends SIGKILL to pid, unless pid is no longer the process that was
 // listed: through a pidfd, and only after checking that the process it pins
-// still has its parent in family (the shim or a descendant) — a pid reused
-// by a stranger fails that test.
+// still has its parent in family (the root of the walk or a descendant) — a
+// pid reused by a stranger fails that test.
 func killOne(pid int, family map[int]bool) {
 	fd, err := unix.PidfdOpen(pid, 0)
 	if err == unix.ENOSYS {
@@ -382,18 +392,17 @@ func killOne(pid int, family map[int]bool) {
 	unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
 }
 
-// descendants lists the shim's descendants, parents first, and returns them
-// with the shim itself as a set.
-func descendants() ([]int, map[int]bool) {
-	self := os.Getpid()
+// descendants lists root's descendants, parents first, and returns them
+// with root itself as a set.
+func descendants(root int) ([]int, map[int]bool) {
 	childrenOf := children
-	if _, err := os.Stat("/proc/self/task/" + strconv.Itoa(self) + "/children"); err != nil {
+	if _, err := os.Stat("/proc/self/task/" + strconv.Itoa(os.Getpid()) + "/children"); err != nil {
 		byParent := parentMap() // a kernel without CONFIG_PROC_CHILDREN
 		childrenOf = func(pid int) []int { return byParent[pid] }
 	}
-	family := map[int]bool{self: true}
+	family := map[int]bool{root: true}
 	var pids []int
-	for queue := []int{self}; len(queue) > 0; queue = queue[1:] {
+	for queue := []int{root}; len(queue) > 0; queue = queue[1:] {
 		for _, c := range childrenOf(queue[0]) {
 			if !family[c] {
 				family[c] = true

@@ -189,3 +189,33 @@ func TestShimStopped(t *testing.T) {
 	}
 	noChildren(t)
 }
+
+// When the shim cannot finish (here: it is stopped and its deadline has
+// passed), the parent kills what the shim would have, and then the shim.
+func TestShimLastResort(t *testing.T) {
+	dir := t.TempDir()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	p, err := Start(t.Context(), Spec{Argv: []string{"bash", "-c", escapes(dir) + "sleep 600"}, Env: os.Environ(), Stdout: w})
+	w.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if line, _ := bufio.NewReader(r).ReadString('\n'); line != "started\n" {
+		t.Fatalf("output %q", line)
+	}
+	st := p.tree.(*shimTree)
+	syscall.Kill(st.proc.Pid, syscall.SIGSTOP)
+	st.mu.Lock()
+	st.deadline = time.Now()
+	st.mu.Unlock()
+	st.tick()
+	if exit, err := p.Wait(); err == nil {
+		t.Errorf("Wait = %+v, nil; want an error: the shim did not report", exit)
+	}
+	checkGone(t, dir)
+	noChildren(t)
+}

@@ -46,7 +46,7 @@ func kb(n int64) string {
 	case n < 1<<20:
 		return fmt.Sprintf("%d KB", (n+512)/1024)
 	default:
-		return strings.TrimSuffix(fmt.Sprintf("%.2f", float64(n)/(1<<20)), "0") + " MB"
+		return strings.TrimRight(strings.TrimRight(fmt.Sprintf("%.2f", float64(n)/(1<<20)), "0"), ".") + " MB"
 	}
 }
 

@@ -549,6 +549,9 @@ func TestSkillsAndLimits(t *testing.T) {
 			t.Errorf("%s: schema %s", tl.Name, tl.InputSchema)
 		}
 	}
+	if d := set.List()[0].Description; !strings.Contains(d, "up to 3.75 MB and 8000 pixels") || !strings.Contains(d, "Files over 32 MB are refused") {
+		t.Errorf("read description: %s", d)
+	}
 	if len(names) != 7 || names["bash"] { // no Bash in Env: no bash tool
 		t.Errorf("catalogue %v", names)
 	}

@@ -47,7 +47,7 @@ type stdio struct {
 var commands []*command
 
 func init() {
-	commands = []*command{cmdMCP, cmdTools, cmdVersion, cmdHelp}
+	commands = []*command{cmdMCP, cmdTools, cmdServe, cmdSessionCreate, cmdSessionList, cmdSessionRemove, cmdSessionCall, cmdTokenNew, cmdTokenHash, cmdVersion, cmdHelp}
 }
 
 // usageError is a mistake in how sandboxd was invoked; it exits with status 2.

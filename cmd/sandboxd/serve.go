@@ -1,0 +1,342 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/moby/moby/client"
+
+	"github.com/sandboxd/sandboxd/httpapi"
+	"github.com/sandboxd/sandboxd/images"
+	"github.com/sandboxd/sandboxd/policy"
+	"github.com/sandboxd/sandboxd/runner"
+	"github.com/sandboxd/sandboxd/tools"
+)
+
+// serveConfig is the daemon's configuration file (JSON). Every key is
+// optional; unknown keys are an error.
+type serveConfig struct {
+	// Listen is the address to listen on (default 127.0.0.1:7878).
+	Listen string `json:"listen"`
+	// Backend is docker, local or memory (default: docker when the engine
+	// answers, else memory).
+	Backend string `json:"backend"`
+	// Image names the image definition the docker backend builds when
+	// missing and uses by default (default "minimal"); policy.defaultImage,
+	// when set, wins.
+	Image string `json:"image"`
+	// DataDir holds the local backend's session directories (default
+	// $XDG_STATE_HOME/sandboxd or ~/.local/state/sandboxd).
+	DataDir string `json:"dataDir"`
+	// Daemon names this daemon in container labels (default "sandboxd").
+	Daemon string `json:"daemon"`
+	// Tenants and their hashed tokens (sandboxd token hash).
+	Tenants []httpapi.Tenant `json:"tenants"`
+	Limits  struct {
+		SessionsPerTenant int   `json:"sessionsPerTenant"`
+		CallsInFlight     *int  `json:"callsInFlight"`
+		MaxBodyBytes      int64 `json:"maxBodyBytes"`
+		MaxTransferBytes  int64 `json:"maxTransferBytes"`
+		WorkspaceBytes    int64 `json:"workspaceBytes"`
+	} `json:"limits"`
+	Sessions struct {
+		Lifetime       runner.Duration `json:"lifetime"`
+		MaxLifetime    runner.Duration `json:"maxLifetime"`
+		IdleTimeout    runner.Duration `json:"idleTimeout"`
+		MaxIdleTimeout runner.Duration `json:"maxIdleTimeout"`
+	} `json:"sessions"`
+	// Grants lists the grants sessions may ask for (default: any).
+	Grants []string `json:"grants"`
+	// Policy bounds what sessions may relax (package policy; keys are its
+	// field names: defaultImage, images, networks, capabilities, …).
+	Policy policy.Policy `json:"policy"`
+	// Tools are the tool options sessions start from.
+	Tools json.RawMessage `json:"tools"`
+	// Pools are the warm pools.
+	Pools []runner.PoolConfig `json:"pools"`
+	// ShutdownTimeout bounds how long calls in flight may finish at
+	// shutdown (default 30s).
+	ShutdownTimeout runner.Duration `json:"shutdownTimeout"`
+}
+
+func loadServeConfig(file string) (serveConfig, error) {
+	var c serveConfig
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return c, err
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&c); err != nil {
+		return c, fmt.Errorf("%s: %w", file, err)
+	}
+	return c, nil
+}
+
+const defaultListen = "127.0.0.1:7878"
+
+var cmdServe = &command{
+	name:    "serve",
+	args:    "[--listen ADDR] [--config FILE] [--backend docker|local|memory]",
+	summary: "run the daemon: sessions for many tenants over HTTP (/v1) and MCP (/mcp)",
+	setup: func(fs *flag.FlagSet) runFunc {
+		listen := fs.String("listen", "", "the `address` to listen on (default "+defaultListen+")")
+		config := fs.String("config", "", "the daemon's configuration `file` (JSON); without one, a single dev tenant with a token printed at start")
+		backend := fs.String("backend", "", "where sessions run: docker, local or memory (default: docker when the engine answers, else memory)")
+		return func(ctx context.Context, sio stdio, args []string) error {
+			if len(args) > 0 {
+				return usagef("unexpected arguments %q", args)
+			}
+			var cfg serveConfig
+			if *config != "" {
+				var err error
+				if cfg, err = loadServeConfig(*config); err != nil {
+					return err
+				}
+			}
+			cfg.Listen = cmp.Or(*listen, cfg.Listen, defaultListen)
+			cfg.Backend = cmp.Or(*backend, cfg.Backend)
+			return serve(ctx, sio, cfg, *config == "")
+		}
+	},
+}
+
+// serve runs the daemon until ctx ends, then drains and removes what it made.
+func serve(ctx context.Context, sio stdio, cfg serveConfig, dev bool) error {
+	logger := slog.New(slog.NewJSONHandler(sio.err, nil))
+	var devToken string
+	if dev {
+		devToken = "sbx_" + rand.Text()
+		cfg.Tenants = []httpapi.Tenant{{Name: "dev", Tokens: []string{httpapi.HashToken(devToken)}}}
+	}
+	if len(cfg.Tenants) == 0 {
+		return errors.New("the configuration names no tenants: add \"tenants\": [{\"name\": …, \"tokens\": [\"sha256:…\"]}] (sandboxd token new)")
+	}
+	toolCfg := tools.DefaultConfig()
+	if len(cfg.Tools) > 0 {
+		var err error
+		if toolCfg, err = tools.ParseConfig(cfg.Tools); err != nil {
+			return fmt.Errorf("tools: %w", err)
+		}
+	}
+	backend, image, err := openBackend(ctx, sio, &cfg)
+	if err != nil {
+		return err
+	}
+	if cfg.Policy.DefaultImage == "" {
+		cfg.Policy.DefaultImage = image
+	}
+	metrics := httpapi.NewMetrics()
+	opts := []runner.Option{
+		runner.WithPolicy(cfg.Policy), runner.WithTools(toolCfg), runner.WithLogger(logger),
+		runner.WithObserver(metrics.Observe), runner.WithMaxSessions(cfg.Limits.SessionsPerTenant),
+		runner.WithLifetime(time.Duration(cfg.Sessions.Lifetime), time.Duration(cfg.Sessions.MaxLifetime)),
+		runner.WithIdleTimeout(time.Duration(cmp.Or(cfg.Sessions.IdleTimeout, runner.Duration(30*time.Minute))), time.Duration(cfg.Sessions.MaxIdleTimeout)),
+		runner.WithWorkspaceBytes(cmp.Or(cfg.Limits.WorkspaceBytes, 1<<30)),
+		runner.WithDaemonName(cmp.Or(cfg.Daemon, "sandboxd")),
+	}
+	if cfg.Limits.CallsInFlight != nil {
+		opts = append(opts, runner.WithMaxCallsInFlight(*cfg.Limits.CallsInFlight))
+	}
+	if cfg.Grants != nil {
+		opts = append(opts, runner.WithGrants(cfg.Grants...))
+	}
+	for _, p := range cfg.Pools {
+		opts = append(opts, runner.WithPool(p))
+		fmt.Fprintf(sio.err, "warm pool: keeping %d workspaces of %s ready (filling in the background)\n", p.Size, cmp.Or(p.Image, cfg.Policy.DefaultImage))
+	}
+	m, err := runner.New(ctx, backend, opts...)
+	if err != nil {
+		return err
+	}
+	apiOpts := []httpapi.Option{httpapi.WithTenants(cfg.Tenants), httpapi.WithLogger(logger), httpapi.WithMetrics(metrics), httpapi.WithVersion(sandboxdVersion())}
+	if cfg.Limits.MaxBodyBytes > 0 {
+		apiOpts = append(apiOpts, httpapi.WithMaxBodyBytes(cfg.Limits.MaxBodyBytes))
+	}
+	if cfg.Limits.MaxTransferBytes > 0 {
+		apiOpts = append(apiOpts, httpapi.WithMaxTransferBytes(cfg.Limits.MaxTransferBytes))
+	}
+	api, err := httpapi.New(m, apiOpts...)
+	if err != nil {
+		m.Shutdown(context.Background())
+		return err
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		m.Shutdown(context.Background())
+		return err
+	}
+	srv := &http.Server{Handler: api, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+
+	url := "http://" + ln.Addr().String()
+	printWelcome(sio, url, backend.Name(), cfg.Policy.DefaultImage, devToken)
+	logger.Info("listening", "address", ln.Addr().String(), "backend", backend.Name())
+
+	select {
+	case <-ctx.Done():
+	case err := <-served:
+		m.Shutdown(context.Background())
+		return err
+	}
+	logger.Info("shutting down: draining calls in flight")
+	api.Drain()
+	sctx, cancel := context.WithTimeout(context.Background(), time.Duration(cmp.Or(cfg.ShutdownTimeout, runner.Duration(30*time.Second))))
+	defer cancel()
+	httpDone := make(chan error, 1)
+	go func() { httpDone <- srv.Shutdown(sctx) }()
+	merr := m.Shutdown(sctx)
+	// Streams that outlive their sessions (an idle MCP GET) do not hold the
+	// daemon past the deadline.
+	if err := <-httpDone; err != nil {
+		srv.Close()
+	}
+	return merr
+}
+
+func printWelcome(sio stdio, url, backend, image, devToken string) {
+	w := bufio.NewWriter(sio.out)
+	defer w.Flush()
+	where := backend
+	if backend == "docker" {
+		where += ", image " + image
+	}
+	fmt.Fprintf(w, "sandboxd serve: listening on %s (backend %s)\n", url, where)
+	token := "$SANDBOXD_TOKEN"
+	if devToken != "" {
+		token = devToken
+		fmt.Fprintf(w, "No --config: one tenant, \"dev\", whose token for this run is\n  SANDBOXD_TOKEN=%s\n", devToken)
+	}
+	fmt.Fprintf(w, "First call (create a session):\n  curl -s -X POST -H 'Authorization: Bearer %s' %s/v1/sessions\n", token, url)
+	fmt.Fprintf(w, "Or: SANDBOXD_URL=%s SANDBOXD_TOKEN=%s sandboxd session create\n", url, token)
+	fmt.Fprintf(w, "API: %s/openapi.json   MCP: %s/mcp\n", url, url)
+}
+
+// openBackend makes the configured backend; for docker it also makes sure
+// the default image exists, building it when missing, with progress.
+func openBackend(ctx context.Context, sio stdio, cfg *serveConfig) (runner.Backend, string, error) {
+	name := cfg.Backend
+	var cli *client.Client
+	if name == "" || name == "docker" {
+		c, err := dockerClient(ctx)
+		switch {
+		case err == nil:
+			cli, name = c, "docker"
+		case name == "docker":
+			return nil, "", fmt.Errorf("docker backend: %w (run 'sandboxd doctor', or use --backend memory for development)", err)
+		default:
+			fmt.Fprintf(sio.err, "Docker is not reachable (%v): serving on the memory backend, whose commands run on this host without isolation. Use --backend docker to insist.\n", err)
+			name = "memory"
+		}
+	}
+	switch name {
+	case "memory":
+		return runner.Memory{}, runner.DefaultImage, nil
+	case "local":
+		dir := cfg.DataDir
+		if dir == "" {
+			state, err := stateDir()
+			if err != nil {
+				return nil, "", err
+			}
+			dir = filepath.Join(state, "sessions")
+		}
+		return &runner.Local{Dir: dir}, runner.DefaultImage, nil
+	case "docker":
+		def := cmp.Or(cfg.Image, images.Default)
+		var ref string
+		if cfg.Policy.DefaultImage == "" {
+			fmt.Fprintf(sio.err, "image %s: checking (built when missing; the first build takes a while)\n", def)
+			var err error
+			ref, err = images.Ensure(ctx, cli, def, images.WithProgress(func(line string) { fmt.Fprintf(sio.err, "image %s: %s\n", def, line) }))
+			if err != nil {
+				return nil, "", fmt.Errorf("image %s: %w", def, err)
+			}
+		}
+		return &runner.Docker{Client: cli}, ref, nil
+	}
+	return nil, "", usagef("unknown backend %q (backends are docker, local, memory)", name)
+}
+
+func dockerClient(ctx context.Context) (*client.Client, error) {
+	cli, err := client.New(client.FromEnv, client.WithAPIVersionNegotiation())
+	if err != nil {
+		return nil, err
+	}
+	pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	if _, err := cli.Ping(pctx, client.PingOptions{NegotiateAPIVersion: true}); err != nil {
+		cli.Close()
+		return nil, err
+	}
+	return cli, nil
+}
+
+func stateDir() (string, error) {
+	if d := os.Getenv("XDG_STATE_HOME"); d != "" {
+		return filepath.Join(d, "sandboxd"), nil
+	}
+	home, err := os.UserHomeDir()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(home, ".local", "state", "sandboxd"), nil
+}
+
+var cmdTokenNew = &command{
+	name:    "token new",
+	summary: "print a new random bearer token and the hash the configuration holds for it",
+	setup: func(fs *flag.FlagSet) runFunc {
+		return func(_ context.Context, sio stdio, args []string) error {
+			if len(args) > 0 {
+				return usagef("unexpected arguments %q", args)
+			}
+			token := "sbx_" + rand.Text()
+			fmt.Fprintf(sio.out, "token: %s\nhash:  %s\n", token, httpapi.HashToken(token))
+			return nil
+		}
+	},
+}
+
+var cmdTokenHash = &command{
+	name:    "token hash",
+	args:    "[TOKEN]",
+	summary: "print the hash of a bearer token (read from standard input when not given) for the configuration's tenants",
+	setup: func(fs *flag.FlagSet) runFunc {
+		return func(_ context.Context, sio stdio, args []string) error {
+			var token string
+			switch len(args) {
+			case 0:
+				line, err := bufio.NewReader(sio.in).ReadString('\n')
+				if err != nil && line == "" {
+					return errors.New("no token on standard input")
+				}
+				token = strings.TrimSpace(line)
+			case 1:
+				token = args[0]
+			default:
+				return usagef("give one token")
+			}
+			if token == "" {
+				return errors.New("the token is empty")
+			}
+			fmt.Fprintln(sio.out, httpapi.HashToken(token))
+			return nil
+		}
+	},
+}

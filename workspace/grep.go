@@ -73,6 +73,15 @@ const binarySniff = 8 << 10
 // GrepGeneric is Grep over Walk and ReadFile. It reads files in parallel and
 // reports them in walk order.
 func GrepGeneric(ctx context.Context, fsys FileSystem, req GrepRequest) (GrepResult, error) {
+	return GrepWithReader(ctx, fsys, req, fsys.ReadFile)
+}
+
+// GrepWithReader is GrepGeneric reading files with read, which must behave
+// as fsys.ReadFile does. An adapter whose ReadFile costs much per call (a
+// confined path walk for every file, say) can implement GrepFS with it and a
+// cheaper reader (one directory handle per directory), and so keep exactly
+// GrepGeneric's results. read is called from several goroutines at once.
+func GrepWithReader(ctx context.Context, fsys FileSystem, req GrepRequest, read func(ctx context.Context, name string, max int64) ([]byte, error)) (GrepResult, error) {
 	m, err := NewLineMatcher(req.Pattern, req.Literal, req.IgnoreCase)
 	if err != nil {
 		return GrepResult{}, err
@@ -115,7 +124,7 @@ func GrepGeneric(ctx context.Context, fsys FileSystem, req GrepRequest) (GrepRes
 		go func() {
 			defer wg.Done()
 			for i := range jobs {
-				data, err := fsys.ReadFile(ctx, files[i], maxBytes)
+				data, err := read(ctx, files[i], maxBytes)
 				if err == nil && bytes.IndexByte(data[:min(len(data), binarySniff)], 0) < 0 {
 					results[i].lines = m.grepFile(files[i], data, req)
 				}

@@ -2,8 +2,13 @@ package workspace
 
 import (
 	"bytes"
+	"context"
+	"io/fs"
 	"reflect"
+	"slices"
+	"sync"
 	"testing"
+	"testing/fstest"
 )
 
 // referenceGrep is the plain algorithm grepFile must agree with: every line
@@ -69,3 +74,53 @@ func FuzzGrepFile(f *testing.F) {
 		}
 	})
 }
+
+// GrepWithReader gives GrepGeneric's result and reads through its reader.
+func TestGrepWithReader(t *testing.T) {
+	ctx := t.Context()
+	fsys := mapFS{"a.go": "x\nTODO a\n", "b/c.go": "TODO c\n", "b/d.txt": "none\n"}
+	req := GrepRequest{Pattern: "TODO", Context: 1}
+	want, err := GrepGeneric(ctx, fsys, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var read []string
+	got, err := GrepWithReader(ctx, fsys, req, func(ctx context.Context, name string, max int64) ([]byte, error) {
+		mu.Lock()
+		read = append(read, name)
+		mu.Unlock()
+		return fsys.ReadFile(ctx, name, max)
+	})
+	slices.Sort(read)
+	if err != nil || !reflect.DeepEqual(got, want) || !reflect.DeepEqual(read, []string{"a.go", "b/c.go", "b/d.txt"}) || want.Matches != 2 {
+		t.Errorf("got %+v (read %v, %v), want %+v", got, read, err, want)
+	}
+}
+
+// mapFS is a read-only FileSystem of files in a map, directories implied.
+type mapFS map[string]string
+
+func (m mapFS) Stat(ctx context.Context, name string) (fs.FileInfo, error) {
+	return m.Lstat(ctx, name)
+}
+func (m mapFS) Lstat(_ context.Context, name string) (fs.FileInfo, error) {
+	return fs.Stat(m.fstest(), name)
+}
+func (m mapFS) ReadDir(_ context.Context, name string) ([]fs.DirEntry, error) {
+	return fs.ReadDir(m.fstest(), name)
+}
+func (m mapFS) ReadFile(_ context.Context, name string, _ int64) ([]byte, error) {
+	return fs.ReadFile(m.fstest(), name)
+}
+func (m mapFS) fstest() fstest.MapFS {
+	out := fstest.MapFS{}
+	for k, v := range m {
+		out[k] = &fstest.MapFile{Data: []byte(v)}
+	}
+	return out
+}
+func (mapFS) WriteFile(context.Context, string, []byte, fs.FileMode) error { return ErrForbidden }
+func (mapFS) Mkdir(context.Context, string, fs.FileMode) error             { return ErrForbidden }
+func (mapFS) Remove(context.Context, string) error                         { return ErrForbidden }
+func (mapFS) Rename(context.Context, string, string) error                 { return ErrForbidden }

@@ -166,9 +166,6 @@ func (s *Set) loadSkill(_ context.Context, args json.RawMessage, c *call) (Resul
 	s.active[sk.name] = true
 	s.mu.Unlock()
 	tools := s.registered(sk)
-	if len(tools) == 0 {
-		tools = []string{}
-	}
 	if changed && c.opts.ToolsChanged != nil {
 		c.opts.ToolsChanged()
 	}

@@ -284,7 +284,7 @@ func (s *Set) granted(sk *skillDef) bool {
 
 // registered lists the skill's tools that this set has.
 func (s *Set) registered(sk *skillDef) []string {
-	var out []string
+	out := []string{}
 	for _, d := range s.defs {
 		if d.skill == sk.name {
 			out = append(out, d.name)

@@ -38,7 +38,8 @@
 // whose modification time is recent enough that a same-sized rewrite within
 // the file system's timestamp granularity could hide (they are hashed), and
 // writes into the FileSystem only those whose contents or bits really
-// changed. A Run over an unchanged workspace therefore costs two listings.
+// changed. A Run over an unchanged workspace therefore costs a listing of
+// the FileSystem and two of the host directory (see BenchmarkRun).
 //
 // # Serial runs and conflicts
 //

@@ -424,10 +424,11 @@ func (b *Bash) collect(ctx context.Context) ([]string, error) {
 		delete(b.snap, name)
 	}
 	// Creations and changes, parents first.
-	for _, name := range host.order[1:] {
+	for _, name := range host.order {
 		h := host.entries[name]
 		e := b.snap[name]
 		switch {
+		case name == ".": // the root is made and removed by no one
 		case e == nil || e.host.mode.Type() != h.mode.Type():
 			b.create(ctx, &n, name, h, host.at)
 		case !e.host.same(h) || e.racy():

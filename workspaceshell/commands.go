@@ -138,10 +138,24 @@ func errText(err error) string {
 		return e.Msg
 	}
 	if k := workspace.KindOf(err); k != nil {
+		if t, ok := strerror[k]; ok {
+			return t
+		}
 		t := k.Error()
 		return strings.ToUpper(t[:1]) + t[1:]
 	}
 	return err.Error()
+}
+
+// strerror words kinds that have a C library counterpart the way the C
+// library does, as coreutils messages show them.
+var strerror = map[*workspace.Kind]string{
+	workspace.ErrNotFound:      "No such file or directory",
+	workspace.ErrExists:        "File exists",
+	workspace.ErrNotADirectory: "Not a directory",
+	workspace.ErrNotEmpty:      "Directory not empty",
+	workspace.ErrForbidden:     "Operation not permitted",
+	workspace.ErrFileTooLarge:  "File too large",
 }
 
 func cmdPwd(c *call) int {

@@ -438,12 +438,20 @@ func (r *runner) fields(ctx context.Context, sh *shell, sio stdio, words ...*syn
 	return out, err
 }
 
-func (r *runner) literalWord(ctx context.Context, sh *shell, sio stdio, w *syntax.Word) (string, error) {
-	s, err := expand.Literal(r.expandConfig(ctx, sh, sio), w)
-	if cause := context.Cause(ctx); cause != nil {
-		return "", cause
+// word expands a redirection's word the way Bash does: one field after
+// quote removal and expansions; a here-string's fields are joined.
+func (r *runner) word(ctx context.Context, sh *shell, sio stdio, w *syntax.Word, join bool) (string, error) {
+	fields, err := r.fields(ctx, sh, sio, w)
+	if err != nil {
+		return "", err
 	}
-	return s, err
+	if join {
+		return strings.Join(fields, " "), nil
+	}
+	if len(fields) != 1 {
+		return "", fmt.Errorf("%s: ambiguous redirect", wordText(w))
+	}
+	return fields[0], nil
 }
 
 // cmdSubst runs $(…) in a subshell, its output going to w (bounded like the
@@ -593,7 +601,7 @@ func (r *runner) redirect(ctx context.Context, sh *shell, rds []*syntax.Redirect
 			sio.in = strings.NewReader(body)
 			continue
 		}
-		arg, err := r.literalWord(ctx, sh, sio, rd.Word)
+		arg, err := r.word(ctx, sh, sio, rd.Word, rd.Op == syntax.WordHdoc)
 		if err != nil {
 			return fail("%v", err)
 		}
@@ -865,11 +873,7 @@ func describeErr(arg string, err error) string {
 	if errors.As(err, &e) {
 		return e.Msg
 	}
-	if k := workspace.KindOf(err); k != nil {
-		text := k.Error()
-		return arg + ": " + strings.ToUpper(text[:1]) + text[1:]
-	}
-	return arg + ": " + err.Error()
+	return arg + ": " + errText(err)
 }
 
 // display joins a path as the user wrote it with a name below it.

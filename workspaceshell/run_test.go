@@ -1,8 +1,11 @@
 package workspaceshell_test
 
 import (
+	"context"
+	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sandboxd/sandboxd/workspaceshell"
 )
@@ -149,5 +152,37 @@ func TestReadLines(t *testing.T) {
 			}
 			sameTree(t, snapshot(t, env), before)
 		})
+	}
+}
+
+// TestLimits: a line that runs away is stopped by the output limit, the
+// timeout or its context, and a brace expansion cannot fill the memory.
+func TestLimits(t *testing.T) {
+	b := backends[0]
+	env := setup(t, b, sample)
+	env.MaxOutput = 1000
+	res, err := run(t, env, "while cat a.txt; do cat a.txt; done", workspaceshell.Read)
+	if err != nil || !res.Truncated || len(res.Stdout) != 1000 || !strings.Contains(res.Stderr, "output stopped after 1000 bytes") {
+		t.Errorf("output limit: %d bytes, %+v, %v", len(res.Stdout), res.Truncated, err)
+	}
+
+	env = setup(t, b, sample)
+	env.Timeout = 50 * time.Millisecond
+	start := time.Now()
+	res, err = run(t, env, "while ls >/dev/null; do cat a.txt > /dev/null; done", workspaceshell.Read)
+	if err != nil || !res.TimedOut || res.ExitCode != 124 || time.Since(start) > 5*time.Second {
+		t.Errorf("timeout: %+v, %v after %v", res, err, time.Since(start))
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(20*time.Millisecond, cancel)
+	_, err = workspaceshell.Run(ctx, setup(t, b, sample), "while ls >/dev/null; do ls | cat | cat >/dev/null; done", workspaceshell.Read)
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("cancelled: %v", err)
+	}
+
+	res, err = run(t, setup(t, b, sample), "ls {1..3000000000}", workspaceshell.Read)
+	if err != nil || res.ExitCode != 1 || !strings.Contains(res.Stderr, "brace expansion would exceed") {
+		t.Errorf("brace bomb: %+v, %v", res, err)
 	}
 }

@@ -374,6 +374,16 @@ func Reap(ctx context.Context, cli client.APIClient, labels map[string]string) (
 	return n, nil
 }
 
+// Runtimes lists the OCI runtimes the engine has, sorted ("runc", and
+// "runsc" where gVisor is installed), for an operator's policy.Policy.
+func Runtimes(ctx context.Context, cli client.APIClient) ([]string, error) {
+	info, err := cli.Info(ctx, client.InfoOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("dockerexec: engine info: %w", err)
+	}
+	return slices.Sorted(maps.Keys(info.Info.Runtimes)), nil
+}
+
 // containerConfig turns a profile into the engine's container configuration.
 func containerConfig(p policy.Profile, env, labels map[string]string, agentVol, wsVol string, noCopy bool) (*container.Config, *container.HostConfig, error) {
 	secOpts := []string{}

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -189,6 +190,13 @@ func TestWorkspaceInAndOut(t *testing.T) {
 // TestStartFailureLeavesNothing fails Start early (an unknown runtime) and
 // late (an agent that exits at once, so the handshake fails after the
 // container started): neither leaves a container or a workspace volume.
+func TestRuntimes(t *testing.T) {
+	rts, err := dockerexec.Runtimes(context.Background(), dockertest.Client(t))
+	if err != nil || !slices.Contains(rts, policy.RuntimeRunc) {
+		t.Fatalf("Runtimes = %v, %v; want runc among them", rts, err)
+	}
+}
+
 func TestStartFailureLeavesNothing(t *testing.T) {
 	cli := dockertest.Client(t)
 	ctx := context.Background()

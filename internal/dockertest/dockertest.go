@@ -135,13 +135,11 @@ func Image(tb testing.TB) string {
 	return imageRef
 }
 
-// Start starts a session container for a test: the minimal image and the
-// default hardened profile unless spec says otherwise, the agent from
-// agentbin, the test labels. The container is removed when the test ends,
-// whatever its outcome.
-func Start(tb testing.TB, spec dockerexec.Spec) *dockerexec.Container {
+// Spec completes spec for a test: the minimal image and the default
+// hardened profile unless spec names an image, the agent from agentbin, the
+// test labels.
+func Spec(tb testing.TB, spec dockerexec.Spec) dockerexec.Spec {
 	tb.Helper()
-	c := Client(tb)
 	if spec.Profile.Image == "" {
 		img := Image(tb)
 		if spec.Profile.User == "" {
@@ -160,7 +158,14 @@ func Start(tb testing.TB, spec dockerexec.Spec) *dockerexec.Container {
 		spec.Agent = p
 	}
 	spec.Labels = Labels()
-	ctr, err := dockerexec.Start(context.Background(), c, spec)
+	return spec
+}
+
+// Start starts a session container for a test from Spec(tb, spec). The
+// container is removed when the test ends, whatever its outcome.
+func Start(tb testing.TB, spec dockerexec.Spec) *dockerexec.Container {
+	tb.Helper()
+	ctr, err := dockerexec.Start(context.Background(), Client(tb), Spec(tb, spec))
 	if err != nil {
 		tb.Fatalf("dockerexec.Start: %v", err)
 	}

@@ -1,0 +1,266 @@
+package dockerexec_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/client"
+	"github.com/testcontainers/testcontainers-go"
+
+	"github.com/sandboxd/sandboxd/dockerexec"
+	"github.com/sandboxd/sandboxd/dockerfs"
+	"github.com/sandboxd/sandboxd/internal/dockertest"
+	"github.com/sandboxd/sandboxd/localexec"
+	"github.com/sandboxd/sandboxd/localfs"
+	"github.com/sandboxd/sandboxd/workspace"
+)
+
+// The benchmarks run the same operations on the Docker adapters, on the
+// local adapters and as raw one-shot docker exec calls, in one run, and
+// report the median and 99th percentile of each besides Go's mean:
+//
+//	go test ./dockerexec -run '^$' -bench 'FS|BashTrue' -benchtime 200x
+//	go test ./dockerexec -run '^$' -bench ColdSession -benchtime 20x
+//
+// The cold-session pair compares dockerexec.Start plus a first command with
+// the floor of any design: a bare container create, start and one docker
+// exec, measured the same way.
+
+// timer collects the duration of each operation of a benchmark.
+type timer struct {
+	b     *testing.B
+	durs  []time.Duration
+	start time.Time
+}
+
+func newTimer(b *testing.B) *timer {
+	b.ReportAllocs()
+	return &timer{b: b, durs: make([]time.Duration, 0, b.N)}
+}
+
+func (t *timer) op(f func() error) {
+	t.start = time.Now()
+	if err := f(); err != nil {
+		t.b.Fatal(err)
+	}
+	t.durs = append(t.durs, time.Since(t.start))
+}
+
+// report adds p50-µs and p99-µs to the benchmark's line.
+func (t *timer) report() {
+	if len(t.durs) == 0 {
+		return
+	}
+	slices.Sort(t.durs)
+	pct := func(p float64) float64 {
+		return float64(t.durs[int(p*float64(len(t.durs)-1))].Nanoseconds()) / 1e3
+	}
+	t.b.ReportMetric(pct(0.50), "p50-µs")
+	t.b.ReportMetric(pct(0.99), "p99-µs")
+}
+
+// fsOps are the small-file operations measured on every FileSystem.
+var fsOps = []struct {
+	name string
+	do   func(ctx context.Context, fsys workspace.FileSystem) error
+}{
+	{"read", func(ctx context.Context, fsys workspace.FileSystem) error {
+		_, err := fsys.ReadFile(ctx, "dir/small.txt", 1<<20)
+		return err
+	}},
+	{"write", func(ctx context.Context, fsys workspace.FileSystem) error {
+		return fsys.WriteFile(ctx, "dir/written.txt", []byte("hello, sandbox\n"), 0o644)
+	}},
+	{"ls", func(ctx context.Context, fsys workspace.FileSystem) error {
+		_, err := fsys.ReadDir(ctx, "dir")
+		return err
+	}},
+	{"stat", func(ctx context.Context, fsys workspace.FileSystem) error {
+		_, err := fsys.Stat(ctx, "dir/small.txt")
+		return err
+	}},
+}
+
+func benchFS(b *testing.B, fsys workspace.FileSystem) {
+	ctx := context.Background()
+	if err := workspace.MkdirAll(ctx, fsys, "dir", 0o755); err != nil {
+		b.Fatal(err)
+	}
+	for i := range 20 {
+		if err := fsys.WriteFile(ctx, fmt.Sprintf("dir/f%02d.go", i), []byte("package x\n"), 0o644); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := fsys.WriteFile(ctx, "dir/small.txt", []byte("a small file\n"), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	for _, o := range fsOps {
+		b.Run(o.name, func(b *testing.B) {
+			t := newTimer(b)
+			for b.Loop() {
+				t.op(func() error { return o.do(ctx, fsys) })
+			}
+			t.report()
+		})
+	}
+}
+
+func BenchmarkFS(b *testing.B) {
+	b.Run("docker", func(b *testing.B) {
+		c := dockertest.Start(b, dockerexec.Spec{})
+		benchFS(b, dockerfs.New(c))
+	})
+	// The agent in the container runs localfs without fsync (sandboxd-agent
+	// --sync turns it on); the local adapter's default is with.
+	for _, sync := range []bool{true, false} {
+		b.Run(map[bool]string{true: "local", false: "local-nosync"}[sync], func(b *testing.B) {
+			fsys, err := localfs.New(b.TempDir(), localfs.WithLockDir(b.TempDir()), localfs.WithSync(sync))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer fsys.Close()
+			benchFS(b, fsys)
+		})
+	}
+}
+
+func benchTrue(b *testing.B, sh workspace.Bash) {
+	ctx := context.Background()
+	t := newTimer(b)
+	for b.Loop() {
+		t.op(func() error {
+			res, err := sh.Run(ctx, workspace.Command{Argv: []string{"true"}})
+			if err == nil && res.ExitCode != 0 {
+				err = fmt.Errorf("true: %+v", res)
+			}
+			return err
+		})
+	}
+	t.report()
+}
+
+// BenchmarkBashTrue runs `true` through the Docker Bash, the local Bash and
+// a raw one-shot docker exec in a container started with testcontainers-go.
+func BenchmarkBashTrue(b *testing.B) {
+	b.Run("docker", func(b *testing.B) {
+		c := dockertest.Start(b, dockerexec.Spec{})
+		benchTrue(b, c.Bash())
+	})
+	b.Run("local", func(b *testing.B) {
+		sh, err := localexec.New(b.TempDir())
+		if err != nil {
+			b.Fatal(err)
+		}
+		benchTrue(b, sh)
+	})
+	b.Run("docker-exec", func(b *testing.B) {
+		cli := dockertest.Client(b)
+		ctx := context.Background()
+		ctr, err := testcontainers.GenericContainer(ctx, testcontainers.GenericContainerRequest{
+			ContainerRequest: testcontainers.ContainerRequest{
+				Image:      dockertest.Image(b),
+				Entrypoint: []string{"sleep", "3600"},
+				Labels:     dockertest.Labels(),
+			},
+			Started: true,
+		})
+		testcontainers.CleanupContainer(b, ctr)
+		if err != nil {
+			b.Fatal(err)
+		}
+		id := ctr.GetContainerID()
+		t := newTimer(b)
+		for b.Loop() {
+			t.op(func() error { return execTrue(ctx, cli, id) })
+		}
+		t.report()
+	})
+}
+
+// execTrue is what `docker exec ID true` does: create an exec, attach to it,
+// read its output to the end and ask for its exit code.
+func execTrue(ctx context.Context, cli *client.Client, id string) error {
+	ex, err := cli.ExecCreate(ctx, id, client.ExecCreateOptions{Cmd: []string{"true"}, AttachStdout: true, AttachStderr: true})
+	if err != nil {
+		return err
+	}
+	att, err := cli.ExecAttach(ctx, ex.ID, client.ExecAttachOptions{})
+	if err != nil {
+		return err
+	}
+	io.Copy(io.Discard, att.Reader)
+	att.Close()
+	ins, err := cli.ExecInspect(ctx, ex.ID, client.ExecInspectOptions{})
+	if err == nil && ins.ExitCode != 0 {
+		err = fmt.Errorf("exec true: exit %d", ins.ExitCode)
+	}
+	return err
+}
+
+// BenchmarkColdSession measures a session from nothing to its first answer
+// (the container's removal is not timed), beside the floor: create, start,
+// one docker exec of a bare container of the same image — with the engine's
+// default network, and with none, as sessions have.
+func BenchmarkColdSession(b *testing.B) {
+	ctx := context.Background()
+	b.Run("session", func(b *testing.B) {
+		cli := dockertest.Client(b)
+		spec := dockertest.Spec(b, dockerexec.Spec{})
+		t := newTimer(b)
+		for b.Loop() {
+			var c *dockerexec.Container
+			t.op(func() error {
+				var err error
+				if c, err = dockerexec.Start(ctx, cli, spec); err != nil {
+					return err
+				}
+				_, err = c.Bash().Run(ctx, workspace.Command{Argv: []string{"true"}})
+				return err
+			})
+			b.StopTimer()
+			if err := c.Close(ctx); err != nil {
+				b.Fatal(err)
+			}
+			b.StartTimer()
+		}
+		t.report()
+	})
+	for _, floor := range []struct {
+		name    string
+		network container.NetworkMode
+	}{{"floor", ""}, {"floor-nonet", "none"}} {
+		b.Run(floor.name, func(b *testing.B) {
+			cli := dockertest.Client(b)
+			img := dockertest.Image(b)
+			t := newTimer(b)
+			for b.Loop() {
+				var id string
+				t.op(func() error {
+					ct, err := cli.ContainerCreate(ctx, client.ContainerCreateOptions{
+						Config:     &container.Config{Image: img, Entrypoint: []string{"sleep", "3600"}, Labels: dockertest.Labels()},
+						HostConfig: &container.HostConfig{NetworkMode: floor.network},
+					})
+					if err != nil {
+						return err
+					}
+					id = ct.ID
+					if _, err := cli.ContainerStart(ctx, id, client.ContainerStartOptions{}); err != nil {
+						return err
+					}
+					return execTrue(ctx, cli, id)
+				})
+				b.StopTimer()
+				if _, err := cli.ContainerRemove(ctx, id, client.ContainerRemoveOptions{Force: true}); err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+			}
+			t.report()
+		})
+	}
+}

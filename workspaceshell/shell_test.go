@@ -36,12 +36,12 @@ var sample = tree{
 // backend is a workspace a test runs on.
 type backend struct {
 	name string
-	new  func(t *testing.T) (workspace.FileSystem, string)
+	new  func(t testing.TB) (workspace.FileSystem, string)
 }
 
 var backends = []backend{
-	{"memfs", func(t *testing.T) (workspace.FileSystem, string) { return memfs.New(), memfs.DefaultRoot }},
-	{"localfs", func(t *testing.T) (workspace.FileSystem, string) {
+	{"memfs", func(t testing.TB) (workspace.FileSystem, string) { return memfs.New(), memfs.DefaultRoot }},
+	{"localfs", func(t testing.TB) (workspace.FileSystem, string) {
 		dir := t.TempDir()
 		f, err := localfs.New(dir, localfs.WithSync(false))
 		if err != nil {
@@ -53,7 +53,7 @@ var backends = []backend{
 }
 
 // setup builds tr on a new workspace of backend b.
-func setup(t *testing.T, b backend, tr tree) workspaceshell.Env {
+func setup(t testing.TB, b backend, tr tree) workspaceshell.Env {
 	t.Helper()
 	ctx := context.Background()
 	fsys, root := b.new(t)
@@ -80,7 +80,7 @@ func setup(t *testing.T, b backend, tr tree) workspaceshell.Env {
 }
 
 // snapshot reads a whole workspace back as a tree.
-func snapshot(t *testing.T, env workspaceshell.Env) tree {
+func snapshot(t testing.TB, env workspaceshell.Env) tree {
 	t.Helper()
 	ctx := context.Background()
 	walk, err := workspace.WalkGeneric(ctx, env.FS, workspace.WalkRequest{})

@@ -3,6 +3,7 @@ package runner_test
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -18,7 +19,7 @@ import (
 
 func TestMain(m *testing.M) { dockertest.Main(m, "runner") }
 
-func dockerManager(t *testing.T, opts ...runner.Option) (*runner.Manager, *client.Client) {
+func dockerManager(t testing.TB, opts ...runner.Option) (*runner.Manager, *client.Client) {
 	t.Helper()
 	cli := dockertest.Client(t)
 	agent, err := agentbin.Path()
@@ -125,5 +126,46 @@ func TestDockerReapAfterCrash(t *testing.T) {
 	s := create(t, restarted, "acme", shell)
 	if br, res := bash(t, s, "echo ok"); br == nil || br.Output != "ok\n" {
 		t.Fatal(res.Text)
+	}
+}
+
+// BenchmarkDockerFirstCall measures a session's creation up to the end of
+// its first tool call, with the container claimed from a warm pool and
+// started cold, in the same run. It reports the median.
+func BenchmarkDockerFirstCall(b *testing.B) {
+	for _, tc := range []struct {
+		name string
+		pool int
+	}{{"pooled", 2}, {"cold", 0}} {
+		b.Run(tc.name, func(b *testing.B) {
+			var opts []runner.Option
+			if tc.pool > 0 {
+				opts = append(opts, runner.WithPool(runner.PoolConfig{Size: tc.pool}))
+			}
+			m, _ := dockerManager(b, opts...)
+			defer m.Shutdown(context.Background())
+			var took []time.Duration
+			for b.Loop() {
+				b.StopTimer()
+				if tc.pool > 0 {
+					waitFor(b, func() bool { return m.Stats().Pools[0].Ready > 0 })
+				}
+				b.StartTimer()
+				begin := time.Now()
+				s := create(b, m, "acme", runner.Settings{})
+				if res, err := s.Call(context.Background(), "ls", nil, tools.CallOptions{}); err != nil || res.IsError {
+					b.Fatal(err, res.Text)
+				}
+				took = append(took, time.Since(begin))
+				if s.Info().Pooled != (tc.pool > 0) {
+					b.Fatalf("pooled = %v", s.Info().Pooled)
+				}
+				b.StopTimer()
+				m.Delete(context.Background(), "acme", s.ID())
+				b.StartTimer()
+			}
+			slices.Sort(took)
+			b.ReportMetric(float64(took[len(took)/2].Microseconds())/1000, "median-ms")
+		})
 	}
 }

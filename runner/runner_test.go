@@ -84,7 +84,7 @@ func newManager(t *testing.T, b runner.Backend, opts ...runner.Option) *runner.M
 	return m
 }
 
-func create(t *testing.T, m *runner.Manager, tenant string, st runner.Settings) *runner.Session {
+func create(t testing.TB, m *runner.Manager, tenant string, st runner.Settings) *runner.Session {
 	t.Helper()
 	s, err := m.Create(context.Background(), runner.CreateRequest{Tenant: tenant, Settings: st})
 	if err != nil {
@@ -105,7 +105,7 @@ func startWait(t *testing.T, s *runner.Session) <-chan error {
 	return done
 }
 
-func waitFor(t *testing.T, cond func() bool) {
+func waitFor(t testing.TB, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for !cond() {

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/sandboxd/sandboxd/localfs"
 	"github.com/sandboxd/sandboxd/tools"
@@ -118,13 +119,27 @@ func benchSet(b *testing.B, dir string, plain bool) *tools.Set {
 	return set
 }
 
+// The benchmarks report, besides wall time, the CPU time (user and system,
+// all threads) per operation as cpu-ms/op: on a shared machine it is the
+// steadier measure of the work each tool does.
+
 func runTool(b *testing.B, set *tools.Set, tool, args string) {
 	b.Helper()
+	before := cpuTime(syscall.RUSAGE_SELF)
 	for b.Loop() {
 		if r := set.Call(context.Background(), tool, json.RawMessage(args), tools.CallOptions{}); r.IsError {
 			b.Fatal(r.Text)
 		}
 	}
+	b.ReportMetric(float64(cpuTime(syscall.RUSAGE_SELF)-before)/float64(time.Millisecond)/float64(b.N), "cpu-ms/op")
+}
+
+func cpuTime(who int) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(who, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func runCommand(b *testing.B, dir string, argv ...string) {
@@ -132,6 +147,7 @@ func runCommand(b *testing.B, dir string, argv ...string) {
 	if _, err := exec.LookPath(argv[0]); err != nil {
 		b.Skipf("%s not installed", argv[0])
 	}
+	var cpu time.Duration
 	for b.Loop() {
 		cmd := exec.Command(argv[0], argv[1:]...)
 		cmd.Dir = dir
@@ -139,7 +155,9 @@ func runCommand(b *testing.B, dir string, argv ...string) {
 		if ee, ok := err.(*exec.ExitError); err != nil && (!ok || ee.ExitCode() > 1) {
 			b.Fatal(err)
 		}
+		cpu += cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
 	}
+	b.ReportMetric(float64(cpu)/float64(time.Millisecond)/float64(b.N), "cpu-ms/op")
 }
 
 func BenchmarkGrep(b *testing.B) {

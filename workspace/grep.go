@@ -221,7 +221,7 @@ type LineMatcher struct {
 	// ignoring ASCII case.
 	lit  []byte
 	fold bool
-	rare int // the index in lit of its rarest byte, where a folded search anchors
+	rare int // the index in lit of its rarest byte, where a search anchors
 }
 
 // NewLineMatcher compiles a grep pattern. An invalid expression fails with
@@ -312,7 +312,7 @@ func asciiFoldOrbit(r rune) bool {
 }
 
 // byteRarity ranks bytes from common (low) to rare (high) in source code and
-// prose; a folded search anchors on the rarest byte of its literal.
+// prose; a literal search anchors on the rarest byte of its literal.
 var byteRarity = func() (rank [256]byte) {
 	for i := range rank {
 		rank[i] = 30
@@ -374,18 +374,10 @@ func lineText(data []byte, l lineRef, maxChars int) []byte {
 // expression on those alone: a line without the literal cannot match.
 func (m *LineMatcher) literalMatches(data []byte, maxChars int) []lineRef {
 	var out []lineRef
-	var fs foldSearch
-	if m.fold {
-		fs = newFoldSearch(data, m.lit, m.rare)
-	}
+	ls := newLitSearch(data, m.lit, m.rare, m.fold)
 	countedTo, countedNo := 0, 1 // line countedNo starts at countedTo
 	for from := 0; from < len(data); {
-		var i int
-		if m.fold {
-			i = fs.index(from)
-		} else if i = bytes.Index(data[from:], m.lit); i >= 0 {
-			i += from
-		}
+		i := ls.index(from)
 		if i < 0 {
 			break
 		}
@@ -471,12 +463,15 @@ func withContext(name string, data []byte, matches []lineRef, c, maxChars int) [
 	return out
 }
 
-// foldSearch finds a lower-case ASCII literal in data ignoring ASCII case.
-// It anchors on the literal's rarest byte, scanning for its two cases with
-// bytes.IndexByte and remembering the next hit of each.
-type foldSearch struct {
+// litSearch finds a literal in data, or with fold a lower-case ASCII literal
+// ignoring ASCII case. It anchors on the literal's rarest byte, scanning for
+// it (for both its cases) with bytes.IndexByte, which is much faster than a
+// substring search whose first byte is common, and remembers the next hit
+// of each case.
+type litSearch struct {
 	data      []byte
 	lit       []byte
+	fold      bool
 	at        int     // anchor index in lit
 	c         [2]byte // the anchor byte's cases
 	next      [2]int  // next hit of each case at or after the last query; -1 unknown
@@ -484,10 +479,10 @@ type foldSearch struct {
 	sameCases bool
 }
 
-func newFoldSearch(data, lit []byte, at int) foldSearch {
+func newLitSearch(data, lit []byte, at int, fold bool) *litSearch {
 	c := lit[at]
-	s := foldSearch{data: data, lit: lit, at: at, c: [2]byte{c, c}, next: [2]int{-1, -1}, searched: [2]int{-1, -1}}
-	if 'a' <= c && c <= 'z' {
+	s := &litSearch{data: data, lit: lit, fold: fold, at: at, c: [2]byte{c, c}, next: [2]int{-1, -1}, searched: [2]int{-1, -1}}
+	if fold && 'a' <= c && c <= 'z' {
 		s.c[1] = c - 'a' + 'A'
 	}
 	s.sameCases = s.c[0] == s.c[1]
@@ -495,7 +490,7 @@ func newFoldSearch(data, lit []byte, at int) foldSearch {
 }
 
 // index returns the offset of the first occurrence at or after from, or -1.
-func (s *foldSearch) index(from int) int {
+func (s *litSearch) index(from int) int {
 	for {
 		pos := from + s.at // where the anchor byte must lie at the earliest
 		if pos+len(s.lit)-s.at > len(s.data) {
@@ -519,7 +514,7 @@ func (s *foldSearch) index(from int) int {
 		if hit == len(s.data) || start+len(s.lit) > len(s.data) {
 			return -1
 		}
-		if equalFoldASCII(s.data[start:start+len(s.lit)], s.lit) {
+		if cand := s.data[start : start+len(s.lit)]; s.fold && equalFoldASCII(cand, s.lit) || !s.fold && bytes.Equal(cand, s.lit) {
 			return start
 		}
 		from = start + 1

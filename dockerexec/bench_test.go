@@ -4,7 +4,10 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -263,4 +266,48 @@ func BenchmarkColdSession(b *testing.B) {
 			t.report()
 		})
 	}
+}
+
+// BenchmarkStartWithTree measures Start with a workspace of 11,500 small
+// files in 230 directories copied in (one tar stream into the created
+// container), then a first command that counts them.
+func BenchmarkStartWithTree(b *testing.B) {
+	dir := b.TempDir()
+	for d := range 230 {
+		sub := filepath.Join(dir, fmt.Sprintf("pkg%03d", d))
+		if err := os.Mkdir(sub, 0o755); err != nil {
+			b.Fatal(err)
+		}
+		for f := range 50 {
+			if err := os.WriteFile(filepath.Join(sub, fmt.Sprintf("f%02d.go", f)), []byte("package x\n\nfunc F() {}\n"), 0o644); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	ctx := context.Background()
+	cli := dockertest.Client(b)
+	spec := dockertest.Spec(b, dockerexec.Spec{WorkspaceDir: dir})
+	t := newTimer(b)
+	for b.Loop() {
+		var c *dockerexec.Container
+		t.op(func() error {
+			var err error
+			if c, err = dockerexec.Start(ctx, cli, spec); err != nil {
+				return err
+			}
+			var out strings.Builder
+			_, err = c.Bash().Run(ctx, workspace.Command{Script: "find . -type f | wc -l",
+				Output: func(_ workspace.Stream, p []byte) { out.Write(p) }})
+			if err == nil && strings.TrimSpace(out.String()) != "11500" {
+				err = fmt.Errorf("the workspace holds %q files", out.String())
+			}
+			return err
+		})
+		b.StopTimer()
+		if err := c.Close(ctx); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+	}
+	t.report()
 }

@@ -11,8 +11,8 @@
 //
 // Tool calls go through the agent's one long-lived stream and never through
 // docker exec or the archive API. The archive API is used only while no code
-// runs in the container: before it starts, and for Import and Export with
-// the container paused.
+// runs in the container: before it starts, and for Export with the container
+// paused. Import into a running container goes through the agent.
 package dockerexec
 
 import (
@@ -26,7 +26,6 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"path"
 	"regexp"
 	"slices"
 	"strconv"
@@ -295,31 +294,6 @@ func (c *Container) Export(ctx context.Context, w io.Writer) error {
 	})
 }
 
-// Import extracts a tar stream into the workspace, with the container paused,
-// as Spec.Workspace does at start: owners become the session's user and only
-// files, directories and links are kept. Existing files are replaced.
-func (c *Container) Import(ctx context.Context, r io.Reader) error {
-	uid, gid := c.owner(ctx)
-	return c.paused(ctx, func() error {
-		pr, pw := io.Pipe()
-		go func() { pw.CloseWithError(ownTar(pw, r, uid, gid)) }()
-		_, err := c.cli.CopyToContainer(ctx, c.id, client.CopyToContainerOptions{DestinationPath: policy.WorkspaceDir, Content: pr})
-		pr.CloseWithError(err)
-		if err != nil {
-			return fmt.Errorf("dockerexec: import: %w", err)
-		}
-		return nil
-	})
-}
-
-func (c *Container) owner(ctx context.Context) (uid, gid int) {
-	res, err := c.cli.ContainerInspect(ctx, c.id, client.ContainerInspectOptions{})
-	if err != nil || res.Container.Config == nil {
-		return ids(policy.DefaultUser)
-	}
-	return ids(res.Container.Config.User)
-}
-
 // paused runs f with the container paused and resumes it after, even when ctx
 // has ended.
 func (c *Container) paused(ctx context.Context, f func() error) error {
@@ -488,8 +462,8 @@ func ownTar(w io.Writer, src io.Reader, uid, gid int) error {
 			if err != nil {
 				return fmt.Errorf("workspace tar: %w", err)
 			}
-			name := path.Clean(strings.TrimPrefix(h.Name, "/"))
-			if name == "." || name == ".." || strings.HasPrefix(name, "../") {
+			name, ok := cleanName(h.Name)
+			if !ok {
 				continue
 			}
 			switch h.Typeflag {

@@ -59,6 +59,12 @@ type Spec struct {
 	// MaxBytes bounds the bytes a workspace held in memory may hold; 0 is
 	// no bound.
 	MaxBytes int64
+	// Source, when set, is a host directory whose contents the workspace
+	// starts with: its directories, regular files and symbolic links,
+	// copied (nothing is written back). It is the operator's setting, never
+	// a tenant's. A backend that cannot copy refuses it; warm workspaces
+	// never have one.
+	Source string
 	// Labels mark everything the workspace creates as the daemon's, so that
 	// Reap finds it after a crash.
 	Labels map[string]string
@@ -111,12 +117,28 @@ var _ Warmer = Memory{}
 // Name returns "memory".
 func (Memory) Name() string { return "memory" }
 
-// Open returns a new empty workspace bounded by spec.MaxBytes.
-func (m Memory) Open(ctx context.Context, spec Spec) (*Instance, error) { return m.Warm(ctx, spec) }
+// Open returns a new workspace bounded by spec.MaxBytes: empty, or a copy
+// of spec.Source. Its umask is 0, so the modes commands give files are kept
+// exactly (the tools ask for 0644 and 0755 themselves).
+func (m Memory) Open(ctx context.Context, spec Spec) (*Instance, error) {
+	opts := []memfs.Option{memfs.WithMaxBytes(spec.MaxBytes), memfs.WithUmask(0)}
+	if spec.Source == "" {
+		return m.open(memfs.New(opts...), spec)
+	}
+	fsys, err := memfs.FromDir(ctx, spec.Source, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("memory backend: copying %s: %w", spec.Source, err)
+	}
+	return m.open(fsys, spec)
+}
 
 // Warm is Open: a memory workspace belongs to no session until claimed.
-func (m Memory) Warm(_ context.Context, spec Spec) (*Instance, error) {
-	fsys := memfs.New(memfs.WithMaxBytes(spec.MaxBytes))
+func (m Memory) Warm(ctx context.Context, spec Spec) (*Instance, error) {
+	spec.Source = ""
+	return m.Open(ctx, spec)
+}
+
+func (m Memory) open(fsys *memfs.FS, spec Spec) (*Instance, error) {
 	sh, err := memexec.New(fsys, memexec.WithTempDir(m.TempDir), memexec.WithRootVars("SANDBOXD_WORKSPACE"),
 		memexec.WithExec(localexec.WithEnvAllow(spec.EnvAllow), localexec.WithInheritEnv(spec.InheritEnv)))
 	if err != nil {
@@ -147,8 +169,14 @@ const localPrefix = "ws-"
 // Name returns "local".
 func (*Local) Name() string { return "local" }
 
-// Open makes a new empty directory and the ports over it.
-func (l *Local) Open(ctx context.Context, spec Spec) (*Instance, error) { return l.Warm(ctx, spec) }
+// Open makes a new empty directory and the ports over it. It refuses a
+// spec.Source (use Dir to work on a directory in place).
+func (l *Local) Open(ctx context.Context, spec Spec) (*Instance, error) {
+	if spec.Source != "" {
+		return nil, errors.New("local backend: a session directory starts empty (no Source)")
+	}
+	return l.Warm(ctx, spec)
+}
 
 // Warm is Open: a directory belongs to no session until claimed.
 func (l *Local) Warm(_ context.Context, spec Spec) (*Instance, error) {
@@ -199,3 +227,47 @@ func (l *Local) Reap(context.Context, map[string]string) (int, error) {
 	}
 	return n, errors.Join(errs...)
 }
+
+// Dir is the backend of one existing host directory, worked on in place:
+// every session's workspace is Path itself (its root is Path's absolute
+// path), changes are made there, and ending a session leaves the directory
+// as the session left it. Commands run on the host as the daemon's user
+// (package localexec). It suits one session at a time on a user's own
+// project — "sandboxd mcp --backend local" — not a daemon of many tenants.
+type Dir struct {
+	// Path is the directory. Required.
+	Path string
+}
+
+var _ Backend = Dir{}
+
+// Name returns "local": it is the local backend of a single directory.
+func (Dir) Name() string { return "local" }
+
+// Open returns the ports over Path. It refuses a spec.Source: the
+// directory is the workspace.
+func (d Dir) Open(_ context.Context, spec Spec) (*Instance, error) {
+	if spec.Source != "" {
+		return nil, errors.New("local backend: the directory is the workspace (no Source)")
+	}
+	dir, err := filepath.Abs(d.Path)
+	if err != nil {
+		return nil, fmt.Errorf("local backend: %w", err)
+	}
+	fsys, err := localfs.New(dir)
+	if err != nil {
+		return nil, fmt.Errorf("local backend: %w", err)
+	}
+	sh, err := localexec.New(dir, localexec.WithEnvAllow(spec.EnvAllow), localexec.WithInheritEnv(spec.InheritEnv))
+	if err != nil {
+		fsys.Close()
+		return nil, fmt.Errorf("local backend: %w", err)
+	}
+	return &Instance{
+		FS: fsys, Bash: sh, Root: filepath.ToSlash(dir), ID: dir,
+		Close: func(context.Context) error { return fsys.Close() },
+	}, nil
+}
+
+// Reap has nothing to remove: the directory is the user's.
+func (Dir) Reap(context.Context, map[string]string) (int, error) { return 0, nil }

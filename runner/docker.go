@@ -28,7 +28,8 @@ var _ Warmer = (*Docker)(nil)
 // Name returns "docker".
 func (*Docker) Name() string { return "docker" }
 
-// Open starts the session's container, named and labelled after it.
+// Open starts the session's container, named and labelled after it, its
+// workspace filled with a copy of spec.Source when set.
 func (d *Docker) Open(ctx context.Context, spec Spec) (*Instance, error) {
 	return d.start(ctx, spec, spec.Profile)
 }
@@ -39,11 +40,12 @@ func (d *Docker) Open(ctx context.Context, spec Spec) (*Instance, error) {
 func (d *Docker) Warm(ctx context.Context, spec Spec) (*Instance, error) {
 	prof := spec.Profile
 	prof.Session = randomID("warm-")
+	spec.Source = ""
 	return d.start(ctx, spec, prof)
 }
 
 func (d *Docker) start(ctx context.Context, spec Spec, prof policy.Profile) (*Instance, error) {
-	c, err := dockerexec.Start(ctx, d.Client, dockerexec.Spec{Profile: prof, Labels: spec.Labels, Agent: d.Agent})
+	c, err := dockerexec.Start(ctx, d.Client, dockerexec.Spec{Profile: prof, Labels: spec.Labels, Agent: d.Agent, WorkspaceDir: spec.Source})
 	if err != nil {
 		return nil, fmt.Errorf("docker backend: %w", err)
 	}

@@ -236,6 +236,11 @@ type CreateRequest struct {
 	// MaxSessions, when positive, is this tenant's cap instead of the
 	// manager's.
 	MaxSessions int
+	// Source, when set, is a host directory whose contents the workspace
+	// starts with (Spec.Source). It is for the operator's own tools — the
+	// command line's --workspace — and must never come from a tenant. A
+	// session with a Source never gets a pooled workspace.
+	Source string
 }
 
 // Create starts a session. It fails with a *policy.DeniedError naming the
@@ -273,7 +278,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Session, erro
 		return nil, err
 	}
 	spec := m.spec(prof, cfg)
-	spec.Session, spec.Tenant = id, req.Tenant
+	spec.Session, spec.Tenant, spec.Source = id, req.Tenant, req.Source
 	inst, pooled := m.claim(spec)
 	if inst == nil {
 		if inst, err = m.backend.Open(ctx, spec); err != nil {

@@ -482,3 +482,56 @@ func TestReapAtStart(t *testing.T) {
 		t.Fatalf("reaped with labels %v", b.reapedWithLabel)
 	}
 }
+
+// TestSource: a session may start from a copy of a host directory (memory)
+// or work on one in place (Dir); a source never takes a pooled workspace.
+func TestSource(t *testing.T) {
+	src := t.TempDir()
+	if err := os.WriteFile(filepath.Join(src, "a.txt"), []byte("from disk\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	call := func(s *runner.Session, tool, args string) tools.Result {
+		t.Helper()
+		res, err := s.Call(context.Background(), tool, json.RawMessage(args), tools.CallOptions{})
+		if err != nil || res.IsError {
+			t.Fatalf("%s %s: %v %s", tool, args, err, res.Text)
+		}
+		return res
+	}
+	edit := runner.Settings{Grants: []string{tools.GrantFSWrite}, Always: []string{"read", "edit"}}
+
+	m := newManager(t, runner.Memory{}, runner.WithPool(runner.PoolConfig{Size: 1}))
+	waitFor(t, func() bool { return m.Stats().Pools[0].Ready == 1 })
+	s, err := m.Create(context.Background(), runner.CreateRequest{Tenant: "cli", Source: src, Settings: edit})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Info().Pooled || s.Root() != "/workspace" {
+		t.Fatalf("memory session from a source: %+v", s.Info())
+	}
+	if res := call(s, "read", `{"path":"a.txt"}`); res.Structured.(*tools.ReadResult).Content != "from disk\n" {
+		t.Fatalf("read: %q", res.Text)
+	}
+	call(s, "write", `{"path":"a.txt","content":"changed\n"}`)
+	if data, _ := os.ReadFile(filepath.Join(src, "a.txt")); string(data) != "from disk\n" {
+		t.Fatalf("the memory backend wrote back to its source: %q", data)
+	}
+
+	d := newManager(t, runner.Dir{Path: src})
+	s = create(t, d, "cli", edit)
+	if abs, _ := filepath.Abs(src); s.Root() != filepath.ToSlash(abs) {
+		t.Fatalf("root %q, want %q", s.Root(), abs)
+	}
+	call(s, "write", `{"path":"b.txt","content":"in place\n"}`)
+	if err := d.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if data, _ := os.ReadFile(filepath.Join(src, "b.txt")); string(data) != "in place\n" {
+		t.Fatalf("Dir: b.txt %q after the session, want it kept", data)
+	}
+
+	l := newManager(t, &runner.Local{Dir: t.TempDir()})
+	if _, err := l.Create(context.Background(), runner.CreateRequest{Tenant: "cli", Source: src}); err == nil {
+		t.Fatal("the local backend took a source it cannot copy")
+	}
+}

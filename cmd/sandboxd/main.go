@@ -43,11 +43,10 @@ type stdio struct {
 }
 
 // commands lists every subcommand in the order "sandboxd help" shows them.
-// serve, session, image build, doctor and agent join here as they are written.
 var commands []*command
 
 func init() {
-	commands = []*command{cmdMCP, cmdTools, cmdServe, cmdSessionCreate, cmdSessionList, cmdSessionRemove, cmdSessionCall, cmdTokenNew, cmdTokenHash, cmdVersion, cmdHelp}
+	commands = []*command{cmdMCP, cmdTools, cmdServe, cmdSessionCreate, cmdSessionList, cmdSessionRemove, cmdSessionCall, cmdImageBuild, cmdDoctor, cmdTokenNew, cmdTokenHash, cmdVersion, cmdHelp}
 }
 
 // usageError is a mistake in how sandboxd was invoked; it exits with status 2.

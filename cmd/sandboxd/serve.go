@@ -35,9 +35,9 @@ type serveConfig struct {
 	// Backend is docker, local or memory (default: docker when the engine
 	// answers, else memory).
 	Backend string `json:"backend"`
-	// Image names the image definition the docker backend builds when
-	// missing and uses by default (default "minimal"); policy.defaultImage,
-	// when set, wins.
+	// Image is the docker backend's default image: an image definition's
+	// name, built when missing ("minimal", the default, or "dev"), or an
+	// image reference used as it is; policy.defaultImage, when set, wins.
 	Image string `json:"image"`
 	// DataDir holds the local backend's session directories (default
 	// $XDG_STATE_HOME/sandboxd or ~/.local/state/sandboxd).
@@ -73,8 +73,13 @@ type serveConfig struct {
 	ShutdownTimeout runner.Duration `json:"shutdownTimeout"`
 }
 
+// loadServeConfig reads the configuration file; "" is the zero
+// configuration.
 func loadServeConfig(file string) (serveConfig, error) {
 	var c serveConfig
+	if file == "" {
+		return c, nil
+	}
 	data, err := os.ReadFile(file)
 	if err != nil {
 		return c, err
@@ -101,12 +106,9 @@ var cmdServe = &command{
 			if len(args) > 0 {
 				return usagef("unexpected arguments %q", args)
 			}
-			var cfg serveConfig
-			if *config != "" {
-				var err error
-				if cfg, err = loadServeConfig(*config); err != nil {
-					return err
-				}
+			cfg, err := loadServeConfig(*config)
+			if err != nil {
+				return err
 			}
 			cfg.Listen = cmp.Or(*listen, cfg.Listen, defaultListen)
 			cfg.Backend = cmp.Or(*backend, cfg.Backend)
@@ -263,9 +265,8 @@ func openBackend(ctx context.Context, sio stdio, cfg *serveConfig) (runner.Backe
 		if cfg.Policy.DefaultImage == "" {
 			fmt.Fprintf(sio.err, "image %s: checking (built when missing; the first build takes a while)\n", def)
 			var err error
-			ref, err = images.Ensure(ctx, cli, def, images.WithProgress(func(line string) { fmt.Fprintf(sio.err, "image %s: %s\n", def, line) }))
-			if err != nil {
-				return nil, "", fmt.Errorf("image %s: %w", def, err)
+			if ref, err = ensureImage(ctx, sio, cli, def); err != nil {
+				return nil, "", err
 			}
 		}
 		return &runner.Docker{Client: cli}, ref, nil

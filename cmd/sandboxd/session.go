@@ -1,22 +1,22 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
-	"github.com/sandboxd/sandboxd/localexec"
-	"github.com/sandboxd/sandboxd/localfs"
-	"github.com/sandboxd/sandboxd/memexec"
-	"github.com/sandboxd/sandboxd/memfs"
+	"github.com/sandboxd/sandboxd/images"
+	"github.com/sandboxd/sandboxd/policy"
+	"github.com/sandboxd/sandboxd/runner"
 	"github.com/sandboxd/sandboxd/tools"
-	"github.com/sandboxd/sandboxd/workspace"
 )
 
 // sessionFlags are the flags that describe one session's workspace and tools,
@@ -66,7 +66,7 @@ func withSession(fs *flag.FlagSet, run func(ctx context.Context, sio stdio, s *s
 		if len(args) > 0 {
 			return usagef("unexpected arguments %q", args)
 		}
-		s, err := f.openSession(ctx)
+		s, err := f.openSession(ctx, sio)
 		if err != nil {
 			return err
 		}
@@ -110,11 +110,12 @@ type session struct {
 	close func() error
 }
 
-// openSession opens the workspace the flags name and builds its tool set.
-// The caller must call close. Mistakes in the flags are usage errors; a
-// configuration that cannot start (an always-on skill without its grant)
-// fails naming what is missing.
-func (f *sessionFlags) openSession(ctx context.Context) (*session, error) {
+// openSession opens the workspace the flags name and builds its tool set,
+// through the same runner backends and session code as "sandboxd serve":
+// one runner.Manager holding one session. The caller must call close.
+// Mistakes in the flags are usage errors; a configuration that cannot start
+// (an always-on skill without its grant) fails naming what is missing.
+func (f *sessionFlags) openSession(ctx context.Context, sio stdio) (*session, error) {
 	open, ok := backends[f.backend]
 	if !ok {
 		return nil, usagef("unknown backend %q (backends are %s)", f.backend, strings.Join(backendNames(), ", "))
@@ -131,87 +132,101 @@ func (f *sessionFlags) openSession(ctx context.Context) (*session, error) {
 	if err != nil {
 		return nil, err
 	}
-	id := "s-" + strings.ToLower(rand.Text()[:16])
-	env, closeEnv, err := open(ctx, f, cfg, workspace.Session{ID: id, RunID: id})
+	b, err := open(ctx, sio, f)
 	if err != nil {
 		return nil, err
 	}
-	set, err := tools.New(env, cfg)
+	// A daemon name of its own: this process reaps nothing of another's.
+	m, err := runner.New(ctx, b.backend, runner.WithTools(cfg), runner.WithPolicy(b.policy),
+		runner.WithDaemonName("cli-"+strings.ToLower(rand.Text()[:12])))
 	if err != nil {
-		closeEnv()
-		// The message names the option, or the grant an always-on skill lacks.
-		return nil, fmt.Errorf("cannot start the session: %s", strings.TrimPrefix(err.Error(), "tools: "))
+		b.release()
+		return nil, err
 	}
-	return &session{set: set, close: closeEnv}, nil
+	shutdown := func() error {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		defer b.release()
+		return m.Shutdown(sctx)
+	}
+	s, err := m.Create(ctx, runner.CreateRequest{Tenant: "cli", Source: b.source})
+	if err != nil {
+		shutdown()
+		var se *runner.SettingError
+		if errors.As(err, &se) {
+			// The message names the option, or the grant an always-on skill lacks.
+			return nil, fmt.Errorf("cannot start the session: %s", se.Reason)
+		}
+		return nil, err
+	}
+	return &session{set: s.Tools(), close: shutdown}, nil
 }
 
-// A backendFunc opens a workspace for a session: its file system, its shell
-// (nil when it has none) and the session with its Root set. The returned
-// function releases the workspace.
-type backendFunc func(ctx context.Context, f *sessionFlags, cfg tools.Config, sess workspace.Session) (tools.Env, func() error, error)
+// openedBackend is what a --backend gives a session: the runner backend, the
+// policy that names its image, the directory copied into the workspace ("",
+// when the backend works on it in place) and how to release what opening
+// took (a Docker client).
+type openedBackend struct {
+	backend runner.Backend
+	policy  policy.Policy
+	source  string
+	release func()
+}
 
 // backends are the values of --backend.
-var backends = map[string]backendFunc{
-	"local":  openLocal,
-	"memory": openMemory,
+var backends = map[string]func(ctx context.Context, sio stdio, f *sessionFlags) (*openedBackend, error){
+	// local works on the directory itself; the workspace root is its
+	// absolute path.
+	"local": func(_ context.Context, _ stdio, f *sessionFlags) (*openedBackend, error) {
+		return &openedBackend{backend: runner.Dir{Path: f.workspace}, release: func() {}}, nil
+	},
+	// memory starts from an in-memory copy of the directory, rooted at
+	// /workspace; nothing is written back. Commands run in a private host
+	// copy that memexec keeps in step (see runner.Memory).
+	"memory": func(_ context.Context, _ stdio, f *sessionFlags) (*openedBackend, error) {
+		return &openedBackend{backend: runner.Memory{}, source: f.workspace, release: func() {}}, nil
+	},
 	"docker": openDocker,
 }
 
 func backendNames() []string {
-	names := make([]string, 0, len(backends))
-	for n := range backends {
-		names = append(names, n)
-	}
+	names := slices.Collect(maps.Keys(backends))
 	slices.Sort(names)
 	return names
 }
 
-// openLocal works on the directory itself; the workspace root is its
-// absolute path.
-func openLocal(ctx context.Context, f *sessionFlags, cfg tools.Config, sess workspace.Session) (tools.Env, func() error, error) {
-	dir, err := filepath.Abs(f.workspace)
+// openDocker starts from a copy of the directory in a hardened session
+// container, rooted at /workspace. --image is an image definition's name
+// (built when missing, with progress on standard error) or any image
+// reference; the default is the minimal image.
+func openDocker(ctx context.Context, sio stdio, f *sessionFlags) (*openedBackend, error) {
+	cli, err := dockerClient(ctx)
 	if err != nil {
-		return tools.Env{}, nil, err
+		return nil, fmt.Errorf("docker backend: %w (run 'sandboxd doctor')", err)
 	}
-	fsys, err := localfs.New(dir)
+	ref, err := ensureImage(ctx, sio, cli, cmp.Or(f.image, images.Default))
 	if err != nil {
-		return tools.Env{}, nil, err
+		cli.Close()
+		return nil, err
 	}
-	sh, err := localexec.New(dir, localexec.WithEnvAllow(cfg.BashEnvAllow), localexec.WithInheritEnv(cfg.BashInheritEnv))
-	if err != nil {
-		fsys.Close()
-		return tools.Env{}, nil, err
-	}
-	sess.Root = filepath.ToSlash(dir)
-	return tools.Env{FS: fsys, Bash: sh, Session: sess}, fsys.Close, nil
+	return &openedBackend{
+		backend: &runner.Docker{Client: cli},
+		policy:  policy.Policy{DefaultImage: ref},
+		source:  f.workspace,
+		release: func() { cli.Close() },
+	}, nil
 }
 
-// openMemory starts from an in-memory copy of the directory, rooted at
-// /workspace; nothing is written back to the directory. Commands run in a
-// private host copy of the workspace that memexec keeps in step with it, so
-// for them the root is that copy's path (SANDBOXD_WORKSPACE, with
-// bashSessionEnv, says which), not /workspace. The memory copy has umask 0,
-// so the modes commands give files are kept exactly (the tools ask for 0644
-// and 0755 themselves, and commands get the process's umask).
-func openMemory(ctx context.Context, f *sessionFlags, cfg tools.Config, sess workspace.Session) (tools.Env, func() error, error) {
-	fsys, err := memfs.FromDir(ctx, f.workspace, memfs.WithUmask(0))
+// ensureImage returns the reference of image: an image definition's name
+// ("minimal", "dev") is built when the engine lacks it, reporting progress
+// on standard error; anything else is a reference used as it is.
+func ensureImage(ctx context.Context, sio stdio, cli images.Client, image string) (string, error) {
+	if _, err := images.Lookup(image); err != nil {
+		return image, nil
+	}
+	ref, err := images.Ensure(ctx, cli, image, images.WithProgress(progressPrinter(sio, "image "+image)))
 	if err != nil {
-		return tools.Env{}, nil, fmt.Errorf("copying the workspace into memory: %w", err)
+		return "", fmt.Errorf("image %s: %w", image, err)
 	}
-	opts := []memexec.Option{memexec.WithExec(localexec.WithEnvAllow(cfg.BashEnvAllow), localexec.WithInheritEnv(cfg.BashInheritEnv))}
-	if cfg.BashSessionEnv {
-		opts = append(opts, memexec.WithRootVars("SANDBOXD_WORKSPACE"))
-	}
-	sh, err := memexec.New(fsys, opts...)
-	if err != nil {
-		return tools.Env{}, nil, fmt.Errorf("the memory backend's commands: %w", err)
-	}
-	sess.Root = fsys.Root()
-	return tools.Env{FS: fsys, Bash: sh, Session: sess}, sh.Close, nil
-}
-
-// openDocker is the docker backend's place; it answers until the Docker
-// adapters (dockerfs, dockerexec) are wired in here.
-func openDocker(ctx context.Context, f *sessionFlags, cfg tools.Config, sess workspace.Session) (tools.Env, func() error, error) {
-	return tools.Env{}, nil, errors.New("the docker backend is not part of this build yet: use --backend local or memory")
+	return ref, nil
 }

@@ -1,0 +1,292 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/moby/moby/api/types/system"
+
+	"github.com/sandboxd/sandboxd/images"
+	"github.com/sandboxd/sandboxd/internal/dockertest"
+)
+
+// fakeEngine is a Docker Engine API on a unix socket, answering what
+// doctor and serve's start ask: ping, version, info, image inspect, import
+// and tag, and empty container and volume lists.
+type fakeEngine struct {
+	api  string // the API version it speaks
+	info system.Info
+
+	mu       sync.Mutex
+	images   map[string]int64 // reference → size
+	imported []string         // references imported, in order
+}
+
+// start serves e and points DOCKER_HOST at it for the rest of the test.
+func (e *fakeEngine) start(t *testing.T) {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "docker.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	version := regexp.MustCompile(`^/v[0-9.]+`)
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p := version.ReplaceAllString(r.URL.Path, "")
+		w.Header().Set("Api-Version", e.api)
+		w.Header().Set("Ostype", "linux")
+		switch {
+		case p == "/_ping":
+			io.WriteString(w, "OK")
+		case p == "/version":
+			json.NewEncoder(w).Encode(map[string]string{"Version": "99.0-fake", "ApiVersion": e.api, "MinAPIVersion": "1.12", "Os": "linux", "Arch": "amd64"})
+		case p == "/info":
+			json.NewEncoder(w).Encode(e.info)
+		case strings.HasPrefix(p, "/images/") && strings.HasSuffix(p, "/json"):
+			e.mu.Lock()
+			size, ok := e.images[strings.TrimSuffix(strings.TrimPrefix(p, "/images/"), "/json")]
+			e.mu.Unlock()
+			if !ok {
+				w.WriteHeader(http.StatusNotFound)
+				io.WriteString(w, `{"message":"No such image"}`)
+				return
+			}
+			json.NewEncoder(w).Encode(map[string]any{"Id": "sha256:fake", "Size": size})
+		case p == "/images/create":
+			n, _ := io.Copy(io.Discard, r.Body)
+			ref := r.URL.Query().Get("repo")
+			e.mu.Lock()
+			e.images[ref] = n
+			e.imported = append(e.imported, ref)
+			e.mu.Unlock()
+			io.WriteString(w, `{"status":"sha256:fake"}`+"\n")
+		case strings.HasPrefix(p, "/images/") && strings.HasSuffix(p, "/tag"):
+			w.WriteHeader(http.StatusCreated)
+		case p == "/containers/json":
+			io.WriteString(w, "[]")
+		case p == "/volumes":
+			io.WriteString(w, `{"Volumes":[]}`)
+		default:
+			t.Errorf("fake engine: unexpected %s %s", r.Method, r.URL)
+			w.WriteHeader(http.StatusNotImplemented)
+		}
+	})}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	t.Setenv("DOCKER_HOST", "unix://"+sock)
+}
+
+// healthyInfo is what a well set up engine reports.
+func healthyInfo() system.Info {
+	return system.Info{
+		MemoryLimit: true, SwapLimit: true, PidsLimit: true, CPUCfsQuota: true,
+		CgroupVersion: "2", CgroupDriver: "systemd", DefaultRuntime: "runc",
+		Runtimes:        map[string]system.RuntimeWithStatus{"runc": {}},
+		SecurityOptions: []string{"name=seccomp,profile=builtin", "name=cgroupns"},
+	}
+}
+
+// agentHere points SANDBOXD_AGENT at a static binary so the agent check
+// passes (it only reads the ELF header).
+func agentHere(t *testing.T) {
+	t.Setenv("SANDBOXD_AGENT", filepath.Join(filepath.Dir(sandboxdBin), "sandboxd-agent"))
+}
+
+// doctorLines runs doctor in process and returns its exit status and its
+// report as status and detail by check name, failing on a warning or
+// failure printed without a fix.
+func doctorLines(t *testing.T, args ...string) (int, map[string]string, string) {
+	t.Helper()
+	code, out, errs := runInProcess(t, append([]string{"doctor"}, args...)...)
+	lines := map[string]string{}
+	rows := strings.Split(strings.TrimRight(out, "\n"), "\n")
+	for i, row := range rows {
+		f := strings.Fields(row)
+		if len(f) < 2 || f[0] == "fix:" {
+			continue
+		}
+		name := f[1]
+		if f[1] == "image" && len(f) > 2 && !strings.Contains(f[2], "/") {
+			name += " " + f[2]
+		}
+		lines[name] = row
+		if (f[0] == "warn" || f[0] == "fail") && (i+1 == len(rows) || !strings.HasPrefix(strings.TrimSpace(rows[i+1]), "fix: ")) {
+			t.Errorf("%q has no fix line after it", row)
+		}
+	}
+	return code, lines, out + errs
+}
+
+func wantCheck(t *testing.T, lines map[string]string, name, status, detail string) {
+	t.Helper()
+	row, ok := lines[name]
+	if !ok || !strings.HasPrefix(row, status+" ") || !strings.Contains(row, detail) {
+		t.Errorf("check %s: %q, want %s with %q", name, row, status, detail)
+	}
+}
+
+func TestDoctorUnreachable(t *testing.T) {
+	agentHere(t)
+	t.Setenv("DOCKER_HOST", "unix://"+filepath.Join(t.TempDir(), "no.sock"))
+	code, lines, out := doctorLines(t)
+	if code != 1 || !strings.Contains(out, "start the engine") {
+		t.Errorf("exit %d, want 1 with a fix that starts the engine:\n%s", code, out)
+	}
+	wantCheck(t, lines, "docker", "fail", "cannot reach the engine")
+	wantCheck(t, lines, "agent", "ok", "sandboxd-agent")
+	wantCheck(t, lines, "cgroups", "skip", "needs a reachable engine")
+	wantCheck(t, lines, "disk", "ok", "free for image build cache")
+	if _, ok := lines["engine"]; !ok {
+		t.Error("no engine line")
+	}
+
+	t.Setenv("DOCKER_HOST", "bogus://x")
+	_, lines, _ = doctorLines(t)
+	wantCheck(t, lines, "docker", "fail", "bogus://x")
+}
+
+func TestDoctorFakeEngine(t *testing.T) {
+	agentHere(t)
+	minimal, _ := images.Lookup("minimal")
+	for _, tc := range []struct {
+		name   string
+		api    string
+		info   func(*system.Info)
+		config string
+		code   int
+		want   [][3]string // check, status, detail
+	}{
+		{name: "healthy", api: "1.47", code: 0, want: [][3]string{
+			{"docker", "ok", "reachable at unix://"}, {"engine", "ok", "API 1.47"},
+			{"image minimal", "ok", minimal.Ref()}, {"image dev", "warn", "is not built"},
+			{"runtime", "ok", "sessions use runc"}, {"cgroups", "ok", "v2 (systemd driver)"},
+			{"seccomp", "ok", "profile=builtin"}, {"userns", "ok", "no remapping"},
+		}},
+		{name: "old engine, no limits, no seccomp", api: "1.40", code: 1, info: func(i *system.Info) {
+			i.CgroupVersion, i.PidsLimit, i.SwapLimit, i.SecurityOptions = "1", false, false, []string{"name=userns"}
+		}, want: [][3]string{
+			{"engine", "warn", "tested with API 1.41"}, {"cgroups", "fail", "cannot limit pids"},
+			{"seccomp", "warn", "no seccomp"}, {"userns", "ok", "userns-remap"},
+		}},
+		{name: "runsc configured, missing", api: "1.47", code: 1,
+			config: `{"policy": {"runtimes": ["runsc"], "defaultImage": "example/tools:1"}}`,
+			want:   [][3]string{{"runtime", "fail", "no runsc runtime"}, {"image", "fail", "example/tools:1 (policy.defaultImage)"}}},
+		{name: "no memory cgroup, no cpu quota", api: "1.41", code: 1, info: func(i *system.Info) {
+			i.MemoryLimit, i.CPUCfsQuota = false, false
+		}, want: [][3]string{{"cgroups", "fail", "cannot limit memory"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := &fakeEngine{api: tc.api, info: healthyInfo(), images: map[string]int64{minimal.Ref(): 2e6}}
+			if tc.info != nil {
+				tc.info(&e.info)
+			}
+			e.start(t)
+			var args []string
+			if tc.config != "" {
+				file := filepath.Join(t.TempDir(), "sandboxd.json")
+				if err := os.WriteFile(file, []byte(tc.config), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				args = []string{"--config", file}
+			}
+			code, lines, out := doctorLines(t, args...)
+			if code != tc.code {
+				t.Errorf("exit %d, want %d:\n%s", code, tc.code, out)
+			}
+			for _, w := range tc.want {
+				wantCheck(t, lines, w[0], w[1], w[2])
+			}
+			if t.Failed() {
+				t.Log(out)
+			}
+		})
+	}
+}
+
+// TestDoctorRealEngine runs doctor, as built, against the engine of this
+// machine: Docker, the engine and the agent must pass, and the exit status
+// must agree with the report.
+func TestDoctorRealEngine(t *testing.T) {
+	dockertest.Client(t)
+	code, out, errs := runBinary(t, "doctor")
+	for _, name := range []string{"agent", "docker", "engine", "image minimal", "runtime", "seccomp"} {
+		if !regexp.MustCompile(`(?m)^ok +`+name+` `).MatchString(out) && !(name == "image minimal" && strings.Contains(out, "warn  image minimal")) {
+			t.Errorf("no ok line for %s:\n%s", name, out)
+		}
+	}
+	failed := regexp.MustCompile(`(?m)^fail `).MatchString(out)
+	if failed != (code != 0) {
+		t.Errorf("exit %d with a report that fails: %v\n%s%s", code, failed, out, errs)
+	}
+}
+
+// TestServeBuildsMissingImage starts serve against an engine without
+// sandboxd's images: it builds the default image, saying so, and then
+// listens on it.
+func TestServeBuildsMissingImage(t *testing.T) {
+	e := &fakeEngine{api: "1.47", info: healthyInfo(), images: map[string]int64{}}
+	e.start(t)
+	minimal, _ := images.Lookup("minimal")
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	var out, errs syncBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, stdio{in: strings.NewReader(""), out: &out, err: &errs}, []string{"serve", "--listen", "127.0.0.1:0"})
+	}()
+	for deadline := time.Now().Add(5 * time.Minute); !strings.Contains(out.String(), "listening on"); time.Sleep(20 * time.Millisecond) {
+		select {
+		case code := <-done:
+			t.Fatalf("serve exited %d:\n%s%s", code, out.String(), errs.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("serve did not start:\n%s", errs.String())
+		}
+	}
+	cancel()
+	if code := <-done; code != 0 {
+		t.Errorf("serve exited %d after its context ended:\n%s", code, errs.String())
+	}
+	for _, want := range []string{"image minimal: image " + minimal.Ref() + " is not built yet; building it now", "importing", "built " + minimal.Ref()} {
+		if !strings.Contains(errs.String(), want) {
+			t.Errorf("serve's progress lacks %q:\n%s", want, errs.String())
+		}
+	}
+	if !strings.Contains(out.String(), "backend docker, image "+minimal.Ref()) {
+		t.Errorf("welcome: %s", out.String())
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(e.imported) != 1 || e.imported[0] != minimal.Ref() {
+		t.Errorf("imported %v, want %s once", e.imported, minimal.Ref())
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}

@@ -1,0 +1,208 @@
+package adversarial
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/dockerfs"
+	"github.com/sandboxd/sandboxd/tools"
+	"github.com/sandboxd/sandboxd/workspace"
+)
+
+// swapScript makes $WS/d flip, as fast as the shell can, between a real
+// directory holding f ("inside") and a symbolic link to the outside
+// directory, which holds f with the outside secret.
+const swapScript = `cd "$WS" || exit 1
+while :; do
+  rm -rf d.new; mkdir d.new; printf inside > d.new/f; rm -rf d; mv d.new d
+  rm -f l.new; ln -s "$OUT" l.new; rm -rf d; mv l.new d
+done`
+
+// swapping runs swapScript in the workspace until the returned stop is
+// called; stop returns once the loop is dead.
+func (w *world) swapping(t *testing.T) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		w.run(t, ctx, swapScript, time.Minute)
+	}()
+	// Let the loop start before the attack.
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if _, err := w.fs.Lstat(context.Background(), "d"); err == nil {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return func() { cancel(); <-done }
+}
+
+// The workspace directory d is swapped with a link to the outside while the
+// tools read, list, grep, write and edit through it: every answer is the
+// inside or a refusal, the outside is never read or written (the world's
+// cleanup compares the outside before and after).
+func TestConfinement(t *testing.T) {
+	runAttacks(t, []attack{
+		{"LinkOut", func(t *testing.T, w *world) {
+			w.sh(t, `ln -s "$OUT" out && ln -s "$OUT/secret" s && ln -s ../../.. up && mkdir sub && ln -s "$OUT/d" sub/x`)
+			set := w.toolSet(t, nil)
+			for _, c := range []struct {
+				tool string
+				args map[string]any
+			}{
+				{"read", map[string]any{"path": "s"}},
+				{"read", map[string]any{"path": "out/secret"}},
+				{"read", map[string]any{"path": "up/etc/passwd"}},
+				{"read", map[string]any{"path": "sub/x/f"}},
+				{"read", map[string]any{"path": "../outside/secret"}},
+				{"read", map[string]any{"path": w.outside + "/secret"}},
+				{"ls", map[string]any{"path": "out"}},
+				{"grep", map[string]any{"pattern": "SECRET", "path": "out"}},
+				{"write", map[string]any{"path": "out/new", "content": "x"}},
+				{"write", map[string]any{"path": "s", "content": "x"}},
+				{"write", map[string]any{"path": "sub/x/f", "content": "x"}},
+				{"edit", map[string]any{"path": "s", "edits": []map[string]string{{"oldText": "OUTSIDE", "newText": "x"}}}},
+			} {
+				res := call(t, set, c.tool, c.args)
+				if k := errKind(res); k != "OutsideWorkspace" {
+					t.Errorf("%s %v: %q, want OutsideWorkspace: %s", c.tool, c.args, k, res.Text)
+				}
+			}
+			// grep and find over the root walk past the links, never into them.
+			res := call(t, set, "grep", map[string]any{"pattern": "SECRET"})
+			if g, ok := res.Structured.(*tools.GrepResult); !ok || len(g.Matches) != 0 {
+				t.Errorf("grep over the root: %s", res.Text)
+			}
+		}},
+		{"SymlinkSwapDuringToolWrites", func(t *testing.T, w *world) {
+			set := w.toolSet(t, nil)
+			stop := w.swapping(t)
+			defer stop()
+			refused := 0
+			for i := range 150 {
+				res := call(t, set, "write", map[string]any{"path": "d/f", "content": "pwned"})
+				if res.IsError {
+					refused++
+				}
+				if i%3 == 0 {
+					res = call(t, set, "edit", map[string]any{"path": "d/f", "edits": []map[string]string{{"oldText": "inside", "newText": "pwned"}}})
+				}
+				res = call(t, set, "write", map[string]any{"path": "d/new", "content": "pwned"})
+			}
+			t.Logf("%d of 150 writes refused or failed mid-swap", refused)
+		}},
+		{"SymlinkSwapDuringToolReads", func(t *testing.T, w *world) {
+			set := w.toolSet(t, nil)
+			stop := w.swapping(t)
+			defer stop()
+			got := map[string]int{}
+			for range 150 {
+				for _, c := range []struct {
+					tool string
+					args map[string]any
+				}{
+					{"read", map[string]any{"path": "d/f"}},
+					{"grep", map[string]any{"pattern": "SECRET|inside", "path": "d"}},
+					{"ls", map[string]any{"path": "d"}},
+					{"find", map[string]any{"pattern": "**/secret"}},
+				} {
+					res := call(t, set, c.tool, c.args) // call fails the test on a leak
+					got[c.tool+":"+errKind(res)]++
+				}
+			}
+			t.Logf("outcomes: %v", got)
+		}},
+		{"SymlinkSwapDuringPortCalls", func(t *testing.T, w *world) {
+			// The same race one level down, at the FileSystem port, with the
+			// calls that take a second name or act on links.
+			stop := w.swapping(t)
+			defer stop()
+			ctx := context.Background()
+			for range 200 {
+				if data, err := w.fs.ReadFile(ctx, "d/f", 1<<20); err == nil && string(data) != "inside" {
+					t.Fatalf("ReadFile d/f = %q", data)
+				}
+				w.fs.WriteFile(ctx, "d/g", []byte("pwned"), 0o644)
+				w.fs.Mkdir(ctx, "d/m", 0o755)
+				w.fs.Rename(ctx, "d/f", "moved")
+				w.fs.Remove(ctx, "d/f")
+				if s, ok := w.fs.(workspace.SymlinkFS); ok {
+					s.Symlink(ctx, "x", "d/l")
+				}
+				if r, ok := w.fs.(workspace.RemoveAllFS); ok {
+					r.RemoveAll(ctx, "d/d")
+				}
+			}
+		}},
+		{"SymlinkSwapDuringBulkTransfer", func(t *testing.T, w *world) {
+			fsys, ok := w.fs.(*dockerfs.FS)
+			if !ok {
+				t.Skip("bulk import and export are the docker adapter's; the daemon's tar API is TestDaemon/SymlinkSwapDuringTransfer")
+			}
+			stop := w.swapping(t)
+			ctx := context.Background()
+			exportFailed := 0
+			defer func() {
+				stop()
+				// Whatever the exports did, the container is not left paused.
+				if _, err := w.fs.Stat(ctx, "."); err != nil {
+					t.Errorf("after the exports: %v", err)
+				}
+				if exportFailed == 10 {
+					t.Error("every export failed")
+				}
+			}()
+			for range 10 {
+				var out bytes.Buffer
+				if err := fsys.Export(ctx, &out); err != nil {
+					// A tight fork loop can keep the cgroup freezer from
+					// freezing: the export fails, whole, and leaks nothing.
+					t.Logf("export mid-swap: %v", err)
+					exportFailed++
+					continue
+				}
+				if bytes.Contains(out.Bytes(), []byte(outsideSecret)) {
+					t.Fatal("export carried a file of the outside")
+				}
+				tarNames(t, out.Bytes())
+				var in bytes.Buffer
+				tw := tar.NewWriter(&in)
+				for _, n := range []string{"d/f", "d/g", "d/d/f"} {
+					tw.WriteHeader(&tar.Header{Name: n, Mode: 0o644, Size: 5, Typeflag: tar.TypeReg})
+					tw.Write([]byte("pwned"))
+				}
+				tw.Close()
+				if err := fsys.Import(ctx, &in); err != nil {
+					t.Logf("import mid-swap: %v", err) // refused or failed; the outside is checked at the end
+				}
+			}
+		}},
+	})
+}
+
+// tarNames lists a tar stream's names and fails on one that is absolute or
+// climbs out.
+func tarNames(t *testing.T, data []byte) []string {
+	t.Helper()
+	var names []string
+	tr := tar.NewReader(bytes.NewReader(data))
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return names
+		}
+		if err != nil {
+			t.Fatalf("tar: %v", err)
+		}
+		if strings.HasPrefix(h.Name, "/") || strings.Contains("/"+h.Name+"/", "/../") {
+			t.Errorf("tar entry %q leaves its root", h.Name)
+		}
+		names = append(names, h.Name)
+	}
+}

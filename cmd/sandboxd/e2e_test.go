@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -19,7 +20,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moby/moby/client"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/sandboxd/sandboxd/internal/dockertest"
+	"github.com/sandboxd/sandboxd/runner"
 )
 
 // testTimeout bounds each run of the binary.
@@ -544,3 +549,115 @@ func TestAlwaysWithoutGrantRefusesToStart(t *testing.T) {
 		}
 	}
 }
+
+// TestMCPDockerMatchesLocal makes the same calls over MCP on the local
+// backend and on the docker backend (each on a fresh copy of one project)
+// and wants the same structured results, the workspace root aside: the
+// directory itself on local, /workspace in the container.
+func TestMCPDockerMatchesLocal(t *testing.T) {
+	cli := dockertest.Client(t)
+	dockertest.Image(t) // build the minimal image once, before timing starts
+	// Registered first, so it runs after sandboxd mcp has exited: its
+	// container is gone.
+	t.Cleanup(func() {
+		list, err := cli.ContainerList(context.Background(), client.ContainerListOptions{All: true,
+			Filters: make(client.Filters).Add("label", runner.LabelDaemon)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range list.Items {
+			if strings.HasPrefix(c.Labels[runner.LabelDaemon], "cli-") {
+				t.Errorf("container %s of sandboxd mcp left after it exited", c.Names)
+			}
+		}
+	})
+	calls := []struct {
+		tool string
+		args map[string]any
+	}{
+		{"read", map[string]any{"path": "$ROOT/a.txt"}},
+		{"read", map[string]any{"path": "a.txt", "offset": 1, "limit": 1}},
+		{"read", map[string]any{"path": "chart.bin"}},
+		{"ls", map[string]any{}},
+		{"ls", map[string]any{"path": "link"}},
+		{"find", map[string]any{"pattern": "**/*.go"}},
+		{"find", map[string]any{"pattern": "**"}},
+		{"grep", map[string]any{"pattern": "func", "glob": "*.go"}},
+		{"grep", map[string]any{"pattern": "(?i)ALPHA|two"}},
+		{"write", map[string]any{"path": "new/dir/n.txt", "content": "fresh\n"}},
+		{"write", map[string]any{"path": "a.txt", "content": "alpha\nbeta\ngamma\n"}},
+		{"read", map[string]any{"path": "new/dir/n.txt"}},
+		{"edit", map[string]any{"path": "crlf.txt", "edits": []map[string]any{{"oldText": "one\ntwo", "newText": "uno\ndos"}}}},
+		{"edit", map[string]any{"path": "a.txt", "edits": []map[string]any{{"oldText": "beta", "newText": "BETA"}, {"oldText": "gamma", "newText": "G"}}}},
+		{"edit", map[string]any{"path": "a.txt", "edits": []map[string]any{{"oldText": "zeta", "newText": "x"}}}},
+		{"read", map[string]any{"path": "/etc/passwd"}},
+		{"read", map[string]any{"path": "missing.txt"}},
+		{"read", map[string]any{"path": "src"}},
+		{"write", map[string]any{"path": ".git/config", "content": "x"}},
+		{"write", map[string]any{"path": "../escape.txt", "content": "x"}},
+		{"load_skill", map[string]any{"skill": "workspace.read"}},
+		{"bash", map[string]any{"command": "cat; pwd; exit 4", "stdin": "in\n"}},
+		{"bash", map[string]any{"command": "echo to-stderr >&2; cat a.txt"}},
+		{"bash", map[string]any{"command": "mkdir -p gen && echo 'func g() {}' > gen/g.go && rm crlf.txt"}},
+		{"grep", map[string]any{"pattern": "func", "glob": "*.go"}},
+		{"read", map[string]any{"path": "crlf.txt"}},
+		{"bash", map[string]any{"command": "seq 1 3000"}},
+		{"read", map[string]any{"path": "$SPILL", "offset": 3000}},
+		{"bash", map[string]any{"command": "sleep 5", "timeout": 0.3}},
+		{"bash", map[string]any{"command": "kill -9 $$"}},
+		{"ls", map[string]any{}},
+	}
+	results := map[string][]string{}
+	for _, backend := range []string{"local", "docker"} {
+		dir, _ := newWorkspace(t)
+		root := dir
+		if backend == "docker" {
+			root = "/workspace"
+		}
+		c := startMCP(t, "--backend", backend, "--workspace", dir,
+			"--grant", "fs.write", "--grant", "shell.exec", "--always", "read,edit,shell")
+		if ins := c.InitializeResult().Instructions; !strings.Contains(ins, root) {
+			t.Errorf("%s: instructions do not name the workspace root %s", backend, root)
+		}
+		var spill string
+		for _, call := range calls {
+			args, _ := json.Marshal(call.args)
+			args = bytes.ReplaceAll(bytes.ReplaceAll(args, []byte("$ROOT"), []byte(root)), []byte("$SPILL"), []byte(spill))
+			var a map[string]any
+			json.Unmarshal(args, &a)
+			res, sc := c.call(t, call.tool, a)
+			if p, _ := sc["outputPath"].(string); p != "" {
+				spill = p
+			}
+			results[backend] = append(results[backend], normalizeResult(res.IsError, sc, root))
+		}
+		if backend == "docker" {
+			if data, err := os.ReadFile(filepath.Join(dir, "crlf.txt")); err != nil || string(data) != "one\r\ntwo\r\n" {
+				t.Errorf("the docker backend changed the directory it copied: crlf.txt %q, %v", data, err)
+			}
+		}
+	}
+	for i, call := range calls {
+		if l, d := results["local"][i], results["docker"][i]; l != d {
+			t.Errorf("%s %v:\n local: %s\ndocker: %s", call.tool, call.args, l, d)
+		}
+	}
+}
+
+// normalizeResult returns a result as JSON without what differs between
+// two runs of the same calls: the workspace root (in the text, and in the
+// byte count of an output that names it), durations, and the times and
+// random parts of spill files' names.
+func normalizeResult(isError bool, sc map[string]any, root string) string {
+	delete(sc, "durationMs")
+	if out, ok := sc["output"].(string); ok && sc["truncated"] == false {
+		if n, ok := sc["outputBytes"].(float64); ok {
+			sc["outputBytes"] = n - float64(strings.Count(out, root)*(len(root)-len("$ROOT")))
+		}
+	}
+	got, _ := json.Marshal(map[string]any{"isError": isError, "structuredContent": sc})
+	s := strings.ReplaceAll(string(got), root, "$ROOT")
+	return spillName.ReplaceAllString(s, "bash-$$TIME.log")
+}
+
+var spillName = regexp.MustCompile(`bash-[0-9]{8}-[0-9.]+-[0-9a-f]{8}\.log`)

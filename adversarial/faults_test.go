@@ -1,0 +1,177 @@
+package adversarial
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+)
+
+// sessionContainer is the ID of the container of a daemon's session.
+func sessionContainer(t *testing.T, session string) string {
+	out, err := exec.Command("docker", "ps", "-aq", "--filter", "label=sandboxd.session="+session).Output()
+	ids := strings.Fields(string(out))
+	if err != nil || len(ids) != 1 {
+		t.Fatalf("container of %s: %v %q", session, err, out)
+	}
+	return ids[0]
+}
+
+// callWithin calls a tool and fails when the answer takes longer than d;
+// it returns the HTTP status and body.
+func (d *daemon) callWithin(t *testing.T, dur time.Duration, id, tool string, args any) (int, []byte) {
+	t.Helper()
+	var code int
+	var body []byte
+	within(t, dur, tool+" on a broken session", func() {
+		code, body = d.do(t, acmeToken, "POST", "/v1/sessions/"+id+"/tools/"+tool, map[string]any{"arguments": args})
+	})
+	return code, body
+}
+
+// endsClean deletes a session and checks that its container is gone.
+func (d *daemon) endsClean(t *testing.T, id string) {
+	t.Helper()
+	within(t, 60*time.Second, "deleting a broken session", func() {
+		code, body := d.do(t, acmeToken, "DELETE", "/v1/sessions/"+id, nil)
+		if code != http.StatusNoContent && code != http.StatusNotFound && code != http.StatusGone {
+			t.Errorf("delete: %d %s", code, body)
+		}
+	})
+	if out, _ := exec.Command("docker", "ps", "-aq", "--filter", "label=sandboxd.session="+id).Output(); len(bytes.TrimSpace(out)) != 0 {
+		t.Errorf("container of %s left after delete: %s", id, out)
+	}
+}
+
+// Faults end in a clear error or a recovered session, never a hang or a
+// leak.
+func TestFaults(t *testing.T) {
+	shell := map[string]any{"grants": []string{"fs.write", "shell.exec"}, "always": []string{"edit", "shell"}}
+	t.Run("ContainerKilledFromOutside", func(t *testing.T) {
+		t.Parallel()
+		d := newDaemon(t, daemonConfig{backend: "docker"})
+		id := d.create(t, acmeToken, shell)
+		if out, err := exec.Command("docker", "kill", sessionContainer(t, id)).CombinedOutput(); err != nil {
+			t.Fatalf("docker kill: %v %s", err, out)
+		}
+		for tool, args := range map[string]any{"bash": map[string]any{"command": "echo hi"}, "read": map[string]any{"path": "x"}} {
+			code, body := d.callWithin(t, 15*time.Second, id, tool, args)
+			if code == http.StatusOK && !bytes.Contains(body, []byte(`"isError":true`)) || !bytes.Contains(body, []byte("Unavailable")) {
+				t.Errorf("%s after the kill: %d %s", tool, code, body)
+			}
+		}
+		d.endsClean(t, id)
+	})
+	t.Run("AgentStreamForged", func(t *testing.T) {
+		t.Parallel()
+		// A command writes garbage into PID 1's standard output: the
+		// agent's stream to the host. The host's client must see a broken
+		// stream, never trust a forged answer, and end the session.
+		d := newDaemon(t, daemonConfig{backend: "docker"})
+		id := d.create(t, acmeToken, shell)
+		code, body := d.callWithin(t, 30*time.Second, id, "bash", map[string]any{"command": `printf '\000\000\000\030\003\000\000\000\000\000\000\001\000\000\000\010{"x":1}garbage-frames-from-a-command' > /proc/1/fd/1; sleep 2; echo done`})
+		t.Logf("the forging command: %d %.300s", code, body)
+		code, body = d.callWithin(t, 15*time.Second, id, "read", map[string]any{"path": "x"})
+		if !bytes.Contains(body, []byte("Unavailable")) && !bytes.Contains(body, []byte("NotFound")) {
+			t.Errorf("after the forged frames: %d %s", code, body)
+		}
+		d.endsClean(t, id)
+	})
+	t.Run("TmpfsFull", func(t *testing.T) {
+		t.Parallel()
+		d := newDaemon(t, daemonConfig{backend: "docker"})
+		id := d.create(t, acmeToken, shell)
+		res := d.call(t, acmeToken, id, "bash", map[string]any{"command": "head -c 400000000 /dev/zero > /tmp/fill; echo status=$?; df /tmp | tail -1", "timeout": 60})
+		if !strings.Contains(res.Content[0].Text, "status=1") {
+			t.Errorf("filling /tmp (256 MB) with 400 MB: %s", res.Content[0].Text)
+		}
+		// The workspace and the agent still work with /tmp full.
+		if res := d.call(t, acmeToken, id, "write", map[string]any{"path": "after.txt", "content": "ok"}); res.IsError {
+			t.Errorf("write with /tmp full: %+v", res)
+		}
+		res = d.call(t, acmeToken, id, "bash", map[string]any{"command": "cat after.txt && rm /tmp/fill && echo freed"})
+		if !strings.Contains(res.Content[0].Text, "okfreed") {
+			t.Errorf("after freeing /tmp: %s", res.Content[0].Text)
+		}
+		d.endsClean(t, id)
+	})
+	t.Run("ClientDisconnectsMidStream", func(t *testing.T) {
+		t.Parallel()
+		daemonBackends(t, func(t *testing.T, backend string) {
+			d := newDaemon(t, daemonConfig{backend: map[string]string{"memory": "local", "docker": "docker"}[backend]})
+			id := d.create(t, acmeToken, shell)
+			mark := map[string]string{"memory": "5901", "docker": "5902"}[backend]
+			ctx, cancel := context.WithCancel(context.Background())
+			body, _ := json.Marshal(map[string]any{"arguments": map[string]any{"command": "echo started; sleep " + mark + "; echo never", "timeout": 600}})
+			req, _ := http.NewRequestWithContext(ctx, "POST", d.url+"/v1/sessions/"+id+"/tools/bash", bytes.NewReader(body))
+			req.Header.Set("Authorization", "Bearer "+acmeToken)
+			req.Header.Set("Accept", "text/event-stream")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sc := bufio.NewScanner(resp.Body)
+			for sc.Scan() && !strings.Contains(sc.Text(), "started") {
+			}
+			cancel() // the client goes away mid-stream
+			resp.Body.Close()
+			// The command dies and the session takes calls again.
+			deadline := time.Now().Add(20 * time.Second)
+			for {
+				code, out := d.do(t, acmeToken, "POST", "/v1/sessions/"+id+"/tools/bash", map[string]any{"arguments": map[string]any{
+					"command": `n=0; for p in /proc/[0-9]*; do case "$(tr '\0' ' ' < $p/cmdline 2>/dev/null)" in "sleep ` + mark + `"*) n=$((n+1));; esac; done; echo survivors=$n`}})
+				if code == http.StatusOK && bytes.Contains(out, []byte("survivors=0")) {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("20 s after the client left: %d %s", code, out)
+				}
+				time.Sleep(200 * time.Millisecond)
+			}
+			d.endsClean(t, id)
+		})
+	})
+	t.Run("EngineRestart", func(t *testing.T) {
+		if os.Getenv("SANDBOXD_FAULT_ENGINE_RESTART") != "1" {
+			t.Skip("restarts the Docker engine under every container on it: set SANDBOXD_FAULT_ENGINE_RESTART=1 (and SANDBOXD_ENGINE_RESTART to the command, default `systemctl restart docker`)")
+		}
+		d := newDaemon(t, daemonConfig{backend: "docker"})
+		id := d.create(t, acmeToken, shell)
+		restart := os.Getenv("SANDBOXD_ENGINE_RESTART")
+		if restart == "" {
+			restart = "systemctl restart docker"
+		}
+		if out, err := exec.Command("sh", "-c", restart).CombinedOutput(); err != nil {
+			t.Fatalf("%s: %v %s", restart, err, out)
+		}
+		// The running session's container died with the engine (no
+		// live-restore) or survived it (live-restore): either its calls
+		// fail at once with Unavailable, or they work.
+		code, body := d.callWithin(t, 30*time.Second, id, "bash", map[string]any{"command": "echo alive"})
+		if !bytes.Contains(body, []byte("alive")) && !bytes.Contains(body, []byte("Unavailable")) {
+			t.Errorf("after the restart: %d %s", code, body)
+		}
+		d.endsClean(t, id)
+		// New sessions start once the engine is back.
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			code, body := d.do(t, acmeToken, "POST", "/v1/sessions", shell)
+			if code == http.StatusCreated {
+				var info struct{ ID string }
+				json.Unmarshal(body, &info)
+				d.endsClean(t, info.ID)
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("no session 60 s after the restart: %d %s", code, body)
+			}
+			time.Sleep(time.Second)
+		}
+	})
+}

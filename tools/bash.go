@@ -104,7 +104,7 @@ func (s *Set) bash(ctx context.Context, args json.RawMessage, c *call) (Result, 
 	}
 	switch {
 	case res.TimedOut:
-		notes = append(notes, fmt.Sprintf("[Timed out after %v: the command and everything it started were killed.]", timeout))
+		notes = append(notes, fmt.Sprintf("[Timed out after %g s: the command and everything it started were killed.]", timeout.Seconds()))
 	case res.Signal != "":
 		notes = append(notes, fmt.Sprintf("[Killed by signal %s.]", res.Signal))
 	default:

@@ -67,7 +67,7 @@ func TestBashEndings(t *testing.T) {
 		{"no output", "", workspace.Result{ExitCode: 3}, "(no output)\n\n[Exit code 3.]", &tools.BashResult{ExitCode: 3}},
 		{"signal", "x", workspace.Result{ExitCode: -1, Signal: "SIGKILL"}, "x\n\n[Killed by signal SIGKILL.]",
 			&tools.BashResult{ExitCode: -1, Signal: "SIGKILL", Output: "x", OutputBytes: 1}},
-		{"timeout", "", workspace.Result{ExitCode: -1, Signal: "SIGKILL", TimedOut: true}, "(no output)\n\n[Timed out after 2m0s: the command and everything it started were killed.]",
+		{"timeout", "", workspace.Result{ExitCode: -1, Signal: "SIGKILL", TimedOut: true}, "(no output)\n\n[Timed out after 120 s: the command and everything it started were killed.]",
 			&tools.BashResult{ExitCode: -1, Signal: "SIGKILL", TimedOut: true}},
 	}
 	for _, tt := range tests {

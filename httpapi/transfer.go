@@ -207,6 +207,10 @@ func leadsOut(root, name, target string) bool {
 func checkTargets(ctx context.Context, fsys workspace.FileSystem, entries []tarEntry) error {
 	inArchive := map[string]byte{}
 	for _, e := range entries {
+		if typ, ok := inArchive[e.name]; ok && typ != e.typ {
+			// Judged by its last kind, extracted as each in turn: refuse.
+			return refuse(e.name, workspace.ErrInvalidArgument, "the archive names it twice, as different kinds")
+		}
 		inArchive[e.name] = e.typ
 	}
 	dirOK := map[string]error{}

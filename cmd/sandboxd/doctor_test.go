@@ -1,8 +1,6 @@
 package main
 
 import (
-	"bytes"
-	"context"
 	"encoding/json"
 	"io"
 	"net"
@@ -13,7 +11,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/moby/moby/api/types/system"
 
@@ -231,62 +228,3 @@ func TestDoctorRealEngine(t *testing.T) {
 	}
 }
 
-// TestServeBuildsMissingImage starts serve against an engine without
-// sandboxd's images: it builds the default image, saying so, and then
-// listens on it.
-func TestServeBuildsMissingImage(t *testing.T) {
-	e := &fakeEngine{api: "1.47", info: healthyInfo(), images: map[string]int64{}}
-	e.start(t)
-	minimal, _ := images.Lookup("minimal")
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	var out, errs syncBuffer
-	done := make(chan int, 1)
-	go func() {
-		done <- run(ctx, stdio{in: strings.NewReader(""), out: &out, err: &errs}, []string{"serve", "--listen", "127.0.0.1:0"})
-	}()
-	for deadline := time.Now().Add(5 * time.Minute); !strings.Contains(out.String(), "listening on"); time.Sleep(20 * time.Millisecond) {
-		select {
-		case code := <-done:
-			t.Fatalf("serve exited %d:\n%s%s", code, out.String(), errs.String())
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("serve did not start:\n%s", errs.String())
-		}
-	}
-	cancel()
-	if code := <-done; code != 0 {
-		t.Errorf("serve exited %d after its context ended:\n%s", code, errs.String())
-	}
-	for _, want := range []string{"image minimal: image " + minimal.Ref() + " is not built yet; building it now", "importing", "built " + minimal.Ref()} {
-		if !strings.Contains(errs.String(), want) {
-			t.Errorf("serve's progress lacks %q:\n%s", want, errs.String())
-		}
-	}
-	if !strings.Contains(out.String(), "backend docker, image "+minimal.Ref()) {
-		t.Errorf("welcome: %s", out.String())
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if len(e.imported) != 1 || e.imported[0] != minimal.Ref() {
-		t.Errorf("imported %v, want %s once", e.imported, minimal.Ref())
-	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}

@@ -165,6 +165,9 @@ func serve(ctx context.Context, sio stdio, cfg serveConfig, dev bool) error {
 	if err != nil {
 		return err
 	}
+	fillCtx, stopFill := context.WithCancel(ctx)
+	defer stopFill()
+	go reportPoolFill(fillCtx, sio, m, 250*time.Millisecond)
 	apiOpts := []httpapi.Option{httpapi.WithTenants(cfg.Tenants), httpapi.WithLogger(logger), httpapi.WithMetrics(metrics), httpapi.WithVersion(sandboxdVersion())}
 	if cfg.Limits.MaxBodyBytes > 0 {
 		apiOpts = append(apiOpts, httpapi.WithMaxBodyBytes(cfg.Limits.MaxBodyBytes))
@@ -209,6 +212,48 @@ func serve(ctx context.Context, sio stdio, cfg serveConfig, dev bool) error {
 		srv.Close()
 	}
 	return merr
+}
+
+// reportPoolFill shows the warm pools filling at start: a line each time a
+// pool has more workspaces ready, every interval at most, until every pool
+// is full once or ctx ends. Refills after claims are not reported.
+func reportPoolFill(ctx context.Context, sio stdio, m *runner.Manager, interval time.Duration) {
+	pools := m.Stats().Pools
+	if len(pools) == 0 {
+		return
+	}
+	report := make([]func(string), len(pools))
+	last := make([]int, len(pools))
+	for i, p := range pools {
+		report[i] = progressPrinter(sio, "warm pool "+p.Image)
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		full := true
+		for i, p := range m.Stats().Pools {
+			if last[i] >= p.Size {
+				continue
+			}
+			if ready := p.Ready + int(p.Claimed); ready > last[i] {
+				last[i] = min(ready, p.Size)
+				msg := fmt.Sprintf("%d/%d workspaces started", last[i], p.Size)
+				if last[i] == p.Size {
+					msg += ": ready"
+				}
+				report[i](msg)
+			}
+			full = full && last[i] >= p.Size
+		}
+		if full {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 func printWelcome(sio stdio, url, backend, image, devToken string) {

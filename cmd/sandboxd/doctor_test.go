@@ -227,4 +227,3 @@ func TestDoctorRealEngine(t *testing.T) {
 		t.Errorf("exit %d with a report that fails: %v\n%s%s", code, failed, out, errs)
 	}
 }
-

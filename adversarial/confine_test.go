@@ -80,6 +80,24 @@ func TestConfinement(t *testing.T) {
 				t.Errorf("grep over the root: %s", res.Text)
 			}
 		}},
+		{"HardLinkOut", func(t *testing.T, w *world) {
+			if w.loan != nil {
+				// The workspace is a volume of its own: no hard link can
+				// join it to a file elsewhere.
+				if out, res, _ := w.run(t, context.Background(), `ln "$OUT/secret" h`, 10*time.Second); res.ExitCode == 0 {
+					t.Errorf("hard link from the workspace to %s/secret: %s", w.outside, out)
+				}
+				return
+			}
+			w.sh(t, `ln "$OUT/secret" h && ln "$OUT/d/f" g`)
+			set := w.toolSet(t, nil)
+			// write and edit replace the name; the shared inode outside is
+			// untouched (the world's cleanup compares it).
+			if res := call(t, set, "write", map[string]any{"path": "h", "content": "pwned"}); res.IsError {
+				t.Errorf("write over a hard link: %s", res.Text)
+			}
+			w.fs.WriteFile(context.Background(), "g", []byte("pwned"), 0o644)
+		}},
 		{"SymlinkSwapDuringToolWrites", func(t *testing.T, w *world) {
 			set := w.toolSet(t, nil)
 			stop := w.swapping(t)

@@ -265,3 +265,61 @@ func TestNetwork(t *testing.T) {
 		}},
 	})
 }
+
+// What the runtime escapes of the CVE-2019-5736 and CVE-2024-21626 kind
+// need, a session container does not give: no capability, no new
+// privileges, a read-only root and agent, no descriptor of the host, no
+// Docker socket.
+func TestContainerHardening(t *testing.T) {
+	runAttacks(t, []attack{
+		{"NoPrivileges", func(t *testing.T, w *world) {
+			w.dockerOnly(t, "the local backend runs as the host user by design")
+			status := w.sh(t, `grep -E '^(Uid|Gid|CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs|Seccomp):' /proc/self/status`)
+			for _, want := range []string{"Uid:\t1000\t1000\t1000\t1000", "CapEff:\t0000000000000000", "CapPrm:\t0000000000000000",
+				"CapBnd:\t0000000000000000", "NoNewPrivs:\t1", "Seccomp:\t2"} {
+				if !strings.Contains(status, want) {
+					t.Errorf("/proc/self/status lacks %q:\n%s", want, status)
+				}
+			}
+		}},
+		{"RuntimeBinaryOverwrite", func(t *testing.T, w *world) {
+			w.dockerOnly(t, "the local backend runs as the host user by design")
+			// CVE-2019-5736 overwrote the runtime through /proc/self/exe of
+			// a process it started; here nothing the session can reach is
+			// writable outside /workspace and /tmp.
+			for _, target := range []string{"/proc/1/exe", "/proc/self/exe", "/.sandboxd-agent/sandboxd-agent", "/bin/busybox", "/etc/passwd", "/newfile"} {
+				out, res, _ := w.run(t, context.Background(), "printf x >> "+target, 10*time.Second)
+				if res.ExitCode == 0 {
+					t.Errorf("wrote %s: %s", target, out)
+				}
+			}
+			w.sh(t, `[ "$(stat -c %u /.sandboxd-agent/sandboxd-agent)" != 1000 ]`)
+		}},
+		{"NoLeakedDescriptors", func(t *testing.T, w *world) {
+			w.dockerOnly(t, "the local backend runs as the host user by design")
+			w.sh(t, `! ls /sys/fs/cgroup/cpu/ 2>/dev/null | grep -q docker && ! touch /sys/fs/cgroup/cpu/x 2>/dev/null`)
+			// CVE-2024-21626 leaked a descriptor of the host's cgroup
+			// directory into the container. Every descriptor of PID 1 and
+			// of a command is a pipe, a socket, /dev/null or in the session.
+			out := w.sh(t, `for f in /proc/1/fd/* /proc/self/fd/*; do readlink "$f"; done; true`)
+			for _, l := range strings.Fields(out) {
+				ok := l == "/dev/null" || strings.HasPrefix(l, "pipe:") || strings.HasPrefix(l, "socket:") || strings.HasPrefix(l, "anon_inode:") ||
+					l == "/workspace" || strings.HasPrefix(l, "/workspace/") || strings.HasPrefix(l, "/tmp") || strings.HasPrefix(l, "/proc/") ||
+					// The Go runtime of the agent reads its CPU quota from the
+					// container's own (read-only) cgroup files.
+					strings.HasPrefix(l, "/sys/fs/cgroup/cpu")
+				if !ok {
+					t.Errorf("a descriptor names %s", l)
+				}
+			}
+			w.sh(t, `[ "$(pwd)" = /workspace ]`)
+		}},
+		{"NoDockerSocket", func(t *testing.T, w *world) {
+			w.dockerOnly(t, "the local backend runs as the host user by design")
+			out := w.sh(t, `ls -la /var/run/docker.sock /run/docker.sock /run/containerd 2>&1; grep -c docker.sock /proc/self/mountinfo; env | grep -c DOCKER_; true`)
+			if !strings.Contains(out, "No such file") || strings.Contains(out, "srw") {
+				t.Errorf("the engine's socket is reachable: %s", out)
+			}
+		}},
+	})
+}

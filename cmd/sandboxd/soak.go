@@ -116,12 +116,13 @@ func soak(ctx context.Context, sio stdio, o soakOptions) error {
 		stop()
 		return err
 	}
-	// A first session warms what is made once (image checks, the agent
-	// volume, HTTP connections) before the figures are taken.
-	if err := c.session(ctx, 99); err != nil {
+	// A first round of sessions, as many at once as the soak runs, warms
+	// what is made once (image checks, the agent volume) and fills the
+	// connection pools (to the engine too) before the figures are taken.
+	if err := c.warm(ctx, o.concurrency); err != nil {
 		stop()
 		<-served
-		return fmt.Errorf("first session: %w", err)
+		return fmt.Errorf("first sessions: %w", err)
 	}
 	before, err := c.settle(ctx, docker, name)
 	if err != nil {
@@ -231,6 +232,17 @@ func (c *soakClient) do(ctx context.Context, method, path string, in any, want i
 		return json.Unmarshal(data, out)
 	}
 	return nil
+}
+
+// warm runs n ordinary sessions at once.
+func (c *soakClient) warm(ctx context.Context, n int) error {
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { errs[i] = c.session(ctx, 10*i) })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // session runs the i-th session of the soak, of the kind i selects.

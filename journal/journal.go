@@ -1,0 +1,424 @@
+// Package journal keeps a workspace's journal: a numbered list of commits,
+// each the changes one tool call (or one provider session) made, stored
+// inside the workspace under .sandboxd/journal/ through the FileSystem port,
+// so it works the same on the memory, local and Docker backends.
+//
+// Three ways to change a workspace under the journal:
+//
+//   - Record runs an in-process mutation (write, edit, writeFile, the shell
+//     in write mode, …) against a recording FileSystem. Before the first
+//     change to a path the recorder keeps that path's before-image — only the
+//     touched paths are read, never the tree — and when the call ends the
+//     changes become one commit. A call that fails is rolled back.
+//   - Exec runs a process (workspace_exec) in a workspace session of its own:
+//     a manifest of the tree (type, size, mode, mtime, and inode and ctime
+//     where the adapter reports them) is compared before and after, so only
+//     the files that changed are read. A run that succeeds is committed; any
+//     other outcome restores the workspace exactly — contents, modes,
+//     deletions, new entries removed — and commits nothing. Since a process
+//     changes files behind the port's back, their old bytes must be kept
+//     beforehand: the journal keeps a baseline, a content-addressed copy of
+//     every file up to MaxBlobBytes (built on the first Exec, updated
+//     incrementally from then on).
+//   - Begin opens a provider session: until End, calls run in it without
+//     commits of their own, and End commits (or rolls back) everything the
+//     session changed as one commit, which is the session's result.
+//
+// Commits can be listed (List), shown as a unified diff (Show) and reverted
+// to (Revert), which is itself a commit and can be reverted in turn.
+//
+// Limits. Files over MaxBlobBytes have no before-image: a change to one is
+// recorded (by size) but cannot be restored or reverted, and Exec reports it
+// in Outcome.Unrestored. Modification times, owners, hard links and
+// extended attributes are not restored. Permission bits are restored with
+// the adapter's Chmod (ChmodFS) or the WithChmod hook; without either a file
+// is recreated with its mode, which the adapter's umask may narrow (the
+// outcome says so). One Journal value serialises the mutations it runs; two
+// processes writing one workspace's journal at once are not supported.
+package journal
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sandboxd/sandboxd/workspace"
+)
+
+// Dir is where a workspace's journal lives (protected and excluded by the
+// default globs, as all of .sandboxd/ is).
+const Dir = ".sandboxd/journal"
+
+// Defaults of the options.
+const (
+	DefaultMaxBlobBytes = 16 << 20
+	DefaultMaxCommits   = 500
+)
+
+// ChmodFS is a FileSystem that can set a file's permission bits. The journal
+// uses it, when an adapter has it, to restore modes exactly.
+type ChmodFS interface {
+	workspace.FileSystem
+	Chmod(ctx context.Context, name string, mode fs.FileMode) error
+}
+
+// Entry is the state of one path. The zero Entry is "absent".
+type Entry struct {
+	// Type is "file", "dir", "symlink" or "other"; "" when the path does not
+	// exist.
+	Type string `json:"type,omitempty"`
+	// Mode is the permission bits (with setuid, setgid and sticky).
+	Mode fs.FileMode `json:"mode,omitempty"`
+	// Size is a file's size.
+	Size int64 `json:"size,omitempty"`
+	// Hash is the SHA-256 of a file's contents, whose bytes the journal keeps;
+	// "" for a file over MaxBlobBytes (not kept, so not restorable).
+	Hash string `json:"hash,omitempty"`
+	// Target is a link's target.
+	Target string `json:"target,omitempty"`
+}
+
+// Exists reports whether the entry is a present path.
+func (e Entry) Exists() bool { return e.Type != "" }
+
+// same reports whether two states are the same for the journal: type, mode,
+// contents (by hash, or by size when unhashed) and link target.
+func (e Entry) same(o Entry) bool {
+	if e.Type != o.Type || e.Mode != o.Mode || e.Target != o.Target {
+		return false
+	}
+	if e.Type != "file" {
+		return true
+	}
+	if e.Hash == "" || o.Hash == "" {
+		return e.Hash == o.Hash && e.Size == o.Size
+	}
+	return e.Hash == o.Hash
+}
+
+// restorable reports whether the journal can recreate the state.
+func (e Entry) restorable() bool { return e.Type != "file" || e.Hash != "" || e.Size == 0 }
+
+// Change is one path's state before and after a commit.
+type Change struct {
+	Path   string `json:"path"`
+	Before Entry  `json:"before"`
+	After  Entry  `json:"after"`
+}
+
+// Kind says what the change did: "added", "deleted" or "modified".
+func (c Change) Kind() string {
+	switch {
+	case !c.Before.Exists():
+		return "added"
+	case !c.After.Exists():
+		return "deleted"
+	}
+	return "modified"
+}
+
+// Commit is one entry of the journal.
+type Commit struct {
+	ID      int       `json:"id"`
+	Time    time.Time `json:"time"`
+	Message string    `json:"message"`
+	Changes []Change  `json:"changes"`
+}
+
+// Summary describes a commit without its changes, for lists.
+type Summary struct {
+	ID       int       `json:"id"`
+	Time     time.Time `json:"time"`
+	Message  string    `json:"message"`
+	Added    int       `json:"added"`
+	Modified int       `json:"modified"`
+	Deleted  int       `json:"deleted"`
+	Paths    []string  `json:"paths"`
+}
+
+// Summary returns the commit's summary.
+func (c *Commit) Summary() Summary {
+	s := Summary{ID: c.ID, Time: c.Time, Message: c.Message, Paths: []string{}}
+	for _, ch := range c.Changes {
+		switch ch.Kind() {
+		case "added":
+			s.Added++
+		case "deleted":
+			s.Deleted++
+		default:
+			s.Modified++
+		}
+		s.Paths = append(s.Paths, ch.Path)
+	}
+	return s
+}
+
+// Option configures Open.
+type Option func(*Journal)
+
+// WithRoot sets the workspace root as commands see it, used to resolve links
+// with absolute targets (default "/workspace").
+func WithRoot(root string) Option { return func(j *Journal) { j.root = root } }
+
+// WithMaxBlobBytes sets the largest file whose bytes the journal keeps.
+func WithMaxBlobBytes(n int64) Option { return func(j *Journal) { j.maxBlob = n } }
+
+// WithMaxCommits sets how many commits the journal keeps; older ones are
+// dropped, with the contents only they referenced.
+func WithMaxCommits(n int) Option { return func(j *Journal) { j.maxCommits = n } }
+
+// WithChmod gives the journal a way to set permission bits on an adapter
+// that is not a ChmodFS (the tool layer runs chmod through the Bash port).
+func WithChmod(f func(ctx context.Context, name string, mode fs.FileMode) error) Option {
+	return func(j *Journal) { j.chmod = f }
+}
+
+// WithClock sets the clock commits are stamped with (for tests).
+func WithClock(now func() time.Time) Option { return func(j *Journal) { j.now = now } }
+
+// Journal is one workspace's journal. It is safe for concurrent use; the
+// mutations it runs (Record, Exec, Revert, provider sessions) run one at a
+// time.
+type Journal struct {
+	fs         workspace.FileSystem
+	root       string
+	maxBlob    int64
+	maxCommits int
+	chmod      func(ctx context.Context, name string, mode fs.FileMode) error
+	now        func() time.Time
+
+	mu       sync.Mutex // held by each mutation
+	commits  []*Commit  // oldest first
+	nextID   int
+	shards   map[string]bool     // object directories known to exist
+	base     map[string]manEntry // the baseline manifest; nil until the first Exec
+	baseTime time.Time           // when the baseline's listing began
+	active   *Session
+}
+
+// Open opens the journal of the workspace fsys, loading the commits already
+// stored under Dir. It creates nothing until the first commit.
+func Open(ctx context.Context, fsys workspace.FileSystem, opts ...Option) (*Journal, error) {
+	j := &Journal{fs: fsys, root: "/workspace", maxBlob: DefaultMaxBlobBytes, maxCommits: DefaultMaxCommits,
+		now: time.Now, nextID: 1, shards: map[string]bool{}}
+	for _, o := range opts {
+		o(j)
+	}
+	if c, ok := fsys.(ChmodFS); ok && j.chmod == nil {
+		j.chmod = c.Chmod
+	}
+	entries, err := fsys.ReadDir(ctx, Dir+"/commits")
+	if errors.Is(err, workspace.ErrNotFound) {
+		return j, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("journal: %w", err)
+	}
+	for _, e := range entries {
+		id, err := strconv.Atoi(strings.TrimSuffix(e.Name(), ".json"))
+		if err != nil || !strings.HasSuffix(e.Name(), ".json") {
+			continue
+		}
+		data, err := fsys.ReadFile(ctx, commitName(id), 64<<20)
+		if err != nil {
+			return nil, fmt.Errorf("journal: %w", err)
+		}
+		var c Commit
+		if err := json.Unmarshal(data, &c); err != nil || c.ID != id {
+			return nil, fmt.Errorf("journal: commit %d is damaged: %v", id, err)
+		}
+		j.commits = append(j.commits, &c)
+	}
+	slices.SortFunc(j.commits, func(a, b *Commit) int { return a.ID - b.ID })
+	if n := len(j.commits); n > 0 {
+		j.nextID = j.commits[n-1].ID + 1
+	}
+	return j, nil
+}
+
+func commitName(id int) string { return fmt.Sprintf("%s/commits/%08d.json", Dir, id) }
+
+func objectName(hash string) string { return Dir + "/objects/" + hash[:2] + "/" + hash[2:] }
+
+// ignored reports whether a workspace name is the journal's own business:
+// everything under .sandboxd/ (the journal, spilled output, sources).
+func ignored(name string) bool {
+	return name == ".sandboxd" || strings.HasPrefix(name, ".sandboxd/")
+}
+
+// List returns the summaries of the commits kept, newest first.
+func (j *Journal) List() []Summary {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	out := make([]Summary, 0, len(j.commits))
+	for i := len(j.commits) - 1; i >= 0; i-- {
+		out = append(out, j.commits[i].Summary())
+	}
+	return out
+}
+
+// Get returns commit id, or an error carrying workspace.ErrNotFound.
+func (j *Journal) Get(id int) (*Commit, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.get(id)
+}
+
+func (j *Journal) get(id int) (*Commit, error) {
+	for _, c := range j.commits {
+		if c.ID == id {
+			return c, nil
+		}
+	}
+	return nil, workspace.PathError("journal", fmt.Sprintf("commit %d", id), workspace.ErrNotFound)
+}
+
+// readBlob returns the contents kept under hash.
+func (j *Journal) readBlob(ctx context.Context, hash string) ([]byte, error) {
+	return j.fs.ReadFile(ctx, objectName(hash), j.maxBlob)
+}
+
+// putBlob keeps data under its hash (once) and returns the hash.
+func (j *Journal) putBlob(ctx context.Context, data []byte) (string, error) {
+	sum := sha256.Sum256(data)
+	hash := hex.EncodeToString(sum[:])
+	name := objectName(hash)
+	if j.shards[hash[:2]] {
+		if _, err := j.fs.Lstat(ctx, name); err == nil {
+			return hash, nil
+		}
+	} else {
+		if err := workspace.MkdirAll(ctx, j.fs, path.Dir(name), 0o700); err != nil {
+			return "", fmt.Errorf("journal: %w", err)
+		}
+		j.shards[hash[:2]] = true
+	}
+	if err := j.fs.WriteFile(ctx, name, data, 0o600); err != nil {
+		return "", fmt.Errorf("journal: %w", err)
+	}
+	return hash, nil
+}
+
+// state reads the state of name, keeping a file's bytes (up to the cap).
+func (j *Journal) state(ctx context.Context, name string) (Entry, error) {
+	info, err := j.fs.Lstat(ctx, name)
+	if errors.Is(err, workspace.ErrNotFound) {
+		return Entry{}, nil
+	}
+	if err != nil {
+		return Entry{}, err
+	}
+	return j.stateOf(ctx, name, info)
+}
+
+func (j *Journal) stateOf(ctx context.Context, name string, info fs.FileInfo) (Entry, error) {
+	e := Entry{Type: typeOf(info.Mode()), Mode: info.Mode() & modeBits}
+	switch e.Type {
+	case "file":
+		e.Size = info.Size()
+		if e.Size > j.maxBlob {
+			return e, nil
+		}
+		data, err := j.fs.ReadFile(ctx, name, j.maxBlob)
+		if errors.Is(err, workspace.ErrFileTooLarge) {
+			return e, nil
+		}
+		if err != nil {
+			return Entry{}, err
+		}
+		e.Size = int64(len(data))
+		if e.Hash, err = j.putBlob(ctx, data); err != nil {
+			return Entry{}, err
+		}
+	case "symlink":
+		sl, ok := j.fs.(workspace.SymlinkFS)
+		if !ok {
+			return e, nil
+		}
+		t, err := sl.Readlink(ctx, name)
+		if err != nil {
+			return Entry{}, err
+		}
+		e.Target = t
+	}
+	return e, nil
+}
+
+const modeBits = fs.ModePerm | fs.ModeSetuid | fs.ModeSetgid | fs.ModeSticky
+
+func typeOf(m fs.FileMode) string {
+	switch m.Type() {
+	case 0:
+		return "file"
+	case fs.ModeDir:
+		return "dir"
+	case fs.ModeSymlink:
+		return "symlink"
+	}
+	return "other"
+}
+
+// commit stores a new commit of changes (those whose states differ), prunes
+// old commits and returns it; nil when nothing changed.
+func (j *Journal) commit(ctx context.Context, message string, changes []Change) (*Commit, error) {
+	changes = slices.DeleteFunc(changes, func(c Change) bool { return c.Before.same(c.After) })
+	if len(changes) == 0 {
+		return nil, nil
+	}
+	slices.SortFunc(changes, func(a, b Change) int { return strings.Compare(a.Path, b.Path) })
+	c := &Commit{ID: j.nextID, Time: j.now().UTC(), Message: message, Changes: changes}
+	data, err := json.MarshalIndent(c, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	if err := workspace.MkdirAll(ctx, j.fs, Dir+"/commits", 0o700); err != nil {
+		return nil, fmt.Errorf("journal: %w", err)
+	}
+	if err := j.fs.WriteFile(ctx, commitName(c.ID), data, 0o600); err != nil {
+		return nil, fmt.Errorf("journal: %w", err)
+	}
+	j.nextID++
+	j.commits = append(j.commits, c)
+	j.prune(ctx)
+	return c, nil
+}
+
+// prune drops the commits past maxCommits and the kept contents nothing
+// else refers to. Failures leave garbage behind, never a damaged journal.
+func (j *Journal) prune(ctx context.Context) {
+	if j.maxCommits <= 0 || len(j.commits) <= j.maxCommits {
+		return
+	}
+	drop := j.commits[:len(j.commits)-j.maxCommits]
+	j.commits = slices.Clone(j.commits[len(drop):])
+	live := map[string]bool{}
+	for _, c := range j.commits {
+		for _, ch := range c.Changes {
+			live[ch.Before.Hash], live[ch.After.Hash] = true, true
+		}
+	}
+	for _, m := range j.base {
+		live[m.state.Hash] = true
+	}
+	for _, c := range drop {
+		_ = j.fs.Remove(ctx, commitName(c.ID))
+		for _, ch := range c.Changes {
+			for _, h := range []string{ch.Before.Hash, ch.After.Hash} {
+				if h != "" && !live[h] {
+					live[h] = true // removed once
+					_ = j.fs.Remove(ctx, objectName(h))
+				}
+			}
+		}
+	}
+}

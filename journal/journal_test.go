@@ -1,0 +1,423 @@
+package journal_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/sandboxd/sandboxd/journal"
+	"github.com/sandboxd/sandboxd/localfs"
+	"github.com/sandboxd/sandboxd/memfs"
+	"github.com/sandboxd/sandboxd/workspace"
+)
+
+// backend is a workspace under test and a way to change it behind the port,
+// as a process would.
+type backend struct {
+	name string
+	fs   workspace.FileSystem
+	// behind runs a change that bypasses the port (a process).
+	behind func(t *testing.T, op string, args ...string)
+}
+
+func backends(t *testing.T) []backend {
+	t.Helper()
+	dir := t.TempDir()
+	lfs, err := localfs.New(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lfs.Close() })
+	mfs := memfs.New(memfs.WithUmask(0))
+	ctx := context.Background()
+	return []backend{
+		{"local", lfs, func(t *testing.T, op string, args ...string) {
+			t.Helper()
+			p := filepath.Join(dir, filepath.FromSlash(args[0]))
+			var err error
+			switch op {
+			case "write":
+				err = os.WriteFile(p, []byte(args[1]), 0o644)
+			case "chmod":
+				var m uint32
+				fmt.Sscanf(args[1], "%o", &m)
+				err = os.Chmod(p, fs.FileMode(m))
+			case "rm":
+				err = os.RemoveAll(p)
+			case "mkdir":
+				err = os.MkdirAll(p, 0o755)
+			case "symlink":
+				err = os.Symlink(args[1], p)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"memory", mfs, func(t *testing.T, op string, args ...string) {
+			t.Helper()
+			var err error
+			switch op {
+			case "write":
+				err = mfs.WriteFile(ctx, args[0], []byte(args[1]), 0o644)
+			case "chmod": // memfs has no chmod: recreate, as memexec does
+				var m uint32
+				fmt.Sscanf(args[1], "%o", &m)
+				data, _ := mfs.ReadFile(ctx, args[0], 1<<20)
+				if err = mfs.Remove(ctx, args[0]); err == nil {
+					err = mfs.WriteFile(ctx, args[0], data, fs.FileMode(m))
+				}
+			case "rm":
+				err = mfs.RemoveAll(ctx, args[0])
+			case "mkdir":
+				err = mfs.MkdirAll(ctx, args[0], 0o755)
+			case "symlink":
+				err = mfs.Symlink(ctx, args[1], args[0])
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+		}},
+	}
+}
+
+// seed fills a workspace with a small tree of every kind.
+func seed(t *testing.T, b backend) {
+	t.Helper()
+	b.behind(t, "mkdir", "src/pkg")
+	b.behind(t, "write", "src/a.go", "package a\n\nfunc A() {}\n")
+	b.behind(t, "write", "src/pkg/b.go", "package pkg\n")
+	b.behind(t, "write", "run.sh", "#!/bin/sh\necho hi\n")
+	b.behind(t, "chmod", "run.sh", "755")
+	b.behind(t, "write", "bin.dat", "\x00\x01\x02")
+	b.behind(t, "symlink", "link", "src/a.go")
+	b.behind(t, "mkdir", "empty")
+}
+
+// dump is the whole tree, outside .sandboxd/: path, type, mode, contents.
+func dump(t *testing.T, fsys workspace.FileSystem) string {
+	t.Helper()
+	ctx := context.Background()
+	var b strings.Builder
+	var walk func(dir string)
+	walk = func(dir string) {
+		entries, err := fsys.ReadDir(ctx, dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range entries {
+			p := e.Name()
+			if dir != "." {
+				p = dir + "/" + p
+			}
+			if p == ".sandboxd" {
+				continue
+			}
+			info, err := fsys.Lstat(ctx, p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fmt.Fprintf(&b, "%s %v", p, info.Mode())
+			switch {
+			case info.IsDir():
+				b.WriteString("\n")
+				walk(p)
+			case info.Mode()&fs.ModeSymlink != 0:
+				target, _ := fsys.(workspace.SymlinkFS).Readlink(ctx, p)
+				fmt.Fprintf(&b, " -> %s\n", target)
+			default:
+				data, err := fsys.ReadFile(ctx, p, 1<<20)
+				if err != nil {
+					t.Fatal(err)
+				}
+				fmt.Fprintf(&b, " %q\n", data)
+			}
+		}
+	}
+	walk(".")
+	return b.String()
+}
+
+func open(t *testing.T, fsys workspace.FileSystem) *journal.Journal {
+	t.Helper()
+	j, err := journal.Open(context.Background(), fsys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return j
+}
+
+func TestExecFailureRestoresExactly(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			ctx := context.Background()
+			seed(t, b)
+			j := open(t, b.fs)
+			want := dump(t, b.fs)
+			out, err := j.Exec(ctx, "workspace shell command", func(context.Context) (bool, error) {
+				b.behind(t, "write", "src/a.go", "clobbered")       // modified
+				b.behind(t, "chmod", "run.sh", "644")               // mode only
+				b.behind(t, "rm", "src/pkg")                        // deleted tree
+				b.behind(t, "rm", "link")                           // deleted link
+				b.behind(t, "mkdir", "new/deep")                    // new tree
+				b.behind(t, "write", "new/deep/x", "x")             //
+				b.behind(t, "rm", "empty")                          // type change:
+				b.behind(t, "write", "empty", "now a file")         // dir → file
+				b.behind(t, "chmod", "bin.dat", "600")              //
+				b.behind(t, "write", "bin.dat", "\x00\x01\x02\x03") // modified too
+				return false, nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !out.Restored || out.Committed || out.Commit != nil || len(out.Unrestored) > 0 {
+				t.Fatalf("outcome %+v", out)
+			}
+			if got := dump(t, b.fs); got != want {
+				t.Fatalf("not restored exactly:\n got %s\nwant %s", got, want)
+			}
+			if len(j.List()) != 0 {
+				t.Fatalf("a failed run committed: %+v", j.List())
+			}
+		})
+	}
+}
+
+func TestExecSuccessCommitsAndReverts(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			ctx := context.Background()
+			seed(t, b)
+			j := open(t, b.fs)
+			start := dump(t, b.fs)
+			out, err := j.Exec(ctx, "workspace shell command", func(context.Context) (bool, error) {
+				b.behind(t, "write", "src/a.go", "package a\n\nfunc A() { B() }\n")
+				b.behind(t, "rm", "src/pkg")
+				b.behind(t, "write", "notes.txt", "hello\n")
+				return true, nil
+			})
+			if err != nil || !out.Committed || out.Commit == nil {
+				t.Fatalf("outcome %+v, %v", out, err)
+			}
+			list := j.List()
+			if len(list) != 1 || list[0].Message != "workspace shell command" || list[0].Added != 1 || list[0].Modified != 1 || list[0].Deleted != 2 {
+				t.Fatalf("list %+v", list)
+			}
+			diff, err := j.Show(ctx, list[0].ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, s := range []string{"--- a/src/a.go\n+++ b/src/a.go\n", "-func A() {}\n+func A() { B() }\n",
+				"--- /dev/null\n+++ b/notes.txt\n", "+hello\n", "deleted file mode 100644", "--- a/src/pkg/b.go\n+++ /dev/null\n"} {
+				if !strings.Contains(diff, s) {
+					t.Errorf("diff lacks %q:\n%s", s, diff)
+				}
+			}
+			after := dump(t, b.fs)
+			res, err := j.Revert(ctx, journal.RevertRequest{To: 0})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := dump(t, b.fs); got != start {
+				t.Fatalf("revert did not bring back the start:\n got %s\nwant %s", got, start)
+			}
+			if res.Commit == nil || res.Commit.Message != "revert to the start" {
+				t.Fatalf("revert commit %+v", res.Commit)
+			}
+			// The revert is a commit too: reverting to commit 1 redoes it.
+			if _, err := j.Revert(ctx, journal.RevertRequest{To: 1}); err != nil {
+				t.Fatal(err)
+			}
+			if got := dump(t, b.fs); got != after {
+				t.Fatalf("revert to 1:\n got %s\nwant %s", got, after)
+			}
+			// A reopened journal sees the same commits.
+			if got := open(t, b.fs).List(); len(got) != 3 || got[0].ID != 3 {
+				t.Fatalf("reopened: %+v", got)
+			}
+		})
+	}
+}
+
+func TestRecordCommitsTouchedPathsAndRollsBackFailures(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			ctx := context.Background()
+			seed(t, b)
+			j := open(t, b.fs)
+			start := dump(t, b.fs)
+			c, err := j.Record(ctx, "writeFile", func(fsys workspace.FileSystem) error {
+				if err := workspace.MkdirAll(ctx, fsys, "docs/api", 0o755); err != nil {
+					return err
+				}
+				if err := fsys.WriteFile(ctx, "docs/api/x.md", []byte("# x\n"), 0o644); err != nil {
+					return err
+				}
+				if err := fsys.Rename(ctx, "src/pkg", "lib"); err != nil {
+					return err
+				}
+				return fsys.WriteFile(ctx, "link", []byte("through the link\n"), 0o644) // writes src/a.go
+			})
+			if err != nil || c == nil {
+				t.Fatal(c, err)
+			}
+			var paths []string
+			for _, ch := range c.Changes {
+				paths = append(paths, ch.Path+":"+ch.Kind())
+			}
+			want := []string{"docs:added", "docs/api:added", "docs/api/x.md:added", "lib:added", "lib/b.go:added",
+				"src/a.go:modified", "src/pkg:deleted", "src/pkg/b.go:deleted"}
+			if !slices.Equal(paths, want) {
+				t.Fatalf("changes %v, want %v", paths, want)
+			}
+			// A failing call puts back what it changed before failing.
+			mid := dump(t, b.fs)
+			boom := errors.New("boom")
+			c, err = j.Record(ctx, "copyPath", func(fsys workspace.FileSystem) error {
+				fsys.WriteFile(ctx, "lib/b.go", []byte("half"), 0o644)
+				fsys.Remove(ctx, "bin.dat")
+				return boom
+			})
+			if !errors.Is(err, boom) || c != nil {
+				t.Fatal(c, err)
+			}
+			if got := dump(t, b.fs); got != mid {
+				t.Fatalf("failed call not rolled back:\n got %s\nwant %s", got, mid)
+			}
+			if _, err := j.Revert(ctx, journal.RevertRequest{}); err != nil {
+				t.Fatal(err)
+			}
+			if got := dump(t, b.fs); got != start {
+				t.Fatalf("revert:\n got %s\nwant %s", got, start)
+			}
+		})
+	}
+}
+
+func TestRevertRefusesConflicts(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			ctx := context.Background()
+			seed(t, b)
+			j := open(t, b.fs)
+			if _, err := j.Record(ctx, "write", func(fsys workspace.FileSystem) error {
+				return fsys.WriteFile(ctx, "src/a.go", []byte("v2\n"), 0o644)
+			}); err != nil {
+				t.Fatal(err)
+			}
+			b.behind(t, "write", "src/a.go", "changed by bash\n")
+			before := dump(t, b.fs)
+			_, err := j.Revert(ctx, journal.RevertRequest{To: 0})
+			if !errors.Is(err, workspace.ErrInvalidArgument) || !strings.Contains(err.Error(), "src/a.go changed since") {
+				t.Fatalf("err %v", err)
+			}
+			if got := dump(t, b.fs); got != before {
+				t.Fatal("a refused revert changed the workspace")
+			}
+			if _, err := j.Revert(ctx, journal.RevertRequest{To: 0, Force: true}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := j.Revert(ctx, journal.RevertRequest{To: 7}); !errors.Is(err, workspace.ErrNotFound) {
+				t.Fatalf("unknown commit: %v", err)
+			}
+		})
+	}
+}
+
+func TestProviderSession(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			ctx := context.Background()
+			seed(t, b)
+			j := open(t, b.fs)
+			start := dump(t, b.fs)
+			s, err := j.Begin(ctx, "provider run")
+			if err != nil {
+				t.Fatal(err)
+			}
+			out, err := j.Exec(ctx, "workspace shell command", func(context.Context) (bool, error) {
+				b.behind(t, "write", "a.txt", "a")
+				return false, nil // fails, but the session decides
+			})
+			if err != nil || !out.InSession || out.Restored {
+				t.Fatalf("%+v %v", out, err)
+			}
+			if _, err := j.Record(ctx, "writeFile", func(fsys workspace.FileSystem) error {
+				return fsys.WriteFile(ctx, "b.txt", []byte("b"), 0o644)
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if len(j.List()) != 0 {
+				t.Fatal("calls in a session committed on their own")
+			}
+			res, err := s.End(ctx, true)
+			if err != nil || res.Commit == nil || len(res.Commit.Changes) != 2 || res.Commit.Message != "provider run" {
+				t.Fatalf("%+v %v", res, err)
+			}
+			s, _ = j.Begin(ctx, "provider run 2")
+			b.behind(t, "rm", "src")
+			if res, err := s.End(ctx, false); err != nil || !res.Restored {
+				t.Fatalf("%+v %v", res, err)
+			}
+			if _, err := j.Revert(ctx, journal.RevertRequest{}); err != nil {
+				t.Fatal(err)
+			}
+			if got := dump(t, b.fs); got != start {
+				t.Fatalf("got %s\nwant %s", got, start)
+			}
+		})
+	}
+}
+
+func TestLargeFilesAreReportedNotRestored(t *testing.T) {
+	ctx := context.Background()
+	fsys := memfs.New(memfs.WithUmask(0))
+	fsys.WriteFile(ctx, "big", []byte(strings.Repeat("x", 100)), 0o644)
+	j, err := journal.Open(ctx, fsys, journal.WithMaxBlobBytes(10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := j.Exec(ctx, "m", func(context.Context) (bool, error) {
+		fsys.WriteFile(ctx, "big", []byte("y"), 0o644)
+		return false, nil
+	})
+	if err != nil || len(out.Unrestored) != 1 || !strings.HasPrefix(out.Unrestored[0], "big ") {
+		t.Fatalf("%+v %v", out, err)
+	}
+}
+
+func TestPruneKeepsTheNewest(t *testing.T) {
+	ctx := context.Background()
+	fsys := memfs.New()
+	j, err := journal.Open(ctx, fsys, journal.WithMaxCommits(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 4 {
+		if _, err := j.Record(ctx, "write", func(f workspace.FileSystem) error {
+			return f.WriteFile(ctx, "f", []byte{byte('a' + i)}, 0o644)
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l := j.List()
+	if len(l) != 2 || l[0].ID != 4 || l[1].ID != 3 {
+		t.Fatalf("%+v", l)
+	}
+	if _, err := j.Revert(ctx, journal.RevertRequest{To: 1}); !errors.Is(err, workspace.ErrNotFound) {
+		t.Fatalf("pruned commit: %v", err)
+	}
+	if _, err := j.Revert(ctx, journal.RevertRequest{To: 0}); !errors.Is(err, workspace.ErrNotFound) {
+		t.Fatalf("start after pruning: %v", err)
+	}
+	// The contents only commit 1 referenced ("a") are gone; "b" (commit 3's
+	// before) stays.
+	if _, err := fsys.Lstat(ctx, ".sandboxd/journal/commits/00000001.json"); !errors.Is(err, workspace.ErrNotFound) {
+		t.Fatal("commit 1 kept")
+	}
+}

@@ -1,0 +1,265 @@
+package journal
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"maps"
+	"path"
+	"slices"
+
+	"github.com/sandboxd/sandboxd/workspace"
+)
+
+// Record runs one in-process mutation under the journal: fn changes the
+// workspace through the FileSystem it is given, which keeps the
+// before-image of each path just before its first change (for a removal or
+// a rename, of the whole tree that goes). When fn returns nil, the changes
+// become one commit with message (nil when nothing changed). When fn fails,
+// what it changed is put back and nothing is committed; fn's error is
+// returned.
+//
+// The cost is that of the paths fn touches, whatever the workspace's size:
+// each is read once before and once after. Inside an active provider
+// session, fn runs on the workspace directly and the session's End commits.
+func (j *Journal) Record(ctx context.Context, message string, fn func(fsys workspace.FileSystem) error) (*Commit, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.active != nil {
+		return nil, fn(j.fs)
+	}
+	r := &recorder{FileSystem: j.fs, j: j, before: map[string]Entry{}, deep: map[string]bool{}}
+	err := fn(r)
+	ctx = context.WithoutCancel(ctx) // what was changed is recorded or put back, whatever happens to the caller
+	after := map[string]Entry{}
+	for _, p := range r.tops() {
+		if err := r.afterState(ctx, p, after); err != nil {
+			return nil, errors.Join(err, errorf(workspace.ErrUnavailable, "journal: the change could not be recorded"))
+		}
+	}
+	if err != nil {
+		want := maps.Clone(r.before)
+		for p := range after {
+			if _, ok := want[p]; !ok {
+				want[p] = Entry{}
+			}
+		}
+		if _, rerr := j.apply(ctx, want); rerr != nil {
+			return nil, errors.Join(err, rerr)
+		}
+		return nil, err
+	}
+	var changes []Change
+	for p, a := range after {
+		changes = append(changes, Change{Path: p, Before: r.before[p], After: a})
+	}
+	for p, b := range r.before {
+		if _, ok := after[p]; !ok {
+			changes = append(changes, Change{Path: p, Before: b})
+		}
+	}
+	return j.commit(ctx, message, changes)
+}
+
+// recorder is the FileSystem Record gives fn: reads go straight through;
+// each change first captures what it is about to change.
+type recorder struct {
+	workspace.FileSystem
+	j      *Journal
+	before map[string]Entry
+	deep   map[string]bool // captured with the whole tree below
+}
+
+var (
+	_ workspace.SymlinkFS   = (*recorder)(nil)
+	_ workspace.MkdirAllFS  = (*recorder)(nil)
+	_ workspace.RemoveAllFS = (*recorder)(nil)
+	_ workspace.LockFS      = (*recorder)(nil)
+	_ workspace.WalkFS      = (*recorder)(nil)
+	_ workspace.GrepFS      = (*recorder)(nil)
+)
+
+// covered reports whether a change to name is already accounted for: name
+// was captured, or an ancestor was captured absent or with its tree (what is
+// below it is then read in full afterwards).
+func (r *recorder) covered(name string) bool {
+	if _, ok := r.before[name]; ok {
+		return true
+	}
+	for p := path.Dir(name); p != "." && p != "/"; p = path.Dir(p) {
+		if b, ok := r.before[p]; ok && (r.deep[p] || !b.Exists()) {
+			return true
+		}
+	}
+	return false
+}
+
+// capture keeps the before-image of name (and of its tree with deep).
+func (r *recorder) capture(ctx context.Context, name string, deep bool) error {
+	if ignored(name) || name == "." || r.covered(name) {
+		return nil
+	}
+	e, err := r.j.state(ctx, name)
+	if err != nil {
+		return err
+	}
+	r.before[name], r.deep[name] = e, deep
+	if deep && e.Type == "dir" {
+		return r.j.tree(ctx, name, r.before)
+	}
+	return nil
+}
+
+// tree reads the state of everything below dir into into.
+func (j *Journal) tree(ctx context.Context, dir string, into map[string]Entry) error {
+	entries, err := j.fs.ReadDir(ctx, dir)
+	if err != nil {
+		return err
+	}
+	for _, d := range entries {
+		p := path.Join(dir, d.Name())
+		if ignored(p) {
+			continue
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		e, err := j.stateOf(ctx, p, info)
+		if err != nil {
+			return err
+		}
+		into[p] = e
+		if e.Type == "dir" {
+			if err := j.tree(ctx, p, into); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// tops are the captured paths no captured ancestor covers.
+func (r *recorder) tops() []string {
+	var out []string
+	for p := range r.before {
+		top := true
+		for q := path.Dir(p); q != "."; q = path.Dir(q) {
+			if b, ok := r.before[q]; ok && (r.deep[q] || !b.Exists()) {
+				top = false
+				break
+			}
+		}
+		if top {
+			out = append(out, p)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// afterState reads p's state now, with the tree below it when p was
+// captured absent or with its tree.
+func (r *recorder) afterState(ctx context.Context, p string, into map[string]Entry) error {
+	e, err := r.j.state(ctx, p)
+	if err != nil {
+		return err
+	}
+	into[p] = e
+	if b := r.before[p]; e.Type == "dir" && (r.deep[p] || !b.Exists()) {
+		return r.j.tree(ctx, p, into)
+	}
+	return nil
+}
+
+func (r *recorder) WriteFile(ctx context.Context, name string, data []byte, perm fs.FileMode) error {
+	real, err := workspace.RealPath(ctx, r.FileSystem, r.j.root, name)
+	if err != nil {
+		return err
+	}
+	if err := r.capture(ctx, real, false); err != nil {
+		return err
+	}
+	return r.FileSystem.WriteFile(ctx, name, data, perm)
+}
+
+func (r *recorder) Mkdir(ctx context.Context, name string, perm fs.FileMode) error {
+	if err := r.capture(ctx, name, false); err != nil {
+		return err
+	}
+	return r.FileSystem.Mkdir(ctx, name, perm)
+}
+
+func (r *recorder) MkdirAll(ctx context.Context, name string, perm fs.FileMode) error {
+	// The topmost missing directory stands for all that will be created.
+	top := ""
+	for p := name; p != "." && p != "/"; p = path.Dir(p) {
+		if _, err := r.FileSystem.Lstat(ctx, p); !errors.Is(err, workspace.ErrNotFound) {
+			break
+		}
+		top = p
+	}
+	if top != "" {
+		if err := r.capture(ctx, top, false); err != nil {
+			return err
+		}
+	}
+	return workspace.MkdirAll(ctx, r.FileSystem, name, perm)
+}
+
+func (r *recorder) Remove(ctx context.Context, name string) error {
+	if err := r.capture(ctx, name, false); err != nil {
+		return err
+	}
+	return r.FileSystem.Remove(ctx, name)
+}
+
+func (r *recorder) RemoveAll(ctx context.Context, name string) error {
+	if err := r.capture(ctx, name, true); err != nil {
+		return err
+	}
+	return workspace.RemoveAll(ctx, r.FileSystem, name)
+}
+
+func (r *recorder) Rename(ctx context.Context, oldname, newname string) error {
+	if err := r.capture(ctx, oldname, true); err != nil {
+		return err
+	}
+	if err := r.capture(ctx, newname, true); err != nil {
+		return err
+	}
+	return r.FileSystem.Rename(ctx, oldname, newname)
+}
+
+func (r *recorder) Symlink(ctx context.Context, target, name string) error {
+	sl, ok := r.FileSystem.(workspace.SymlinkFS)
+	if !ok {
+		return workspace.PathError("symlink", name, workspace.ErrInvalidArgument)
+	}
+	if err := r.capture(ctx, name, false); err != nil {
+		return err
+	}
+	return sl.Symlink(ctx, target, name)
+}
+
+func (r *recorder) Readlink(ctx context.Context, name string) (string, error) {
+	sl, ok := r.FileSystem.(workspace.SymlinkFS)
+	if !ok {
+		return "", workspace.PathError("readlink", name, workspace.ErrInvalidArgument)
+	}
+	return sl.Readlink(ctx, name)
+}
+
+// Lock takes the underlying workspace's lock, so writers through the
+// recorder and around it exclude each other.
+func (r *recorder) Lock(ctx context.Context, name string) (func(), error) {
+	return workspace.Lock(ctx, r.FileSystem, name)
+}
+
+func (r *recorder) Walk(ctx context.Context, req workspace.WalkRequest) (workspace.WalkResult, error) {
+	return workspace.Walk(ctx, r.FileSystem, req)
+}
+
+func (r *recorder) Grep(ctx context.Context, req workspace.GrepRequest) (workspace.GrepResult, error) {
+	return workspace.Grep(ctx, r.FileSystem, req)
+}

@@ -5,10 +5,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -49,25 +52,57 @@ func (d *daemon) endsClean(t *testing.T, id string) {
 	}
 }
 
+// brokenSessionFails checks that a session whose container or agent died
+// answers every call with Unavailable at once, and ends without a leak.
+func (d *daemon) brokenSessionFails(t *testing.T, id string) {
+	for tool, args := range map[string]any{"bash": map[string]any{"command": "echo hi"}, "read": map[string]any{"path": "x"}} {
+		code, body := d.callWithin(t, 15*time.Second, id, tool, args)
+		if code == http.StatusOK && !bytes.Contains(body, []byte(`"isError":true`)) || !bytes.Contains(body, []byte("Unavailable")) {
+			t.Errorf("%s after the kill: %d %s", tool, code, body)
+		}
+	}
+	d.endsClean(t, id)
+}
+
 // Faults end in a clear error or a recovered session, never a hang or a
 // leak.
 func TestFaults(t *testing.T) {
 	shell := map[string]any{"grants": []string{"fs.write", "shell.exec"}, "always": []string{"edit", "shell"}}
-	t.Run("ContainerKilledFromOutside", func(t *testing.T) {
-		t.Parallel()
-		d := newDaemon(t, daemonConfig{backend: "docker"})
-		id := d.create(t, acmeToken, shell)
-		if out, err := exec.Command("docker", "kill", sessionContainer(t, id)).CombinedOutput(); err != nil {
-			t.Fatalf("docker kill: %v %s", err, out)
-		}
-		for tool, args := range map[string]any{"bash": map[string]any{"command": "echo hi"}, "read": map[string]any{"path": "x"}} {
-			code, body := d.callWithin(t, 15*time.Second, id, tool, args)
-			if code == http.StatusOK && !bytes.Contains(body, []byte(`"isError":true`)) || !bytes.Contains(body, []byte("Unavailable")) {
-				t.Errorf("%s after the kill: %d %s", tool, code, body)
+	for _, kill := range []struct {
+		name string
+		do   func(t *testing.T, container string) error
+	}{
+		{"ContainerKilledFromOutside", func(t *testing.T, container string) error {
+			out, err := exec.Command("docker", "kill", container).CombinedOutput()
+			if err != nil {
+				err = fmt.Errorf("docker kill: %v %s", err, out)
 			}
-		}
-		d.endsClean(t, id)
-	})
+			return err
+		}},
+		{"AgentKilledFromHost", func(t *testing.T, container string) error {
+			// The agent is PID 1 of its namespace; from the host it is an
+			// ordinary process, and SIGKILL reaches it.
+			out, err := exec.Command("docker", "inspect", "-f", "{{.State.Pid}}", container).Output()
+			if err != nil {
+				return err
+			}
+			pid, err := strconv.Atoi(strings.TrimSpace(string(out)))
+			if err != nil {
+				return err
+			}
+			return syscall.Kill(pid, syscall.SIGKILL)
+		}},
+	} {
+		t.Run(kill.name, func(t *testing.T) {
+			t.Parallel()
+			d := newDaemon(t, daemonConfig{backend: "docker"})
+			id := d.create(t, acmeToken, shell)
+			if err := kill.do(t, sessionContainer(t, id)); err != nil {
+				t.Fatal(err)
+			}
+			d.brokenSessionFails(t, id)
+		})
+	}
 	t.Run("AgentStreamForged", func(t *testing.T) {
 		t.Parallel()
 		// A command writes garbage into PID 1's standard output: the

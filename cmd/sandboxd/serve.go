@@ -305,16 +305,17 @@ func openBackend(ctx context.Context, sio stdio, cfg *serveConfig) (runner.Backe
 		}
 		return &runner.Local{Dir: dir}, runner.DefaultImage, nil
 	case "docker":
-		def := cmp.Or(cfg.Image, images.Default)
-		var ref string
+		var image string // the policy's default image, when set, is used as it is
 		if cfg.Policy.DefaultImage == "" {
-			fmt.Fprintf(sio.err, "image %s: checking (built when missing; the first build takes a while)\n", def)
-			var err error
-			if ref, err = ensureImage(ctx, sio, cli, def); err != nil {
-				return nil, "", err
-			}
+			image = cmp.Or(cfg.Image, images.Default)
+			fmt.Fprintf(sio.err, "image %s: checking (built when missing; the first build takes a while)\n", image)
 		}
-		return &runner.Docker{Client: cli}, ref, nil
+		b, ref, err := dockerBackend(ctx, sio, cli, image)
+		if err != nil {
+			cli.Close()
+			return nil, "", err
+		}
+		return b, ref, nil
 	}
 	return nil, "", usagef("unknown backend %q (backends are docker, local, memory)", name)
 }

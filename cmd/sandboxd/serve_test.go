@@ -21,10 +21,20 @@ func TestServeBuildsMissingImage(t *testing.T) {
 	e := &fakeEngine{api: "1.47", info: healthyInfo(), images: map[string]int64{}}
 	e.start(t)
 	minimal, _ := images.Lookup("minimal")
-	out, errs := serveUntil(t, "")
+
+	// Without the agent, nothing could run: serve says so and stops.
+	t.Setenv("SANDBOXD_AGENT", "")
+	t.Setenv("PATH", t.TempDir())
+	code, _, errs := runInProcess(t, "serve", "--listen", "127.0.0.1:0")
+	if code != 1 || !strings.Contains(errs, "no sandboxd-agent binary") {
+		t.Errorf("serve without an agent: exit %d, %s", code, errs)
+	}
+	agentHere(t)
+	out, serr := serveUntil(t, "")
+	errs = serr.String()
 	for _, want := range []string{"image minimal: image " + minimal.Ref() + " is not built yet; building it now", "importing", "built " + minimal.Ref()} {
-		if !strings.Contains(errs.String(), want) {
-			t.Errorf("serve's progress lacks %q:\n%s", want, errs.String())
+		if !strings.Contains(errs, want) {
+			t.Errorf("serve's progress lacks %q:\n%s", want, errs)
 		}
 	}
 	if !strings.Contains(out.String(), "backend docker, image "+minimal.Ref()) {

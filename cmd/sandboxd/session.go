@@ -13,6 +13,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/moby/moby/client"
+
+	"github.com/sandboxd/sandboxd/dockerexec"
 	"github.com/sandboxd/sandboxd/images"
 	"github.com/sandboxd/sandboxd/policy"
 	"github.com/sandboxd/sandboxd/runner"
@@ -204,17 +207,34 @@ func openDocker(ctx context.Context, sio stdio, f *sessionFlags) (*openedBackend
 	if err != nil {
 		return nil, fmt.Errorf("docker backend: %w (run 'sandboxd doctor')", err)
 	}
-	ref, err := ensureImage(ctx, sio, cli, cmp.Or(f.image, images.Default))
+	b, ref, err := dockerBackend(ctx, sio, cli, cmp.Or(f.image, images.Default))
 	if err != nil {
 		cli.Close()
 		return nil, err
 	}
 	return &openedBackend{
-		backend: &runner.Docker{Client: cli},
+		backend: b,
 		policy:  policy.Policy{DefaultImage: ref},
 		source:  f.workspace,
 		release: func() { cli.Close() },
 	}, nil
+}
+
+// dockerBackend is the Docker backend over cli, once what every session
+// needs is there: the agent binary, and image (when not "") as ensureImage
+// makes sure. It returns image's reference.
+func dockerBackend(ctx context.Context, sio stdio, cli *client.Client, image string) (*runner.Docker, string, error) {
+	agent, err := dockerexec.FindAgent()
+	if err != nil {
+		return nil, "", fmt.Errorf("docker backend: %w", err)
+	}
+	var ref string
+	if image != "" {
+		if ref, err = ensureImage(ctx, sio, cli, image); err != nil {
+			return nil, "", err
+		}
+	}
+	return &runner.Docker{Client: cli, Agent: agent}, ref, nil
 }
 
 // ensureImage returns the reference of image: an image definition's name

@@ -119,11 +119,11 @@ func config(t *testing.T, backend, name string) string {
 var listening = regexp.MustCompile(`listening on (http://\S+)`)
 
 // start runs `sandboxd serve --config file` until the test ends (SIGTERM,
-// then a check that it exited cleanly).
-func start(t *testing.T, file string) *daemon {
+// then a check that it exited cleanly), with env added to its environment.
+func start(t *testing.T, file string, env ...string) *daemon {
 	t.Helper()
 	cmd := exec.Command(filepath.Join(binDir, "sandboxd"), "serve", "--config", file)
-	cmd.Env = append(os.Environ(), "SANDBOXD_AGENT="+filepath.Join(binDir, "sandboxd-agent"))
+	cmd.Env = append(append(os.Environ(), "SANDBOXD_AGENT="+filepath.Join(binDir, "sandboxd-agent")), env...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

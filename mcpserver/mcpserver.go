@@ -44,6 +44,9 @@ const (
 	// MetaStream, in a progress notification's _meta, names the stream
 	// ("stdout" or "stderr") the message's output came from.
 	MetaStream = "sandboxd/stream"
+	// MetaCommit, in a tool result's _meta, is the journal commit the call
+	// made (id, message, paths), when it changed files.
+	MetaCommit = "sandboxd/commit"
 )
 
 // Server serves one tool set over MCP. It is safe for concurrent use.
@@ -134,11 +137,8 @@ func (s *Server) sync() {
 	s.served = active
 }
 
-// readOnly are the tools that change nothing.
-var readOnly = []string{"read", "ls", "find", "grep", tools.LoadSkill}
-
 func mcpTool(t tools.Tool) *mcp.Tool {
-	ro := slices.Contains(readOnly, t.Name)
+	ro := t.ReadOnly
 	closed, destructive := false, !ro
 	ann := &mcp.ToolAnnotations{ReadOnlyHint: ro, OpenWorldHint: &closed}
 	if !ro {
@@ -208,6 +208,9 @@ func result(r tools.Result) *mcp.CallToolResult {
 	}
 	if r.Image != nil {
 		out.Content = append(out.Content, &mcp.ImageContent{Data: r.Image.Data, MIMEType: r.Image.MIMEType})
+	}
+	if r.Commit != nil {
+		out.Meta = mcp.Meta{MetaCommit: r.Commit}
 	}
 	return out
 }

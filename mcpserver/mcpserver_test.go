@@ -183,7 +183,7 @@ func text(res *mcp.CallToolResult) string {
 
 func TestListServesActiveToolsWithSchemasAndInstructions(t *testing.T) {
 	c, set := start(t, fixture{grants: []string{tools.GrantFSWrite}})
-	if got, want := toolNames(t, c), []string{"find", "grep", "load_skill", "ls", "read"}; !slices.Equal(got, want) {
+	if got, want := toolNames(t, c), []string{"find", "grep", "journal_list", "journal_revert", "journal_show", "load_skill", "ls", "read"}; !slices.Equal(got, want) {
 		t.Errorf("tools = %v, want %v", got, want)
 	}
 	res, err := c.ListTools(t.Context(), nil)
@@ -198,8 +198,8 @@ func TestListServesActiveToolsWithSchemasAndInstructions(t *testing.T) {
 		if tool.Description == "" {
 			t.Errorf("%s: no description", tool.Name)
 		}
-		if ro := tool.Annotations != nil && tool.Annotations.ReadOnlyHint; !ro {
-			t.Errorf("%s: not marked read-only", tool.Name)
+		if ro := tool.Annotations != nil && tool.Annotations.ReadOnlyHint; ro == (tool.Name == "journal_revert") {
+			t.Errorf("%s: read-only hint %v", tool.Name, ro)
 		}
 	}
 	init := c.InitializeResult()
@@ -272,7 +272,7 @@ func TestLoadSkillSendsListChanged(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("no tools/list_changed after load_skill")
 	}
-	if got, want := toolNames(t, c), []string{"edit", "find", "grep", "load_skill", "ls", "read", "write"}; !slices.Equal(got, want) {
+	if got, want := toolNames(t, c), []string{"edit", "find", "grep", "journal_list", "journal_revert", "journal_show", "load_skill", "ls", "read", "write"}; !slices.Equal(got, want) {
 		t.Errorf("tools after load_skill = %v, want %v", got, want)
 	}
 	res = call(t, c, "edit", map[string]any{"path": "a.txt", "edits": []map[string]string{{"oldText": "x", "newText": "y"}}})

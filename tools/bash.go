@@ -66,20 +66,32 @@ func (s *Set) bash(ctx context.Context, args json.RawMessage, c *call) (Result, 
 	if p.Stdin != nil {
 		cmd.Stdin = strings.NewReader(*p.Stdin)
 	}
+	res, _, err := s.runCommand(ctx, c, timeout, func(ctx context.Context, output func(workspace.Stream, []byte)) (workspace.Result, error) {
+		cmd.Output = output
+		return s.env.Bash.Run(ctx, cmd)
+	})
+	return res, err
+}
+
+// runCommand runs a command through run, gathering its output (published
+// as progress when the call asks), and returns the bash result: the kept
+// tail, the whole output saved to the spill directory when cut, and how
+// the command ended, with the text for the model.
+func (s *Set) runCommand(ctx context.Context, c *call, timeout time.Duration,
+	run func(ctx context.Context, output func(workspace.Stream, []byte)) (workspace.Result, error)) (Result, *BashResult, error) {
 	out := newCapture(s.cfg.MaxFileBytes, s.cfg.MaxBytes)
-	cmd.Output = out.write
 	var stop func()
 	if c.opts.Progress != nil {
 		stop = out.publish(time.Duration(s.cfg.ProgressMs)*time.Millisecond, func(stream, text string) {
 			c.opts.Progress(Progress{Tool: c.tool, Stream: stream, Text: text})
 		})
 	}
-	res, err := s.env.Bash.Run(ctx, cmd)
+	res, err := run(ctx, out.write)
 	if stop != nil {
 		stop()
 	}
 	if err != nil {
-		return Result{}, err
+		return Result{}, nil, err
 	}
 	r := &BashResult{
 		ExitCode: res.ExitCode, Signal: res.Signal, TimedOut: res.TimedOut,
@@ -117,7 +129,7 @@ func (s *Set) bash(ctx context.Context, args json.RawMessage, c *call) (Result, 
 	if !strings.HasSuffix(text, "\n") {
 		text += "\n"
 	}
-	return Result{Text: text + "\n" + strings.Join(notes, "\n"), Structured: r}, nil
+	return Result{Text: text + "\n" + strings.Join(notes, "\n"), Structured: r}, r, nil
 }
 
 // commandEnv is what a command gets on top of the adapter's base

@@ -74,16 +74,19 @@ func (s *Set) define(name string) *toolDef {
 			prop{name: "offset", typ: "integer", desc: "the first line to show, from 1", extra: map[string]any{"minimum": 1}},
 			prop{name: "limit", typ: "integer", desc: fmt.Sprintf("the most lines to show (at most %d)", c.MaxLines), extra: map[string]any{"minimum": 1}})
 		d.run = (*Set).read
+		d.readOnly = true
 	case "ls":
 		d.desc = fmt.Sprintf("List a directory of the workspace, sorted by name. Directories end in /, symbolic links in @. At most %d entries.", c.LsEntries)
 		d.schema = objectSchema(pathProp("the directory (default: the workspace root)", false), limitProp("entries", c.LsEntries))
 		d.run = (*Set).ls
+		d.readOnly = true
 	case "find":
 		d.desc = fmt.Sprintf("Find files whose path matches a glob (doublestar: *, **, ?, [abc], {a,b}), written relative to the workspace root; a pattern without / matches the file name at any depth (*.go). Returns paths relative to the root, at most %d, shown up to %s. Never enters linked directories or %s.",
 			c.FindResults, limits, excludeText(c.Exclude))
 		d.schema = objectSchema(prop{name: "pattern", typ: "string", desc: "the glob, e.g. **/*.ts or src/**/test_*.py", required: true},
 			pathProp("the directory to search (default: the workspace root)", false), limitProp("paths", c.FindResults))
 		d.run = (*Set).find
+		d.readOnly = true
 	case "grep":
 		d.desc = fmt.Sprintf("Search file contents for a regular expression (Go RE2 syntax: no backreferences or lookaround; matching takes linear time, so no pattern can hang the search). Returns path:line:text for each matching line (context lines as path-line-text), at most %d matches, lines cut to %d characters before matching, shown up to %s. Skips binary files, linked directories and %s.",
 			c.GrepMatches, c.GrepLineChars, limits, excludeText(c.Exclude))
@@ -95,11 +98,13 @@ func (s *Set) define(name string) *toolDef {
 			prop{name: "context", typ: "integer", desc: "lines to show before and after each match", extra: map[string]any{"minimum": 0}},
 			limitProp("matching lines", c.GrepMatches))
 		d.run = (*Set).grep
+		d.readOnly = true
 	case "write":
 		d.desc = fmt.Sprintf("Create or replace a file with content, creating missing parent directories. Readers never see half a file. Refuses to empty a file that has content, and paths matching %s.",
 			strings.Join(c.Protect, ", "))
 		d.schema = objectSchema(pathProp("the file to write", true), prop{name: "content", typ: "string", desc: "the whole new content", required: true})
 		d.run = (*Set).write
+		d.journaled = true
 	case "edit":
 		fuzzy := ""
 		if c.FuzzyEdit {
@@ -116,6 +121,7 @@ func (s *Set) define(name string) *toolDef {
 					"newText": map[string]any{"type": "string", "description": "its replacement"},
 				}}}})
 		d.run = (*Set).edit
+		d.journaled = true
 	case "bash":
 		d.desc = fmt.Sprintf("Run a shell command in the workspace root. Returns the end of its output (stdout and stderr, last %s) and how it ended; when there was more, the whole output (up to %s) is saved to a file under %s whose path the result gives. Non-zero exit, a signal or a timeout are reported, not failures. Default timeout %ds, at most %ds.",
 			limits, kb(c.MaxFileBytes), c.SpillDir, c.BashTimeoutMs/1000, c.BashMaxTimeoutMs/1000)
@@ -136,6 +142,7 @@ func (s *Set) define(name string) *toolDef {
 		d.schema = objectSchema(prop{name: "skill", typ: "string", desc: "the skill to load, e.g. workspace.edit", required: true,
 			extra: map[string]any{"enum": []string{"workspace.read", "workspace.edit", "workspace.shell"}}})
 		d.run = (*Set).loadSkill
+		d.readOnly = true
 	}
 	return d
 }
@@ -204,6 +211,11 @@ func (s *Set) EnvironmentSection() string {
 			loadable = append(loadable, fmt.Sprintf("%s (%s; needs the grant %s, not given: loading it fails)", sk.Name, strings.Join(sk.Tools, ", "), sk.Grant))
 		}
 	}
+	for _, t := range s.List() {
+		if t.Skill == SkillWorkspaceShell {
+			active = append(active, t.Name)
+		}
+	}
 	fmt.Fprintf(&b, "Tools: %s.", strings.Join(active, ", "))
 	if len(loadable) > 0 {
 		fmt.Fprintf(&b, " Load more with load_skill: %s.", strings.Join(loadable, "; "))
@@ -218,6 +230,12 @@ func (s *Set) EnvironmentSection() string {
 	if slices.Contains(c.Tools, "bash") && s.env.Bash != nil {
 		fmt.Fprintf(&b, "- bash keeps the last %d lines or %s of output and saves the whole output under %s; commands time out after %ds unless asked (at most %ds).\n",
 			c.MaxLines, kb(int64(c.MaxBytes)), c.SpillDir, c.BashTimeoutMs/1000, c.BashMaxTimeoutMs/1000)
+	}
+	if e := s.wsEntry; e != nil && len(e.Commands) > 0 {
+		fmt.Fprintf(&b, "- shell (%s mode) runs only %s; anything else is refused.\n", e.Mode, strings.Join(e.Commands, ", "))
+	}
+	if s.active[SkillJournal] {
+		b.WriteString("- Every call that changes files is a journal commit: journal_list, journal_show and journal_revert list, show and undo them.\n")
 	}
 	if c.MaxCallsPerRun > 0 {
 		fmt.Fprintf(&b, "- A turn may make at most %d tool calls.\n", c.MaxCallsPerRun)

@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/sandboxd/sandboxd/workspace"
+	"github.com/sandboxd/sandboxd/workspaceshell"
 )
 
 // Config is every option of the workspace tools, under the names of the
@@ -82,6 +83,80 @@ type Config struct {
 	Grants []string `json:"grants"`
 	// MaxCallsPerRun caps tool calls in one run (0: no cap). Default 64.
 	MaxCallsPerRun int `json:"maxCallsPerRun"`
+	// Profile selects the tool profiles: "workspace-tools" (the seven
+	// tools and load_skill), "workspace-shell" (the workspace-shell
+	// capability), or both. In JSON a list or a comma-separated string.
+	// Empty: workspace-shell when WorkspaceShell is set, else
+	// workspace-tools (see Profiles).
+	Profile Profiles `json:"profile,omitempty"`
+	// WorkspaceShell are the workspace-shell profile's options: "mode",
+	// "commands", "timeout". Its write access is the fs.write grant.
+	WorkspaceShell *workspaceshell.Settings `json:"workspaceShell,omitempty"`
+	// Driver is the kind of agent driving the session: "model" (default),
+	// "provider" or "custom". It decides what the workspace-shell profile
+	// gives (a provider gets only workspace_exec, and only with commands).
+	Driver workspaceshell.Driver `json:"driver,omitempty"`
+}
+
+// The tool profiles.
+const (
+	ProfileWorkspaceTools = "workspace-tools"
+	ProfileWorkspaceShell = "workspace-shell"
+)
+
+// Profiles is a list of profile names; JSON takes a list or a string of
+// comma-separated names.
+type Profiles []string
+
+// UnmarshalJSON reads ["a","b"] or "a,b".
+func (p *Profiles) UnmarshalJSON(data []byte) error {
+	var s string
+	if err := json.Unmarshal(data, &s); err == nil {
+		*p = ParseProfiles(s)
+		return nil
+	}
+	var l []string
+	if err := json.Unmarshal(data, &l); err != nil {
+		return &OptionError{Option: "profile", Reason: "want a profile name, a comma-separated string of them, or a list"}
+	}
+	*p = l
+	return nil
+}
+
+// ParseProfiles reads "workspace-tools,workspace-shell".
+func ParseProfiles(s string) Profiles {
+	var p Profiles
+	for n := range strings.SplitSeq(s, ",") {
+		if n = strings.TrimSpace(n); n != "" {
+			p = append(p, n)
+		}
+	}
+	return p
+}
+
+// Profiles returns the profiles the configuration selects: Profile when
+// set; otherwise workspace-shell when its options are given, else
+// workspace-tools.
+func (c Config) Profiles() []string {
+	switch {
+	case len(c.Profile) > 0:
+		return c.Profile
+	case c.WorkspaceShell != nil:
+		return []string{ProfileWorkspaceShell}
+	}
+	return []string{ProfileWorkspaceTools}
+}
+
+// ShellSettings returns the workspace-shell profile's settings: its
+// options, the driver, and write access from the fs.write grant.
+func (c Config) ShellSettings() workspaceshell.Settings {
+	var s workspaceshell.Settings
+	if c.WorkspaceShell != nil {
+		s = *c.WorkspaceShell
+	}
+	s.Driver = c.Driver
+	s.WriteAccess = slices.Contains(c.Grants, GrantFSWrite)
+	return s
 }
 
 // The grants skills need.
@@ -250,7 +325,49 @@ func (c Config) Validate() error {
 	if c.MaxCallsPerRun < 0 {
 		return bad("maxCallsPerRun", "must not be negative, got %d", c.MaxCallsPerRun)
 	}
-	return nil
+	return c.validateProfiles()
+}
+
+// validateProfiles checks the profiles and, with workspace-shell, every
+// definition-time diagnostic of the capability (all of them, in one
+// *OptionError named after the first bad setting).
+func (c Config) validateProfiles() error {
+	profiles := c.Profiles()
+	for _, p := range profiles {
+		if p != ProfileWorkspaceTools && p != ProfileWorkspaceShell {
+			return &OptionError{Option: "profile", Reason: fmt.Sprintf("unknown profile %q (profiles are %s, %s)", p, ProfileWorkspaceTools, ProfileWorkspaceShell)}
+		}
+	}
+	if !slices.Contains(profiles, ProfileWorkspaceShell) {
+		if c.WorkspaceShell != nil {
+			return &OptionError{Option: "workspaceShell", Reason: "the workspace-shell options are set but the profile does not include workspace-shell (add it: profile workspace-tools,workspace-shell)"}
+		}
+		return nil
+	}
+	err := c.ShellSettings().Validate()
+	if err == nil {
+		return nil
+	}
+	var msgs []string
+	var first string
+	for _, e := range unjoin(err) {
+		var se *workspaceshell.SettingError
+		if errors.As(e, &se) && first == "" {
+			first = se.Setting
+		}
+		msgs = append(msgs, e.Error())
+	}
+	if first == "" {
+		first = "workspaceShell"
+	}
+	return &OptionError{Option: first, Reason: strings.TrimPrefix(strings.Join(msgs, "; "), first+": ")}
+}
+
+func unjoin(err error) []error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		return j.Unwrap()
+	}
+	return []error{err}
 }
 
 func validGlob(g string) bool {

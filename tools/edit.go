@@ -41,7 +41,7 @@ type Replacement struct {
 // lockForChange resolves a path write or edit is to change, checks it
 // against the protect globs both as written and with its links resolved (a
 // link into .git is refused), and takes the file's write lock.
-func (s *Set) lockForChange(ctx context.Context, p string) (name string, unlock func(), err error) {
+func (s *Set) lockForChange(ctx context.Context, c *call, p string) (name string, unlock func(), err error) {
 	if name, err = s.resolve(p); err != nil {
 		return "", nil, err
 	}
@@ -49,7 +49,7 @@ func (s *Set) lockForChange(ctx context.Context, p string) (name string, unlock 
 	if err != nil {
 		return "", nil, err
 	}
-	unlock, err = workspace.Lock(ctx, s.env.FS, real)
+	unlock, err = workspace.Lock(ctx, c.fsys, real)
 	return name, unlock, err
 }
 
@@ -73,7 +73,7 @@ func (s *Set) mutable(ctx context.Context, name string) (string, error) {
 	return real, protected(real)
 }
 
-func (s *Set) write(ctx context.Context, args json.RawMessage, _ *call) (Result, error) {
+func (s *Set) write(ctx context.Context, args json.RawMessage, c *call) (Result, error) {
 	var p struct {
 		Path    string  `json:"path"`
 		Content *string `json:"content"`
@@ -84,17 +84,17 @@ func (s *Set) write(ctx context.Context, args json.RawMessage, _ *call) (Result,
 	if p.Path == "" || p.Content == nil {
 		return Result{}, invalid("path and content are required")
 	}
-	name, unlock, err := s.lockForChange(ctx, p.Path)
+	name, unlock, err := s.lockForChange(ctx, c, p.Path)
 	if err != nil {
 		return Result{}, err
 	}
 	defer unlock()
 	created := false
-	info, err := s.env.FS.Stat(ctx, name)
+	info, err := c.fsys.Stat(ctx, name)
 	switch {
 	case errors.Is(err, workspace.ErrNotFound):
 		created = true
-		if err := workspace.MkdirAll(ctx, s.env.FS, path.Dir(name), 0o755); err != nil {
+		if err := workspace.MkdirAll(ctx, c.fsys, path.Dir(name), 0o755); err != nil {
 			return Result{}, err
 		}
 	case err != nil:
@@ -104,7 +104,7 @@ func (s *Set) write(ctx context.Context, args json.RawMessage, _ *call) (Result,
 	case info.Size() > 0 && *p.Content == "":
 		return Result{}, invalid("refusing to empty %s, which has %s of content; to delete it use bash (rm), or write the content it should keep", name, kb(info.Size()))
 	}
-	if err := s.env.FS.WriteFile(ctx, name, []byte(*p.Content), 0o644); err != nil {
+	if err := c.fsys.WriteFile(ctx, name, []byte(*p.Content), 0o644); err != nil {
 		return Result{}, err
 	}
 	verb := "Replaced"
@@ -125,7 +125,7 @@ func describeMode(m fs.FileMode) string {
 	return fileKind(m)
 }
 
-func (s *Set) edit(ctx context.Context, args json.RawMessage, _ *call) (Result, error) {
+func (s *Set) edit(ctx context.Context, args json.RawMessage, c *call) (Result, error) {
 	var p struct {
 		Path  string        `json:"path"`
 		Edits []Replacement `json:"edits"`
@@ -136,7 +136,7 @@ func (s *Set) edit(ctx context.Context, args json.RawMessage, _ *call) (Result, 
 	if p.Path == "" || len(p.Edits) == 0 {
 		return Result{}, invalid("path and at least one edit are required")
 	}
-	name, unlock, err := s.lockForChange(ctx, p.Path)
+	name, unlock, err := s.lockForChange(ctx, c, p.Path)
 	if err != nil {
 		return Result{}, err
 	}
@@ -153,7 +153,7 @@ func (s *Set) edit(ctx context.Context, args json.RawMessage, _ *call) (Result, 
 		}
 		return Result{}, err
 	}
-	if err := s.env.FS.WriteFile(ctx, name, updated, 0o644); err != nil {
+	if err := c.fsys.WriteFile(ctx, name, updated, 0o644); err != nil {
 		return Result{}, err
 	}
 	diff, _ := difflib.GetUnifiedDiffString(difflib.UnifiedDiff{

@@ -28,7 +28,9 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/sandboxd/sandboxd/journal"
 	"github.com/sandboxd/sandboxd/workspace"
+	"github.com/sandboxd/sandboxd/workspaceshell"
 )
 
 // Env is what a tool set works on.
@@ -52,6 +54,8 @@ type Tool struct {
 	Active      bool            `json:"active"`
 	Description string          `json:"description"`
 	InputSchema json.RawMessage `json:"inputSchema"`
+	// ReadOnly says the tool changes nothing in the workspace.
+	ReadOnly bool `json:"readOnly"`
 }
 
 // Skill describes one skill of the catalogue.
@@ -94,6 +98,8 @@ type Result struct {
 	Structured any
 	Image      *Image
 	IsError    bool
+	// Commit is the journal commit the call made, when it changed files.
+	Commit *journal.Summary
 }
 
 // Image is an image for the model.
@@ -171,16 +177,23 @@ type call struct {
 	tool  string
 	runID string
 	opts  CallOptions
+	// fsys is the workspace as the call changes it: the journal's recorder
+	// for a journaled tool, else Env.FS.
+	fsys workspace.FileSystem
 }
 
 type toolFunc func(s *Set, ctx context.Context, args json.RawMessage, c *call) (Result, error)
 
 type toolDef struct {
-	name   string
-	skill  string
-	desc   string
-	schema json.RawMessage
-	run    toolFunc
+	name     string
+	skill    string
+	desc     string
+	schema   json.RawMessage
+	run      toolFunc
+	readOnly bool
+	// journaled tools change the workspace in this process: each call is
+	// recorded as one commit of the journal (or rolled back when it fails).
+	journaled bool
 }
 
 // Set is a session's workspace tools.
@@ -191,9 +204,13 @@ type Set struct {
 	defs  []*toolDef // catalogue order; load_skill last
 	spill sync.Mutex // serialises pruning of the spill directory
 
-	mu     sync.Mutex
-	active map[string]bool // skill name → active
-	runs   map[string]int  // run ID → calls made
+	shell   workspaceshell.Settings        // the workspace-shell profile's settings
+	wsEntry *workspaceshell.CatalogueEntry // its catalogue entry; nil without the profile
+
+	mu      sync.Mutex
+	active  map[string]bool // skill name → active
+	runs    map[string]int  // run ID → calls made
+	journal *journal.Journal
 }
 
 // New builds a tool set. It validates cfg, and fails when Config.Always
@@ -223,15 +240,42 @@ func New(env Env, cfg Config) (*Set, error) {
 		}
 		s.active[sk.name] = true
 	}
-	for _, name := range AllTools {
-		if !slices.Contains(cfg.Tools, name) || (name == "bash" && env.Bash == nil) {
-			continue
+	profiles := cfg.Profiles()
+	if slices.Contains(profiles, ProfileWorkspaceTools) {
+		for _, name := range AllTools {
+			if !slices.Contains(cfg.Tools, name) || (name == "bash" && env.Bash == nil) {
+				continue
+			}
+			d := s.define(name)
+			d.skill = skillOf(name).name
+			s.defs = append(s.defs, d)
 		}
-		d := s.define(name)
-		d.skill = skillOf(name).name
-		s.defs = append(s.defs, d)
 	}
-	s.defs = append(s.defs, s.define(LoadSkill))
+	if slices.Contains(profiles, ProfileWorkspaceShell) {
+		s.shell = cfg.ShellSettings()
+		entry, err := s.shell.Catalogue()
+		if err != nil {
+			return nil, fmt.Errorf("tools: %w", err)
+		}
+		s.wsEntry = entry
+		s.active[SkillWorkspaceShell] = true
+		for _, name := range entryTools(entry) {
+			d := s.defineShell(name)
+			d.skill = SkillWorkspaceShell
+			s.defs = append(s.defs, d)
+		}
+	}
+	if slices.Contains(cfg.Grants, GrantFSWrite) {
+		s.active[SkillJournal] = true
+		for _, name := range JournalTools {
+			d := s.defineShell(name)
+			d.skill = SkillJournal
+			s.defs = append(s.defs, d)
+		}
+	}
+	if slices.Contains(profiles, ProfileWorkspaceTools) {
+		s.defs = append(s.defs, s.define(LoadSkill))
+	}
 	return s, nil
 }
 
@@ -248,7 +292,7 @@ func (s *Set) List() []Tool {
 	defer s.mu.Unlock()
 	out := make([]Tool, 0, len(s.defs))
 	for _, d := range s.defs {
-		out = append(out, Tool{Name: d.name, Skill: d.skill, Active: s.isActive(d), Description: d.desc, InputSchema: d.schema})
+		out = append(out, Tool{Name: d.name, Skill: d.skill, Active: s.isActive(d), Description: d.desc, InputSchema: d.schema, ReadOnly: d.readOnly})
 	}
 	return out
 }
@@ -269,6 +313,9 @@ func (s *Set) Skills() []Skill {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make([]Skill, 0, len(skillDefs))
+	if !slices.Contains(s.cfg.Profiles(), ProfileWorkspaceTools) {
+		return out // the skills are workspace-tools'
+	}
 	for _, sk := range skillDefs {
 		out = append(out, Skill{
 			Name: sk.name, Grant: sk.grant, Granted: s.granted(&sk), Active: s.active[sk.name],
@@ -316,7 +363,7 @@ func (s *Set) EndRun(runID string) {
 // active and calls past maxCallsPerRun. Call never panics on bad input and
 // never returns a Go error: every failure is a Result with IsError set.
 func (s *Set) Call(ctx context.Context, name string, args json.RawMessage, opts CallOptions) Result {
-	c := &call{tool: name, runID: opts.RunID, opts: opts}
+	c := &call{tool: name, runID: opts.RunID, opts: opts, fsys: s.env.FS}
 	if c.runID == "" {
 		c.runID = s.env.Session.RunID
 	}
@@ -336,6 +383,9 @@ func (s *Set) Call(ctx context.Context, name string, args json.RawMessage, opts 
 	}
 	if !active {
 		return failure(KindToolUnavailable, fmt.Sprintf("tool %s is not active: call load_skill with skill %q first", name, d.skill))
+	}
+	if d.journaled {
+		return s.recorded(ctx, d, args, c)
 	}
 	res, err := d.run(s, ctx, args, c)
 	if err != nil {

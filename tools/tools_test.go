@@ -505,7 +505,7 @@ func TestSkillsAndLimits(t *testing.T) {
 		}
 		return names
 	}
-	if got := active(); !reflect.DeepEqual(got, []string{"read", "ls", "find", "grep", "load_skill"}) {
+	if got := active(); !reflect.DeepEqual(got, []string{"read", "ls", "find", "grep", "journal_list", "journal_show", "journal_revert", "load_skill"}) {
 		t.Errorf("active at start: %v", got)
 	}
 	changed := 0
@@ -552,7 +552,7 @@ func TestSkillsAndLimits(t *testing.T) {
 	if d := set.List()[0].Description; !strings.Contains(d, "up to 3.75 MB and 8000 pixels") || !strings.Contains(d, "Files over 32 MB are refused") {
 		t.Errorf("read description: %s", d)
 	}
-	if len(names) != 7 || names["bash"] { // no Bash in Env: no bash tool
+	if len(names) != 10 || names["bash"] || !names["journal_revert"] { // no Bash in Env: no bash tool; fs.write: the journal
 		t.Errorf("catalogue %v", names)
 	}
 }

@@ -134,8 +134,9 @@ type Settings struct {
 	// DefaultTimeoutMS. A set value must be positive and at most MaxTimeoutMS.
 	Timeout *int64 `json:"timeout,omitempty"`
 	// Driver is the kind of agent: "model" (the default when empty),
-	// "provider" or "custom".
-	Driver Driver `json:"driver,omitempty"`
+	// "provider" or "custom". It is the session's, not an option of the
+	// profile (a configuration file names it beside "workspaceShell").
+	Driver Driver `json:"-"`
 	// WriteAccess says the session may change the workspace (its fs.write
 	// grant). Write mode and commands need it.
 	WriteAccess bool `json:"-"`
@@ -177,7 +178,7 @@ func (s Settings) Validate() error {
 	switch driver {
 	case DriverModel, DriverProvider, DriverCustom:
 	default:
-		bad("driver", `%q is not a driver: use "model", "provider" or "custom"`, string(s.Driver))
+		errs = append(errs, &SettingError{Setting: "driver", Message: fmt.Sprintf(`%q is not a driver: use "model", "provider" or "custom"`, string(s.Driver))})
 	}
 	if mode == Write && !s.WriteAccess {
 		bad("mode", `write mode needs write access to the workspace (the session's fs.write grant); without it use mode "read"`)

@@ -177,8 +177,8 @@ func TestMCPEveryTool(t *testing.T) {
 		always  string
 		tools   []string
 	}{
-		{"local", "read,edit,shell", []string{"bash", "edit", "find", "grep", "load_skill", "ls", "read", "write"}},
-		{"memory", "read,edit,shell", []string{"bash", "edit", "find", "grep", "load_skill", "ls", "read", "write"}},
+		{"local", "read,edit,shell", []string{"bash", "edit", "find", "grep", "journal_list", "journal_revert", "journal_show", "load_skill", "ls", "read", "write"}},
+		{"memory", "read,edit,shell", []string{"bash", "edit", "find", "grep", "journal_list", "journal_revert", "journal_show", "load_skill", "ls", "read", "write"}},
 	} {
 		t.Run(tc.backend, func(t *testing.T) {
 			dir, pngData := newWorkspace(t)
@@ -306,7 +306,8 @@ mkdir -p gen && echo 'func generated() {}' > gen/g.go; ln -s gen glink; ls "$PWD
 	res, sc = c.call(t, "read", map[string]any{"path": "crlf.txt"})
 	wantError(t, "read a file the command removed", res, sc, "NotFound")
 	res, sc = c.call(t, "ls", map[string]any{})
-	want(t, "ls after bash", res, sc, map[string]any{"entries": []string{"a.txt", "chart.bin", "gen/", "glink@", "link@", "made.txt", "new/", "src/"}})
+	// .sandboxd/ holds the journal of the write and edit calls before.
+	want(t, "ls after bash", res, sc, map[string]any{"entries": []string{".sandboxd/", "a.txt", "chart.bin", "gen/", "glink@", "link@", "made.txt", "new/", "src/"}})
 	res, sc = c.call(t, "grep", map[string]any{"pattern": "func", "glob": "*.go"})
 	want(t, "grep after bash", res, sc, map[string]any{"matches": []map[string]any{
 		{"path": "gen/g.go", "line": 1, "text": "func generated() {}"},
@@ -513,6 +514,7 @@ func TestToolsJSON(t *testing.T) {
 		"read": {"workspace.read", true}, "ls": {"workspace.read", true}, "find": {"workspace.read", true},
 		"grep": {"workspace.read", true}, "write": {"workspace.edit", true}, "edit": {"workspace.edit", true},
 		"bash": {"workspace.shell", false}, "load_skill": {"", true},
+		"journal_list": {"journal", true}, "journal_show": {"journal", true}, "journal_revert": {"journal", true},
 	}
 	for _, tool := range cat.Tools {
 		w, ok := wantTools[tool.Name]

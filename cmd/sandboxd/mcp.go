@@ -13,7 +13,7 @@ import (
 
 var cmdMCP = &command{
 	name:    "mcp",
-	args:    "[--backend memory|local|docker] [--workspace DIR] [--config FILE] [--grant fs.write] [--grant shell.exec] [--always read,edit,shell] [--image IMAGE]",
+	args:    "[--backend memory|local|docker] [--workspace DIR] [--config FILE] [--grant fs.write] [--grant shell.exec] [--always read,edit,shell] [--image IMAGE] [--profile workspace-tools,workspace-shell] [--mode read|write] [--commands NAME,…|all] [--driver model|provider|custom] [--exec-timeout MS]",
 	summary: "serve one session's workspace tools over MCP on standard input and output; the session ends when input closes",
 	setup: func(fs *flag.FlagSet) runFunc {
 		return withSession(fs, serveMCP)

@@ -31,6 +31,7 @@ type sessionFlags struct {
 	grants    listFlag
 	always    listFlag
 	image     string
+	shell     shellFlags
 }
 
 func (f *sessionFlags) register(fs *flag.FlagSet) {
@@ -40,6 +41,7 @@ func (f *sessionFlags) register(fs *flag.FlagSet) {
 	fs.Var(&f.grants, "grant", "a `permission` to give: fs.write (write, edit) or shell.exec (bash); repeatable")
 	fs.Var(&f.always, "always", "`skills` active from the first step, comma separated: read, edit, shell (replaces the configuration's always)")
 	fs.StringVar(&f.image, "image", "", "the container `image` of the docker backend")
+	f.shell.register(fs)
 }
 
 // listFlag is a flag that may be repeated and takes comma-separated values.
@@ -96,6 +98,9 @@ func (f *sessionFlags) toolsConfig() (tools.Config, error) {
 	}
 	if f.always.set {
 		cfg.Always = slices.Clone(f.always.values)
+	}
+	if err := f.shell.apply(&cfg); err != nil {
+		return tools.Config{}, err
 	}
 	if err := cfg.Validate(); err != nil {
 		var oe *tools.OptionError

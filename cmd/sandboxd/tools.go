@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"slices"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/sandboxd/sandboxd/tools"
@@ -12,7 +14,7 @@ import (
 
 var cmdTools = &command{
 	name:    "tools",
-	args:    "[--json] [session flags of mcp]",
+	args:    "[--json] [session flags of mcp, --profile, --mode, --commands, --driver, --exec-timeout]",
 	summary: "print the tool catalogue a session with these settings gets",
 	setup: func(fs *flag.FlagSet) runFunc {
 		asJSON := fs.Bool("json", false, `print JSON: {"tools":[{"name","skill","active","description","inputSchema"}],"skills":[…]}`)
@@ -22,15 +24,9 @@ var cmdTools = &command{
 			}
 			enc := json.NewEncoder(sio.out)
 			enc.SetIndent("", "  ")
-			return enc.Encode(catalogue{Tools: s.set.List(), Skills: s.set.Skills()})
+			return enc.Encode(s.set.Catalogue())
 		})
 	},
-}
-
-// catalogue is the output of "sandboxd tools --json".
-type catalogue struct {
-	Tools  []tools.Tool  `json:"tools"`
-	Skills []tools.Skill `json:"skills"`
 }
 
 func printCatalogue(sio stdio, set *tools.Set) error {
@@ -42,6 +38,9 @@ func printCatalogue(sio stdio, set *tools.Set) error {
 			skill = "-"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%v\n", t.Name, skill, t.Active)
+	}
+	if e := set.WorkspaceShell(); e != nil {
+		fmt.Fprintf(tw, "\nworkspaceShell (%s mode)\t%s\n", e.Mode, strings.Join(slices.Concat(e.Commands, e.Exec), " "))
 	}
 	fmt.Fprintln(tw, "\nSKILL\tGRANT\tGRANTED\tACTIVE")
 	for _, sk := range set.Skills() {

@@ -11,8 +11,9 @@ import (
 // kills that group: the portable part of the guarantee, and all of it where
 // there is no shim. A process that leaves the group escapes it.
 type directTree struct {
-	proc  *os.Process
-	start time.Time
+	proc    *os.Process
+	start   time.Time
+	adopted bool // this process adopts orphans: kill and sweep all of them
 
 	mu     sync.Mutex
 	killed bool // kill was called before the main process was reaped
@@ -39,8 +40,15 @@ func (t *directTree) kill() {
 	if !t.reaped {
 		t.killed = true
 		// The group's id is the main process's pid, which cannot be reused
-		// while that process is unreaped.
+		// while that process is unreaped. The main process itself may have
+		// moved to another group.
 		syscall.Kill(-t.proc.Pid, syscall.SIGKILL)
+		t.proc.Kill()
+		if t.adopted {
+			// The rest at once; wait sweeps to the end. Under t.mu, so
+			// that this is over before wait counts the command as ended.
+			sweepOnce()
+		}
 	}
 }
 
@@ -50,12 +58,21 @@ func (t *directTree) wait() (Exit, error) {
 	t.mu.Lock()
 	t.reaped = true
 	killed := t.killed
-	// The rest of the group: background jobs and their children. The group
-	// id stays taken while any of them lives; once all are gone this finds
-	// no one (a new group of the same id within these microseconds would
-	// need the pid to be reused at once).
-	syscall.Kill(-t.proc.Pid, syscall.SIGKILL)
+	if !t.adopted {
+		// The rest of the group: background jobs and their children. The
+		// group id stays taken while any of them lives; once all are gone
+		// this finds no one (a new group of the same id within these
+		// microseconds would need the pid to be reused at once).
+		syscall.Kill(-t.proc.Pid, syscall.SIGKILL)
+	}
 	t.mu.Unlock()
+	if t.adopted {
+		// Everything the command left, wherever it went: this process
+		// adopted the orphans, and no other command was running when this
+		// one started (see adopt).
+		sweep(time.Now().Add(killGrace))
+		adoptDone()
+	}
 	if err != nil {
 		return Exit{Code: -1}, err
 	}

@@ -22,6 +22,10 @@
 //     function: any binary that links proctree can act as one, with no change
 //     to its main. Initialisers of packages proctree does not import may run
 //     before it in the shim too, so they must have no side effects.
+//     A process that already adopts every orphan below it — the init of a
+//     container — may say so with AdoptOrphans: a command that runs while no
+//     other does then runs without a shim, and its end kills every
+//     descendant of the process outside the trees of live shims.
 //   - Elsewhere (macOS) only the program's process group is killed. A process
 //     that leaves the group (setsid, or a shell's job control) survives, and if
 //     it keeps the output open Wait gives up waiting for it after WaitDelay.

@@ -59,10 +59,11 @@ func init() {
 
 // shimTree is the parent's handle on a running shim.
 type shimTree struct {
-	proc   *os.Process // the shim
-	argv0  string
-	status *os.File
-	dec    *json.Decoder
+	proc    *os.Process // the shim
+	argv0   string
+	adopted bool // known to sweeps (adopt.shims) until forget
+	status  *os.File
+	dec     *json.Decoder
 
 	mu       sync.Mutex
 	pid      int // the program's pid and process group, once reported
@@ -72,12 +73,13 @@ type shimTree struct {
 	timer    *time.Timer // the next tick
 }
 
-// startTree starts the shim, hands it the program, and returns once the
+// startShim starts the shim, hands it the program, and returns once the
 // shim is ready (at most killGrace later). It does not wait for the program
 // to start: the program may stop the shim (kill -STOP $PPID) before the
 // shim has said so, and only kill, which the caller can reach once Start
-// returns, gets past that.
-func startTree(path string, spec Spec, stdio [3]*os.File) (tree, error) {
+// returns, gets past that. An adopted shim is counted in adopt.active (the
+// caller has counted it) and known to sweeps from its fork on.
+func startShim(path string, spec Spec, stdio [3]*os.File, adopted bool) (tree, error) {
 	specR, specW, err := os.Pipe()
 	if err != nil {
 		return nil, err
@@ -88,6 +90,9 @@ func startTree(path string, spec Spec, stdio [3]*os.File) (tree, error) {
 		specW.Close()
 		return nil, err
 	}
+	if adopted {
+		adopt.mu.Lock()
+	}
 	proc, err := os.StartProcess("/proc/self/exe", []string{"proctree-shim"}, &os.ProcAttr{
 		Env:   []string{markerEnv + "=" + markerValue, "GOMAXPROCS=1"},
 		Files: []*os.File{stdio[0], stdio[1], stdio[2], specR, statW},
@@ -95,6 +100,12 @@ func startTree(path string, spec Spec, stdio [3]*os.File) (tree, error) {
 		// it. SIGTERM when we die: the shim kills the tree, then itself.
 		Sys: &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM},
 	})
+	if adopted {
+		if err == nil {
+			adopt.shims[proc.Pid] = true
+		}
+		adopt.mu.Unlock()
+	}
 	specR.Close()
 	statW.Close()
 	if err != nil {
@@ -106,7 +117,7 @@ func startTree(path string, spec Spec, stdio [3]*os.File) (tree, error) {
 	// block on a stopped shim. An error means the shim died: wait says so.
 	json.NewEncoder(specW).Encode(shimSpec{Path: path, Argv: spec.Argv, Dir: spec.Dir, Env: spec.Env})
 	specW.Close()
-	t := &shimTree{proc: proc, argv0: spec.Argv[0], status: statR, dec: json.NewDecoder(io.LimitReader(statR, 1<<20))}
+	t := &shimTree{proc: proc, argv0: spec.Argv[0], status: statR, dec: json.NewDecoder(io.LimitReader(statR, 1<<20)), adopted: adopted}
 
 	ready := make(chan error, 1)
 	go func() {
@@ -128,6 +139,7 @@ func startTree(path string, spec Spec, stdio [3]*os.File) (tree, error) {
 	}
 	if err != nil {
 		proc.Kill()
+		t.forget()
 		state, _ := proc.Wait()
 		statR.Close()
 		return nil, fmt.Errorf("proctree: the shim failed to start (%v): %w", state, err)
@@ -173,13 +185,11 @@ func (t *shimTree) tick() {
 		t.timer.Reset(contInterval)
 	default:
 		for range 10 {
-			pids, family := descendants(t.proc.Pid)
+			pids, family := descendants(t.proc.Pid, nil)
 			if len(pids) == 0 {
 				break
 			}
-			for _, pid := range pids {
-				killOne(pid, family)
-			}
+			killAllOf(pids, family)
 		}
 		t.killGroupLocked()
 		t.proc.Kill()
@@ -225,6 +235,7 @@ func (t *shimTree) wait() (Exit, error) {
 		t.proc.Kill()
 		t.mu.Unlock()
 	}
+	t.forget()
 	state, werr := t.proc.Wait()
 	t.mu.Lock()
 	t.exited = true
@@ -233,6 +244,9 @@ func (t *shimTree) wait() (Exit, error) {
 	}
 	t.mu.Unlock()
 	t.status.Close()
+	if t.adopted {
+		adoptDone()
+	}
 	switch {
 	case exit != nil:
 		return *exit, nil
@@ -242,6 +256,16 @@ func (t *shimTree) wait() (Exit, error) {
 		return Exit{Code: -1}, fmt.Errorf("proctree: the shim ended without a report: %w", werr)
 	}
 	return Exit{Code: -1}, fmt.Errorf("proctree: the shim ended without a report (%v)", state)
+}
+
+// forget removes an adopted shim from adopt.shims before it is reaped, so
+// that its pid, once free, can never shelter another process from a sweep.
+func (t *shimTree) forget() {
+	if t.adopted {
+		adopt.mu.Lock()
+		delete(adopt.shims, t.proc.Pid)
+		adopt.mu.Unlock()
+	}
 }
 
 // shim is the shim's main function; it returns its exit status.
@@ -324,23 +348,40 @@ type reaper struct {
 	gone   chan struct{} // closed when the shim has no child left
 }
 
+// startReaper reaps the shim's children until it has none. When the program
+// has ended it asks at once whether any other child is left (WNOHANG), and
+// closes gone before it reports the program's end if none is: a command that
+// leaves nothing behind then costs no look at /proc.
 func startReaper(mainPid int) *reaper {
 	r := &reaper{main: make(chan mainEnd, 1), reaped: make(chan struct{}, 1), gone: make(chan struct{})}
 	go func() {
-		defer close(r.gone)
-		for {
-			var ws syscall.WaitStatus
-			pid, err := syscall.Wait4(-1, &ws, 0, nil)
-			if err == syscall.EINTR {
-				continue
+		var pending *mainEnd // the program's end, not yet reported
+		defer func() {
+			close(r.gone)
+			if pending != nil {
+				r.main <- *pending
 			}
-			if err != nil {
+		}()
+		for {
+			opts := 0
+			if pending != nil {
+				opts = syscall.WNOHANG
+			}
+			var ws syscall.WaitStatus
+			pid, err := syscall.Wait4(-1, &ws, opts, nil)
+			switch {
+			case err == syscall.EINTR:
+				continue
+			case err != nil:
 				// ECHILD. With no child there is no descendant either:
 				// a process's orphans go to the shim before it dies.
 				return
-			}
-			if pid == mainPid {
-				r.main <- mainEnd{ws, time.Now()}
+			case pid == 0: // children left, none has ended yet
+				r.main <- *pending
+				pending = nil
+				continue
+			case pid == mainPid:
+				pending = &mainEnd{ws, time.Now()}
 			}
 			select {
 			case r.reaped <- struct{}{}:
@@ -358,10 +399,12 @@ func startReaper(mainPid int) *reaper {
 func killAll(r *reaper) {
 	pause := time.Millisecond
 	for {
-		pids, family := descendants(os.Getpid())
-		for _, pid := range pids {
-			killOne(pid, family)
+		select {
+		case <-r.gone:
+			return
+		default:
 		}
+		killAllOf(descendants(os.Getpid(), nil))
 		select {
 		case <-r.gone:
 			return
@@ -372,31 +415,43 @@ func killAll(r *reaper) {
 	}
 }
 
+// killAllOf sends SIGKILL to each of pids (see killOne).
+func killAllOf(pids []int, family map[int]bool) {
+	for _, pid := range pids {
+		if fd := killOne(pid, family); fd >= 0 {
+			unix.Close(fd)
+		}
+	}
+}
+
 // killOne sends SIGKILL to pid, unless pid is no longer the process that was
 // listed: through a pidfd, and only after checking that the process it pins
 // still has its parent in family (the root of the walk or a descendant) — a
-// pid reused by a stranger fails that test.
-func killOne(pid int, family map[int]bool) {
+// pid reused by a stranger fails that test. It returns the pidfd of a
+// process it signalled (or found dead) for the caller to close, or -1.
+func killOne(pid int, family map[int]bool) int {
 	fd, err := unix.PidfdOpen(pid, 0)
 	if err == unix.ENOSYS {
 		syscall.Kill(pid, syscall.SIGKILL) // kernels before 5.3
-		return
+		return -1
 	}
 	if err != nil {
-		return // gone
+		return -1 // gone
 	}
-	defer unix.Close(fd)
 	if ppid, err := parentOf(pid); err == nil && !family[ppid] {
-		return
+		unix.Close(fd)
+		return -1
 	}
 	unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+	return fd
 }
 
-// descendants lists root's descendants, parents first, and returns them
-// with root itself as a set.
-func descendants(root int) ([]int, map[int]bool) {
+// descendants lists root's descendants, parents first, leaving out the
+// processes in skip and their own descendants, and returns them with root
+// itself as a set.
+func descendants(root int, skip map[int]bool) ([]int, map[int]bool) {
 	childrenOf := children
-	if _, err := os.Stat("/proc/self/task/" + strconv.Itoa(os.Getpid()) + "/children"); err != nil {
+	if !haveChildrenFiles() {
 		byParent := parentMap() // a kernel without CONFIG_PROC_CHILDREN
 		childrenOf = func(pid int) []int { return byParent[pid] }
 	}
@@ -404,7 +459,7 @@ func descendants(root int) ([]int, map[int]bool) {
 	var pids []int
 	for queue := []int{root}; len(queue) > 0; queue = queue[1:] {
 		for _, c := range childrenOf(queue[0]) {
-			if !family[c] {
+			if !family[c] && !skip[c] {
 				family[c] = true
 				pids = append(pids, c)
 				queue = append(queue, c)
@@ -413,6 +468,13 @@ func descendants(root int) ([]int, map[int]bool) {
 	}
 	return pids, family
 }
+
+// haveChildrenFiles reports whether the kernel has /proc/PID/task/TID/children
+// (CONFIG_PROC_CHILDREN).
+var haveChildrenFiles = sync.OnceValue(func() bool {
+	_, err := os.Stat("/proc/self/task/" + strconv.Itoa(os.Getpid()) + "/children")
+	return err == nil
+})
 
 // children lists pid's children from /proc/PID/task/*/children.
 func children(pid int) []int {

@@ -2,7 +2,11 @@
 
 package proctree
 
-import "os"
+import (
+	"errors"
+	"os"
+	"time"
+)
 
 const startsShim = false
 
@@ -11,3 +15,14 @@ const startsShim = false
 func startTree(path string, spec Spec, stdio [3]*os.File) (tree, error) {
 	return startDirect(path, spec, stdio)
 }
+
+// AdoptOrphans fails: only Linux lets a process adopt its orphaned
+// descendants.
+func AdoptOrphans() error {
+	return errors.New("proctree: adopting orphans needs Linux")
+}
+
+// Never called: no tree is adopted without AdoptOrphans.
+func sweep(time.Time) {}
+func sweepOnce()      {}
+func adoptDone()      {}

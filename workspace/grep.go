@@ -82,6 +82,22 @@ func GrepGeneric(ctx context.Context, fsys FileSystem, req GrepRequest) (GrepRes
 // cheaper reader (one directory handle per directory), and so keep exactly
 // GrepGeneric's results. read is called from several goroutines at once.
 func GrepWithReader(ctx context.Context, fsys FileSystem, req GrepRequest, read func(ctx context.Context, name string, max int64) ([]byte, error)) (GrepResult, error) {
+	return GrepWithBuffers(ctx, fsys, req, func(ctx context.Context, name string, max int64, _ []byte) ([]byte, error) {
+		return read(ctx, name, max)
+	})
+}
+
+// keptBuffer is the largest buffer GrepWithBuffers hands back for reuse.
+const keptBuffer = 1 << 20
+
+// GrepWithBuffers is GrepWithReader for a reader that can reuse memory
+// rather than allocate a buffer for every file. With each name, read gets a
+// buffer that it returned for an earlier file (or nil), whose contents the
+// search no longer needs; it may return the new file's contents in it,
+// grown as needed. The search copies what it keeps (the lines it reports),
+// so no result refers to a buffer. Each buffer is used by one call at a
+// time; read is called from several goroutines at once.
+func GrepWithBuffers(ctx context.Context, fsys FileSystem, req GrepRequest, read func(ctx context.Context, name string, max int64, buf []byte) ([]byte, error)) (GrepResult, error) {
 	m, err := NewLineMatcher(req.Pattern, req.Literal, req.IgnoreCase)
 	if err != nil {
 		return GrepResult{}, err
@@ -123,10 +139,14 @@ func GrepWithReader(ctx context.Context, fsys FileSystem, req GrepRequest, read 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			var buf []byte
 			for i := range jobs {
-				data, err := read(ctx, files[i], maxBytes)
+				data, err := read(ctx, files[i], maxBytes, buf)
 				if err == nil && bytes.IndexByte(data[:min(len(data), binarySniff)], 0) < 0 {
 					results[i].lines = m.grepFile(files[i], data, req)
+				}
+				if err == nil && cap(data) <= keptBuffer {
+					buf = data[:0]
 				}
 				close(results[i].done)
 			}

@@ -135,17 +135,31 @@ func (f *FS) Lstat(ctx context.Context, name string) (fs.FileInfo, error) {
 // ReadDir lists a directory sorted by name. The entries carry the type and
 // information of each entry itself, read when the directory was listed.
 func (f *FS) ReadDir(ctx context.Context, name string) ([]fs.DirEntry, error) {
-	return do(ctx, f, "readdir", name, true, func(name string) ([]fs.DirEntry, error) {
-		// O_DIRECTORY fails at once on anything else, a pipe included.
-		d, err := f.root.OpenFile(name, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NONBLOCK, 0)
-		if err != nil {
-			return nil, err
-		}
-		defer d.Close()
-		entries, err := d.ReadDir(-1)
-		slices.SortFunc(entries, func(a, b fs.DirEntry) int { return cmp.Compare(a.Name(), b.Name()) })
-		return entries, err
+	d, err := f.openDir(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	entries, err := readDirSorted(d)
+	if err != nil {
+		return nil, pathError("readdir", name, err)
+	}
+	return entries, nil
+}
+
+// openDir opens the directory name through the root, following links inside
+// it. O_DIRECTORY fails at once on anything else, a pipe included.
+func (f *FS) openDir(ctx context.Context, name string) (*os.File, error) {
+	return do(ctx, f, "readdir", name, true, func(name string) (*os.File, error) {
+		return f.root.OpenFile(name, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NONBLOCK, 0)
 	})
+}
+
+// readDirSorted lists the open directory d, sorted by name.
+func readDirSorted(d *os.File) ([]fs.DirEntry, error) {
+	entries, err := d.ReadDir(-1)
+	slices.SortFunc(entries, func(a, b fs.DirEntry) int { return cmp.Compare(a.Name(), b.Name()) })
+	return entries, err
 }
 
 // ReadFile returns the contents of a regular file of at most max bytes.
@@ -181,23 +195,31 @@ func (f *FS) ReadFile(ctx context.Context, name string, max int64) ([]byte, erro
 		case info.Size() > max:
 			return nil, workspace.ErrFileTooLarge
 		}
-		limit := min(max, math.MaxInt64-1) + 1
-		buf := make([]byte, 0, info.Size()+1) // info.Size() <= max
-		for int64(len(buf)) < limit {
-			if len(buf) == cap(buf) {
-				buf = slices.Grow(buf, int(min(int64(len(buf)), limit-int64(len(buf)))))
-			}
-			n, err := file.Read(buf[len(buf):min(int64(cap(buf)), limit)])
-			buf = buf[:len(buf)+n]
-			if err == io.EOF {
-				return buf, nil
-			}
-			if err != nil {
-				return nil, err
-			}
-		}
-		return nil, workspace.ErrFileTooLarge
+		return readAll(file, info.Size(), max, nil)
 	})
+}
+
+// readAll reads r, an open regular file of size bytes (at most max), to its
+// end, appending to buf[:0] (which it grows as needed). It never reads more
+// than max+1 bytes: a file that grows past max while it is read fails with
+// workspace.ErrFileTooLarge.
+func readAll(r io.Reader, size, max int64, buf []byte) ([]byte, error) {
+	limit := min(max, math.MaxInt64-1) + 1
+	buf = slices.Grow(buf[:0], int(size)+1) // size <= max
+	for int64(len(buf)) < limit {
+		if len(buf) == cap(buf) {
+			buf = slices.Grow(buf, int(min(int64(len(buf)), limit-int64(len(buf)))))
+		}
+		n, err := r.Read(buf[len(buf):min(int64(cap(buf)), limit)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			return buf, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	return nil, workspace.ErrFileTooLarge
 }
 
 // Mkdir creates one directory with perm (less the umask).

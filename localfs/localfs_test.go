@@ -524,21 +524,8 @@ func TestWriteFileSwapRace(t *testing.T) {
 	fsys, top := newFS(t, "d/")
 	fsys.opts.sync = false // fsync is not what this test is about
 	ws, out := filepath.Join(top, "ws"), filepath.Join(top, "out")
-	var stop atomic.Bool
-	var swaps int
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	defer stop.Store(true)
-	wg.Go(func() {
-		targets := []string{"../out", out}
-		for !stop.Load() {
-			must(t, os.Rename(filepath.Join(ws, "d"), filepath.Join(ws, "d.real")))
-			must(t, os.Symlink(targets[swaps%2], filepath.Join(ws, "d")))
-			must(t, os.Remove(filepath.Join(ws, "d")))
-			must(t, os.Rename(filepath.Join(ws, "d.real"), filepath.Join(ws, "d")))
-			swaps++
-		}
-	})
+	stop := swapLoop(t, ws)
+	defer stop()
 	outcomes := map[string]int{}
 	for i := range 10000 {
 		err := fsys.WriteFile(ctx, fmt.Sprintf("d/f%d", i), []byte("data"), 0o644)
@@ -555,8 +542,7 @@ func TestWriteFileSwapRace(t *testing.T) {
 			return
 		}
 	}
-	stop.Store(true)
-	wg.Wait()
+	swaps := stop()
 	t.Logf("%d swaps; outcomes %v", swaps, outcomes)
 
 	if left := snapshot(t, out); len(left) != 1 {
@@ -568,6 +554,30 @@ func TestWriteFileSwapRace(t *testing.T) {
 	}
 	if outcomes["ok"] == 0 || swaps == 0 {
 		t.Errorf("the race did not happen: %d swaps, outcomes %v", swaps, outcomes)
+	}
+}
+
+// swapLoop keeps swapping the directory ws/d for a link to ws/../out
+// (relative and absolute in turn) and back, until the stop it returns is
+// called; stop waits for the last swap to end and says how many were made.
+func swapLoop(t *testing.T, ws string) (stop func() int) {
+	var done atomic.Bool
+	var swaps int
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		targets := []string{"../out", filepath.Join(filepath.Dir(ws), "out")}
+		for !done.Load() {
+			must(t, os.Rename(filepath.Join(ws, "d"), filepath.Join(ws, "d.real")))
+			must(t, os.Symlink(targets[swaps%2], filepath.Join(ws, "d")))
+			must(t, os.Remove(filepath.Join(ws, "d")))
+			must(t, os.Rename(filepath.Join(ws, "d.real"), filepath.Join(ws, "d")))
+			swaps++
+		}
+	})
+	return func() int {
+		done.Store(true)
+		wg.Wait()
+		return swaps
 	}
 }
 

@@ -312,7 +312,7 @@ func (j *Journal) diff(ctx context.Context, b *strings.Builder, ch Change) error
 		return nil
 	}
 	d, err := difflib.GetUnifiedDiffString(difflib.UnifiedDiff{
-		A: difflib.SplitLines(before), B: difflib.SplitLines(after),
+		A: diffLines(before), B: diffLines(after),
 		FromFile: from, ToFile: to, Context: 3,
 	})
 	if err != nil {
@@ -323,6 +323,21 @@ func (j *Journal) diff(ctx context.Context, b *strings.Builder, ch Change) error
 		b.WriteString("\n")
 	}
 	return nil
+}
+
+// diffLines splits s into lines that keep their "\n"; a last line without
+// one is marked as git marks it.
+func diffLines(s string) []string {
+	var out []string
+	for s != "" {
+		i := strings.IndexByte(s, '\n')
+		if i < 0 {
+			out = append(out, s+"\n\\ No newline at end of file\n")
+			break
+		}
+		out, s = append(out, s[:i+1]), s[i+1:]
+	}
+	return out
 }
 
 // text returns what the diff shows of a state: a file's text, a link's

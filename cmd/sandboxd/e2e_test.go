@@ -663,3 +663,57 @@ func normalizeResult(isError bool, sc map[string]any, root string) string {
 }
 
 var spillName = regexp.MustCompile(`bash-[0-9]{8}-[0-9.]+-[0-9a-f]{8}\.log`)
+
+// TestToolsJSONWorkspaceShell follows the contract's "Verify the Workspace
+// shell" steps with sandboxd's names.
+func TestToolsJSONWorkspaceShell(t *testing.T) {
+	dir, _ := newWorkspace(t)
+	entry := func(args ...string) map[string]any {
+		t.Helper()
+		code, out, errs := runBinary(t, append([]string{"tools", "--json", "--workspace", dir}, args...)...)
+		if code != 0 {
+			t.Fatalf("%v: exit %d: %s", args, code, errs)
+		}
+		var cat struct {
+			Tools []map[string]any `json:"tools"`
+		}
+		if err := json.Unmarshal([]byte(out), &cat); err != nil {
+			t.Fatal(err)
+		}
+		for _, tool := range cat.Tools {
+			if tool["name"] == "workspaceShell" {
+				return tool
+			}
+		}
+		return nil
+	}
+	list := func(v any) string { b, _ := json.Marshal(v); return string(b) }
+	// Step 2: the commands list, read mode and write mode.
+	if e := entry("--profile", "workspace-shell"); e == nil || list(e["commands"]) != `["pwd","ls","find","rg","grep","cat","head","tail","wc"]` {
+		t.Errorf("read mode: %v", e)
+	}
+	if e := entry("--profile", "workspace-tools,workspace-shell", "--mode", "write", "--grant", "fs.write"); e == nil ||
+		list(e["commands"]) != `["pwd","ls","find","rg","grep","cat","head","tail","wc","mkdir","touch","cp","mv","rm"]` {
+		t.Errorf("write mode: %v", e)
+	}
+	// Step 3: a provider with commands lists one workspace_exec item per
+	// executable; without commands there is no entry.
+	if e := entry("--mode", "write", "--grant", "fs.write", "--driver", "provider", "--commands", "git,/usr/bin/go", "--exec-timeout", "30000"); e == nil ||
+		list(e["exec"]) != `["workspace_exec (git)","workspace_exec (/usr/bin/go)"]` || e["commands"] != nil {
+		t.Errorf("provider: %v", e)
+	}
+	if e := entry("--profile", "workspace-shell", "--driver", "provider"); e != nil {
+		t.Errorf("provider without commands: %v", e)
+	}
+	// Step 4: commands on a model-driven session fails, pointing to bash.
+	code, _, errs := runBinary(t, "tools", "--json", "--workspace", dir, "--mode", "write", "--grant", "fs.write", "--commands", "git")
+	if code != 1 || !strings.Contains(errs, "bash tool") || !strings.Contains(errs, "shell.exec") {
+		t.Errorf("commands on a model driver: exit %d: %s", code, errs)
+	}
+	// The same settings from the configuration file.
+	cfg := filepath.Join(t.TempDir(), "c.json")
+	os.WriteFile(cfg, []byte(`{"grants":["fs.write"],"driver":"provider","workspaceShell":{"mode":"write","commands":["git"],"timeout":30000}}`), 0o644)
+	if e := entry("--config", cfg); e == nil || list(e["exec"]) != `["workspace_exec (git)"]` {
+		t.Errorf("config file: %v", e)
+	}
+}

@@ -10,16 +10,10 @@ import (
 	"github.com/sandboxd/sandboxd/tools"
 )
 
-// catalogue is a session's tools, as `sandboxd tools --json` prints them.
-type catalogue struct {
-	Tools  []tools.Tool  `json:"tools"`
-	Skills []tools.Skill `json:"skills"`
-}
-
 func (s *Server) listTools(w http.ResponseWriter, r *http.Request) {
 	if sess, ok := s.session(w, r); ok {
-		set := sess.Tools()
-		writeJSON(w, http.StatusOK, catalogue{Tools: set.List(), Skills: set.Skills()})
+		// The catalogue as `sandboxd tools --json` prints it.
+		writeJSON(w, http.StatusOK, sess.Tools().Catalogue())
 	}
 }
 

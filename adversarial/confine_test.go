@@ -17,10 +17,15 @@ import (
 // swapScript makes $WS/d flip, as fast as the shell can, between a real
 // directory holding f ("inside") and a symbolic link to the outside
 // directory, which holds f with the outside secret.
+//
+// The loop is the attacker's own and runs as the session's user: when a
+// tool call makes d between its rm and mv, its mv moves the temporary into
+// whatever d is, through its own link too. Those temporaries (swap.*.tmp)
+// are therefore left out of the comparison of the outside.
 const swapScript = `cd "$WS" || exit 1
 while :; do
-  rm -rf d.new; mkdir d.new; printf inside > d.new/f; rm -rf d; mv d.new d
-  rm -f l.new; ln -s "$OUT" l.new; rm -rf d; mv l.new d
+  rm -rf swap.dir.tmp; mkdir swap.dir.tmp; printf inside > swap.dir.tmp/f; rm -rf d; mv swap.dir.tmp d
+  rm -f swap.link.tmp; ln -s "$OUT" swap.link.tmp; rm -rf d; mv swap.link.tmp d
 done`
 
 // swapping runs swapScript in the workspace until the returned stop is

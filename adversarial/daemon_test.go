@@ -231,14 +231,14 @@ func TestDaemon(t *testing.T) {
 			if backend == "memory" {
 				out = filepath.Join(t.TempDir(), "outside")
 			}
-			res := d.call(t, acmeToken, id, "bash", map[string]any{"command": fmt.Sprintf(`mkdir -p %[1]s && printf %[2]s > %[1]s/f && printf %[2]s > %[1]s/secret && cd %[1]s && find . -exec stat -c '%%n %%s %%i %%Y' {} +`, out, outsideSecret)})
+			res := d.call(t, acmeToken, id, "bash", map[string]any{"command": fmt.Sprintf(`mkdir -p %[1]s && printf %[2]s > %[1]s/f && printf %[2]s > %[1]s/secret && cd %[1]s && find . | grep -v '/swap\.[a-z]*\.tmp' | sort; find . -type f | xargs md5sum`, out, outsideSecret)})
 			before := res.Content[0].Text
 			// The swapper runs as a command of the session itself.
 			ctx, cancel := context.WithCancel(context.Background())
 			swapDone := make(chan struct{})
 			go func() {
 				defer close(swapDone)
-				body, _ := json.Marshal(map[string]any{"arguments": map[string]any{"command": fmt.Sprintf(`OUT=%s; `+`while :; do rm -rf d.new; mkdir d.new; printf inside > d.new/f; rm -rf d; mv d.new d; rm -f l.new; ln -s "$OUT" l.new; rm -rf d; mv l.new d; done`, out), "timeout": 60}})
+				body, _ := json.Marshal(map[string]any{"arguments": map[string]any{"command": fmt.Sprintf(`OUT=%s; `+`while :; do rm -rf swap.dir.tmp; mkdir swap.dir.tmp; printf inside > swap.dir.tmp/f; rm -rf d; mv swap.dir.tmp d; rm -f swap.link.tmp; ln -s "$OUT" swap.link.tmp; rm -rf d; mv swap.link.tmp d; done`, out), "timeout": 60}})
 				req, _ := http.NewRequestWithContext(ctx, "POST", d.url+"/v1/sessions/"+id+"/tools/bash", bytes.NewReader(body))
 				req.Header.Set("Authorization", "Bearer "+acmeToken)
 				if resp, err := http.DefaultClient.Do(req); err == nil {
@@ -249,13 +249,12 @@ func TestDaemon(t *testing.T) {
 			for range 40 {
 				tarball := makeTar(t, &tar.Header{Name: "f", Typeflag: tar.TypeReg, Size: 5, Mode: 0o644}, "pwned")
 				d.do(t, acmeToken, "PUT", "/v1/sessions/"+id+"/files/d", tarball)
-				code, body := d.do(t, acmeToken, "GET", "/v1/sessions/"+id+"/files/d", nil)
-				if bytes.Contains(body, []byte(outsideSecret)) {
-					t.Fatalf("download through the swapped link (%d) carried the outside", code)
-				}
-				_, body = d.do(t, acmeToken, "GET", "/v1/sessions/"+id+"/files/", nil)
-				if bytes.Contains(body, []byte(outsideSecret)) {
-					t.Fatal("download of the root carried the outside")
+				for _, p := range []string{"d", ""} {
+					// A download whose plan changes under it is cut (the
+					// client sees a broken stream): that is a safe outcome.
+					if body := d.download(t, id, p); bytes.Contains(body, []byte(outsideSecret)) {
+						t.Fatalf("download of %q mid-swap carried the outside", p)
+					}
 				}
 			}
 			cancel()
@@ -263,7 +262,7 @@ func TestDaemon(t *testing.T) {
 			// Cancelling the request ends the command; wait for the slot.
 			deadline := time.Now().Add(20 * time.Second)
 			for {
-				code, body := d.do(t, acmeToken, "POST", "/v1/sessions/"+id+"/tools/bash", map[string]any{"arguments": map[string]any{"command": "cd " + out + " && find . -exec stat -c '%n %s %i %Y' {} +"}})
+				code, body := d.do(t, acmeToken, "POST", "/v1/sessions/"+id+"/tools/bash", map[string]any{"arguments": map[string]any{"command": "cd " + out + " && find . | grep -v '/swap\\.[a-z]*\\.tmp' | sort; find . -type f | xargs md5sum"}})
 				if code == http.StatusOK {
 					var r apiResult
 					json.Unmarshal(body, &r)
@@ -279,6 +278,19 @@ func TestDaemon(t *testing.T) {
 			}
 		})
 	})
+}
+
+// download returns what a download sent, even when it was cut.
+func (d *daemon) download(t *testing.T, id, name string) []byte {
+	req, _ := http.NewRequest("GET", d.url+"/v1/sessions/"+id+"/files/"+name, nil)
+	req.Header.Set("Authorization", "Bearer "+acmeToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return body
 }
 
 // serveProcess is `sandboxd serve` as a process, for what only its own

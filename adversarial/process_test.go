@@ -115,12 +115,33 @@ func TestProcesses(t *testing.T) {
 			within(t, 60*time.Second, "a fork bomb", func() {
 				call(t, set, "bash", map[string]any{"command": `f(){ f | f & }; f; sleep 3`, "timeout": 5})
 			})
-			within(t, 30*time.Second, "the container after a fork bomb", func() {
-				res := call(t, set, "bash", map[string]any{"command": "echo alive; ls /proc | grep -c '^[0-9]'"})
-				if !strings.Contains(res.Text, "alive") {
-					t.Errorf("after the fork bomb: %s", res.Text)
+			// The session recovers: the bomb's tree is killed when its shell
+			// ends. (Until the last of it is reaped, a command may fail to
+			// start for lack of pids.) Or the session ends, clearly: the
+			// pids limit counts the agent's threads too, and a Go runtime
+			// that cannot start a thread dies (SECURITY.md, findings).
+			start := time.Now()
+			var res tools.Result
+			for {
+				res = call(t, set, "bash", map[string]any{"command": "echo alive; ls -d /proc/[0-9]* | wc -l"})
+				if strings.Contains(res.Text, "alive") {
+					break
 				}
-			})
+				if strings.HasPrefix(res.Text, "Unavailable") && strings.Contains(res.Text, "agent closed the stream") {
+					t.Logf("the fork bomb ended its session: %s", res.Text)
+					return
+				}
+				if time.Since(start) > 30*time.Second {
+					t.Fatalf("30 s after the fork bomb: %s", res.Text)
+				}
+				t.Logf("after the fork bomb (%v): %s", time.Since(start).Round(time.Millisecond), res.Text)
+				time.Sleep(500 * time.Millisecond)
+			}
+			var n int
+			fmt.Sscan(strings.TrimSpace(strings.TrimPrefix(strings.SplitN(res.Text, "alive", 2)[1], "\n")), &n)
+			if n > 10 {
+				t.Errorf("%d processes in the container after the fork bomb: %s", n, res.Text)
+			}
 		}},
 		{"MemoryHog", func(t *testing.T, w *world) {
 			w.dockerOnly(t, "local commands run as the host user: no memory limit to test (Docker only)")

@@ -53,6 +53,7 @@ type Bash struct {
 	allow   []string
 	inherit bool
 	vars    map[string]string
+	oomAdj  int
 }
 
 var _ workspace.Bash = (*Bash)(nil)
@@ -87,6 +88,14 @@ func WithEnv(vars map[string]string) Option {
 // in the host's PATH. The default is bash, or sh where there is no bash.
 func WithShell(path string) Option {
 	return func(b *Bash) { b.shell = path }
+}
+
+// WithOOMScoreAdj sets the oom_score_adj of every command (Linux, -1000 to
+// 1000; see proctree.Spec.OOMScoreAdj): 1000 makes the kernel kill a
+// command, not the process that runs it, when memory runs out. Zero, the
+// default, leaves the value commands inherit.
+func WithOOMScoreAdj(n int) Option {
+	return func(b *Bash) { b.oomAdj = n }
 }
 
 // New returns a Bash whose commands run in dir. It fails with ErrNotFound or
@@ -143,7 +152,7 @@ func (b *Bash) Run(ctx context.Context, cmd workspace.Command) (workspace.Result
 	maps.Copy(vars, cmd.Env)
 	env := workspace.CommandEnv(os.Environ(), b.allow, b.inherit, vars)
 
-	spec := proctree.Spec{Argv: argv, Dir: dir, Env: env, Stdin: cmd.Stdin}
+	spec := proctree.Spec{Argv: argv, Dir: dir, Env: env, Stdin: cmd.Stdin, OOMScoreAdj: b.oomAdj}
 	var out *output
 	if cmd.Output != nil {
 		out = &output{fn: cmd.Output}

@@ -2,6 +2,7 @@ package proctree
 
 import (
 	"os"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -31,6 +32,7 @@ func startDirect(path string, spec Spec, stdio [3]*os.File) (tree, error) {
 	if err != nil {
 		return nil, startError(spec.Argv[0], err)
 	}
+	setOOMScoreAdj(strconv.Itoa(proc.Pid), spec.OOMScoreAdj)
 	return &directTree{proc: proc, start: start}, nil
 }
 

@@ -48,6 +48,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -95,6 +96,16 @@ type Spec struct {
 	// WaitDelay bounds how long Wait waits for output after the process tree
 	// is gone; zero means DefaultWaitDelay.
 	WaitDelay time.Duration
+	// OOMScoreAdj, when not zero, is written to the command's
+	// /proc/PID/oom_score_adj (Linux; -1000 to 1000), so that the kernel
+	// picks the command, not its parent, when memory runs out: any process
+	// may raise the value, lowering it below the caller's takes
+	// CAP_SYS_RESOURCE. Best effort: a value that cannot be set is not.
+	// Under the shim it is set before the program starts, so the whole tree
+	// inherits it; a command run directly (AdoptOrphans, or elsewhere) gets
+	// it just after it started, so what it forks in those microseconds
+	// keeps the caller's value.
+	OOMScoreAdj int
 
 	direct bool // tests: use the process-group implementation on Linux too
 }
@@ -345,6 +356,18 @@ func withoutMarker(env []string) []string {
 		}
 	}
 	return out
+}
+
+// setOOMScoreAdj writes n to the oom_score_adj of pid ("self" or a
+// number), unless n is zero. Errors are ignored: see Spec.OOMScoreAdj.
+func setOOMScoreAdj(pid string, n int) {
+	if n == 0 {
+		return
+	}
+	if f, err := os.OpenFile("/proc/"+pid+"/oom_score_adj", os.O_WRONLY, 0); err == nil {
+		f.WriteString(strconv.Itoa(n))
+		f.Close()
+	}
 }
 
 func closeAll(files []*os.File) {

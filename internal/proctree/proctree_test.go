@@ -265,10 +265,18 @@ func cpuTime() time.Duration {
 	return time.Duration(ns)
 }
 
-// BenchmarkStart runs /bin/true and bash -c true:
+// BenchmarkStart runs /bin/true and bash -c true with each implementation,
+// or, with PROCTREE_TEST_ADOPT=1, in a process that adopts orphans (a
+// command that runs alone runs directly):
 //
 //	go test ./internal/proctree -run '^$' -bench Start -benchtime 300x
+//	PROCTREE_TEST_ADOPT=1 go test ./internal/proctree -run '^$' -bench Start -benchtime 300x
 func BenchmarkStart(b *testing.B) {
+	if os.Getenv(adoptEnv) != "" {
+		b.Run("adopted/true", func(b *testing.B) { benchStart(b, false, "/bin/true") })
+		b.Run("adopted/bash", func(b *testing.B) { benchStart(b, false, "bash", "-c", "true") })
+		return
+	}
 	for name, direct := range impls() {
 		b.Run(name+"/true", func(b *testing.B) { benchStart(b, direct, "/bin/true") })
 		b.Run(name+"/bash", func(b *testing.B) { benchStart(b, direct, "bash", "-c", "true") })

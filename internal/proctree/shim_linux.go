@@ -29,6 +29,7 @@ type shimSpec struct {
 	Argv []string `json:"argv"`
 	Dir  string   `json:"dir"`
 	Env  []string `json:"env"`
+	OOM  int      `json:"oom,omitempty"` // Spec.OOMScoreAdj
 }
 
 type shimMsg struct {
@@ -115,7 +116,7 @@ func startShim(path string, spec Spec, stdio [3]*os.File, adopted bool) (tree, e
 	}
 	// The shim reads the spec before it starts anything, so this cannot
 	// block on a stopped shim. An error means the shim died: wait says so.
-	json.NewEncoder(specW).Encode(shimSpec{Path: path, Argv: spec.Argv, Dir: spec.Dir, Env: spec.Env})
+	json.NewEncoder(specW).Encode(shimSpec{Path: path, Argv: spec.Argv, Dir: spec.Dir, Env: spec.Env, OOM: spec.OOMScoreAdj})
 	specW.Close()
 	t := &shimTree{proc: proc, argv0: spec.Argv[0], status: statR, dec: json.NewDecoder(io.LimitReader(statR, 1<<20)), adopted: adopted}
 
@@ -282,6 +283,7 @@ func shim() int {
 	}
 	specF.Close()
 
+	setOOMScoreAdj("self", s.OOM) // the program and all it starts inherit it
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
 		enc.Encode(shimMsg{Error: "PR_SET_CHILD_SUBREAPER: " + err.Error()})
 		return 125

@@ -2,6 +2,7 @@ package proctree
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -218,4 +219,33 @@ func TestShimLastResort(t *testing.T) {
 	}
 	checkGone(t, dir)
 	noChildren(t)
+}
+
+// OOMScoreAdj reaches the command (at once under the shim, just after it
+// started otherwise), and the caller keeps its own value.
+func TestOOMScoreAdj(t *testing.T) {
+	own, err := os.ReadFile("/proc/self/oom_score_adj")
+	if err != nil {
+		t.Skip(err)
+	}
+	script := `for i in $(seq 300); do [ "$(cat /proc/$$/oom_score_adj)" = 1000 ] && break; sleep 0.01; done
+		cat /proc/$$/oom_score_adj; sh -c 'cat /proc/self/oom_score_adj'`
+	for name, direct := range impls() {
+		t.Run(name, func(t *testing.T) {
+			var out bytes.Buffer
+			p, err := Start(t.Context(), Spec{Argv: []string{"bash", "-c", script}, Env: os.Environ(), Stdout: &out, OOMScoreAdj: 1000, direct: direct})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := p.Wait(); err != nil {
+				t.Fatal(err)
+			}
+			if out.String() != "1000\n1000\n" {
+				t.Errorf("the command's and its child's oom_score_adj: %q, want 1000 twice", out.String())
+			}
+			if now, _ := os.ReadFile("/proc/self/oom_score_adj"); !bytes.Equal(now, own) {
+				t.Errorf("the caller's oom_score_adj went from %q to %q", own, now)
+			}
+		})
+	}
 }

@@ -279,7 +279,9 @@ func (c *soakClient) session(ctx context.Context, i int) error {
 		return nil
 	}
 	steps := []func() error{
-		func() error { return tool("write", map[string]any{"path": "src/main.go", "content": "package main\n\nfunc main() {}\n"}) },
+		func() error {
+			return tool("write", map[string]any{"path": "src/main.go", "content": "package main\n\nfunc main() {}\n"})
+		},
 		func() error {
 			return tool("edit", map[string]any{"path": "src/main.go", "edits": []map[string]string{{"oldText": "func main() {}", "newText": "func main() { println(1) }"}}})
 		},

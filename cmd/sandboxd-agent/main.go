@@ -35,6 +35,7 @@ import (
 	"syscall"
 
 	"github.com/sandboxd/sandboxd/agent"
+	"github.com/sandboxd/sandboxd/internal/proctree"
 	"github.com/sandboxd/sandboxd/localexec"
 	"github.com/sandboxd/sandboxd/localfs"
 	"github.com/sandboxd/sandboxd/workspace"
@@ -67,7 +68,15 @@ func serve(root, envAllow, shell string, sync bool) int {
 	defer cancel()
 	ignoreSignals(log)
 	if os.Getpid() == 1 {
-		go reapOrphans(ctx, log)
+		// PID 1 of the container adopts every orphan in it and reaps them,
+		// so a command that runs alone needs no proctree shim: its end kills
+		// all it left (see proctree.AdoptOrphans). The probe runs first: it
+		// is the agent's one child not started through proctree.
+		byPidfd := probePidfds()
+		if err := proctree.AdoptOrphans(); err != nil {
+			log.Warn("every command runs under a shim", "err", err)
+		}
+		go reapOrphans(ctx, log, byPidfd)
 	}
 
 	fsys, err := localfs.New(root, localfs.WithSync(sync))
@@ -76,9 +85,10 @@ func serve(root, envAllow, shell string, sync bool) int {
 		return 1
 	}
 	defer fsys.Close()
-	opts := []localexec.Option{localexec.WithInheritEnv(envAllow == "")}
+	// Commands are the OOM killer's first choice, never the agent.
+	opts := []localexec.Option{localexec.WithOOMScoreAdj(1000), localexec.WithInheritEnv(envAllow == "")}
 	if envAllow != "" {
-		opts = []localexec.Option{localexec.WithEnvAllow(strings.Split(envAllow, ","))}
+		opts = append(opts, localexec.WithEnvAllow(strings.Split(envAllow, ",")))
 	}
 	if shell != "" {
 		opts = append(opts, localexec.WithShell(shell))

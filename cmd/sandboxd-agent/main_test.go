@@ -7,8 +7,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"runtime"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -145,78 +143,4 @@ func TestServeOverStdio(t *testing.T) {
 		t.Errorf("a command that signals itself: %+v", res)
 	}
 	p.closeAndWait(t)
-}
-
-// TestPID1ReapsOrphansOnly runs the agent as PID 1 of a new PID namespace. It
-// orphans processes to it (a command kills its own shim) and checks that
-// they are reaped while the exit statuses of concurrent commands, which the
-// agent's own waiters need, are never stolen.
-func TestPID1ReapsOrphansOnly(t *testing.T) {
-	if runtime.GOOS != "linux" {
-		t.Skip("PID namespaces are Linux's")
-	}
-	if err := exec.Command("unshare", "-p", "-f", "--mount-proc", "true").Run(); err != nil {
-		t.Skipf("cannot make a PID namespace here: %v", err)
-	}
-	p, _ := startAgent(t, "unshare", "-p", "-f", "--kill-child", "--mount-proc")
-	c := p.client
-	if res, out := run(t, c, "echo $$ $PPID; cat /proc/1/comm"); res.ExitCode != 0 || !strings.Contains(out, "\n") {
-		t.Fatalf("Run = %+v %q", res, out)
-	}
-
-	var wg sync.WaitGroup
-	for i := range 20 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			code := 10 + i
-			for range 5 {
-				res, err := c.Run(context.Background(), workspace.Command{Script: "exit " + strconv.Itoa(code)})
-				if err != nil || res.ExitCode != code {
-					t.Errorf("exit %d: %+v, %v", code, res, err)
-					return
-				}
-			}
-		}()
-	}
-	for range 5 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			// The command's shell kills its shim: it and its child become
-			// orphans of PID 1.
-			c.Run(context.Background(), workspace.Command{Script: "sleep 0.2 & kill -9 $PPID; wait"})
-		}()
-	}
-	wg.Wait()
-
-	agentPid := agentHostPid(t, p.cmd.Process.Pid)
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		z := zombieChildren(agentPid)
-		if len(z) == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("zombies left under PID 1: %v; stderr:\n%s", z, p.stderr)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if res, _ := run(t, c, "true"); res.ExitCode != 0 {
-		t.Errorf("after the orphans: %+v", res)
-	}
-	p.closeAndWait(t)
-}
-
-// agentHostPid finds the agent: the one child of unshare.
-func agentHostPid(t *testing.T, unsharePid int) int {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(unsharePid) + "/task/" + strconv.Itoa(unsharePid) + "/children")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil {
-		t.Fatalf("children of unshare: %q", b)
-	}
-	return pid
 }

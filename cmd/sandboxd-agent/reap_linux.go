@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"os"
@@ -10,6 +9,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // probeEnv marks the child reapOrphans starts once to learn whether this
@@ -19,23 +20,26 @@ const probeEnv = "SANDBOXD_AGENT_PROBE"
 // reapOrphans is PID 1's duty: it reaps the zombies among the agent's
 // children that no one in the agent waits for, each time a child exits.
 //
-// The agent's own children — the proctree shims localexec starts, each
-// waited for by os.Process.Wait — must be left to their waiters, or their
-// exit statuses would be stolen. The Go runtime holds a pidfd for every child
-// it starts, from the clone that creates it until Wait has reaped it, so a
-// zombie child for which the agent holds no pidfd is an orphan the kernel
-// handed to PID 1: those are reaped. The zombies are listed before the
-// pidfds are, so a child started in between is never mistaken for an orphan.
+// The agent's own children — the commands and proctree shims localexec
+// starts, each waited for by os.Process.Wait — must be left to their
+// waiters, or their exit statuses would be stolen. The Go runtime holds a
+// pidfd for every child it starts, from the clone that creates it until Wait
+// has reaped it, so a zombie child for which the agent holds no pidfd is an
+// orphan the kernel handed to PID 1: those are reaped. The zombies are listed
+// before the pidfds are, so a child started in between is never mistaken for
+// an orphan. (proctree's sweep, which kills and reaps what a command left
+// behind, holds a pidfd for each process it handles, so the two never take
+// the other's for an orphan either; when both try, one finds it gone.)
 //
-// Where the runtime holds no pidfds (kernels before 5.4, or a seccomp profile
-// that forbids them), ownership cannot be told; a zombie is then reaped only
-// once it has stayed one for a minute, which no waited-for child does.
-func reapOrphans(ctx context.Context, log *slog.Logger) {
+// Where the runtime holds no pidfds (byPidfd false: kernels before 5.4, or a
+// seccomp profile that forbids them), ownership cannot be told; a zombie is
+// then reaped only once it has stayed one for a minute, which no waited-for
+// child does.
+func reapOrphans(ctx context.Context, log *slog.Logger, byPidfd bool) {
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGCHLD)
 	tick := time.NewTicker(30 * time.Second)
 	defer tick.Stop()
-	byPidfd := probePidfds()
 	if !byPidfd {
 		log.Warn("no pidfds: orphans are reaped after a minute as zombies")
 	}
@@ -56,7 +60,7 @@ func reapOrphans(ctx context.Context, log *slog.Logger) {
 // reapOnce reaps the orphaned zombie children and returns their pids. seen
 // records when zombies were first seen, for the case without pidfds.
 func reapOnce(byPidfd bool, seen map[int]time.Time) []int {
-	zombies := zombieChildren(os.Getpid())
+	zombies := exitedChildren()
 	if len(zombies) == 0 {
 		return nil
 	}
@@ -88,6 +92,36 @@ func reapOnce(byPidfd bool, seen map[int]time.Time) []int {
 	return reaped
 }
 
+// exitedChildren lists this process's children that have exited and wait to
+// be reaped. It reads only this process's own /proc entries (the children
+// of each of its threads) and asks the kernel about each child with a wait
+// that reaps nothing (WNOWAIT): reading a child's own /proc files would make
+// its reaping cost more (the kernel flushes its /proc dentries then).
+func exitedChildren() []int {
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		return nil
+	}
+	var out []int
+	for _, task := range tasks {
+		b, _ := os.ReadFile("/proc/self/task/" + task.Name() + "/children")
+		for _, f := range strings.Fields(string(b)) {
+			pid, err := strconv.Atoi(f)
+			if err != nil {
+				continue
+			}
+			var info unix.Siginfo
+			err = unix.Waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WNOHANG|unix.WNOWAIT, nil)
+			// Linux sets si_signo to SIGCHLD when it found the child
+			// waitable, and to 0 when not (WNOHANG).
+			if err == nil && info.Signo == int32(unix.SIGCHLD) {
+				out = append(out, pid)
+			}
+		}
+	}
+	return out
+}
+
 // probePidfds starts this binary once and reports whether the agent then
 // holds a pidfd for it.
 func probePidfds() bool {
@@ -99,35 +133,6 @@ func probePidfds() bool {
 	}
 	defer p.Wait()
 	return pidfdPids()[p.Pid]
-}
-
-// zombieChildren lists the zombie processes whose parent is ppid.
-func zombieChildren(ppid int) []int {
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil
-	}
-	var out []int
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		stat, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		// "pid (comm) S ppid …", where comm may hold spaces and parentheses.
-		i := bytes.LastIndexByte(stat, ')')
-		if i < 0 {
-			continue
-		}
-		fields := strings.Fields(string(stat[i+1:]))
-		if len(fields) >= 2 && fields[0] == "Z" && fields[1] == strconv.Itoa(ppid) {
-			out = append(out, pid)
-		}
-	}
-	return out
 }
 
 // pidfdPids returns the pids of the processes this process holds a pidfd

@@ -10,4 +10,7 @@ import (
 const probeEnv = "SANDBOXD_AGENT_PROBE"
 
 // reapOrphans does nothing: the agent is PID 1 of Linux containers only.
-func reapOrphans(context.Context, *slog.Logger) {}
+func reapOrphans(context.Context, *slog.Logger, bool) {}
+
+// probePidfds reports false: there are no pidfds.
+func probePidfds() bool { return false }

@@ -16,6 +16,11 @@
 // second try goes through os.Root again, so confinement never rests on the
 // lookup: a concurrent change can only make it fail, or land elsewhere inside.
 //
+// Walk and Grep, the fast paths of workspace.Walk and workspace.Grep, keep
+// that rule with fewer calls: a walk opens each directory relative to its
+// parent's descriptor, never following a link, and on Linux a search opens
+// each file with one openat2(2) that the kernel confines beneath the root.
+//
 // Errors are *fs.PathError values naming the operation and the workspace name
 // (never a host path), carrying a workspace.Kind.
 //

@@ -38,10 +38,10 @@ func (f *FS) Walk(ctx context.Context, req workspace.WalkRequest) (workspace.Wal
 // concurrent use.
 type dirStack struct {
 	*FS
-	open []openDir
+	open []heldDir
 }
 
-type openDir struct {
+type heldDir struct {
 	name string
 	file *os.File
 }
@@ -76,7 +76,7 @@ func (t *dirStack) ReadDir(ctx context.Context, name string) ([]fs.DirEntry, err
 		d.Close()
 		return nil, pathError("readdir", name, err)
 	}
-	t.open = append(t.open, openDir{name, d})
+	t.open = append(t.open, heldDir{name, d})
 	return entries, nil
 }
 

@@ -299,7 +299,9 @@ func serveProcess(t *testing.T) (url string) {
 	bin := sandboxdBinary(t)
 	dir := t.TempDir()
 	cfg := map[string]any{"listen": "127.0.0.1:0", "backend": "memory", "daemon": "adv-serve",
-		"tenants": []httpapi.Tenant{{Name: "acme", Tokens: []string{httpapi.HashToken(acmeToken)}}}}
+		"tenants": []httpapi.Tenant{{Name: "acme", Tokens: []string{httpapi.HashToken(acmeToken)}}},
+		// Short bounds, so the slow-client attacks below end within seconds.
+		"http": map[string]any{"headerTimeout": "3s", "idleTimeout": "2s", "minBodyRate": 1024, "bodyGrace": "2s"}}
 	raw, _ := json.Marshal(cfg)
 	file := filepath.Join(dir, "config.json")
 	os.WriteFile(file, raw, 0o600)
@@ -359,11 +361,10 @@ func TestServeProcess(t *testing.T) {
 			}
 		}
 	})
-	// Open findings (SECURITY.md): `sandboxd serve` sets no IdleTimeout
-	// and no body read deadline, so a keep-alive connection left idle, or
-	// a body sent a byte at a time, holds a connection and a goroutine
-	// for ever. These fail until fixed; they run with
-	// SANDBOXD_ADVERSARIAL_OPEN=1 so that CI stays green meanwhile.
+	// A keep-alive connection left idle, and a body sent a byte at a time,
+	// must not hold a connection and a goroutine for ever: serve closes
+	// idle connections after http.idleTimeout and fails a body that falls
+	// below http.minBodyRate after http.bodyGrace.
 	for _, c := range []struct {
 		name    string
 		request string
@@ -373,9 +374,6 @@ func TestServeProcess(t *testing.T) {
 		{"SlowBody", "POST /v1/sessions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + acmeToken + "\r\nContent-Length: 100000\r\n\r\n{", true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			if os.Getenv("SANDBOXD_ADVERSARIAL_OPEN") != "1" {
-				t.Skip("open finding, see SECURITY.md; run with SANDBOXD_ADVERSARIAL_OPEN=1")
-			}
 			t.Parallel()
 			conn, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
 			if err != nil {
@@ -385,13 +383,13 @@ func TestServeProcess(t *testing.T) {
 			io.WriteString(conn, c.request)
 			closed := make(chan struct{})
 			go func() { io.Copy(io.Discard, conn); close(closed) }()
-			limit := time.After(3 * time.Minute)
+			limit := time.After(30 * time.Second)
 			for {
 				select {
 				case <-closed:
 					return
 				case <-limit:
-					t.Fatal("the server still holds the connection after 3 minutes")
+					t.Fatal("the server still holds the connection after 30 s")
 				case <-time.After(time.Second):
 					if c.drip {
 						conn.Write([]byte(" "))

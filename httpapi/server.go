@@ -29,6 +29,7 @@ import (
 	"net/http"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/sandboxd/sandboxd/policy"
 	"github.com/sandboxd/sandboxd/runner"
@@ -55,6 +56,8 @@ type options struct {
 	maxBody     int64
 	maxTransfer int64
 	version     string
+	minRate     int64         // body bytes per second a client must keep up, after grace
+	grace       time.Duration // how long a body may take before minRate applies
 }
 
 // WithTenants sets the tenants and their tokens. Without tenants every
@@ -77,13 +80,23 @@ func WithMaxBodyBytes(n int64) Option { return func(o *options) { o.maxBody = n 
 // contents (default 256 MiB). Over it is 413, with nothing written.
 func WithMaxTransferBytes(n int64) Option { return func(o *options) { o.maxTransfer = n } }
 
+// WithMinBodyRate bounds how slowly a client may send a request body: after
+// grace, it must have sent at least rate bytes for every second since the
+// body began, or the read fails and the connection is closed. This stops a
+// client that drips a body a byte at a time from holding a connection and a
+// goroutine for ever, without cutting a long upload that keeps pace
+// (default 4 KiB/s after 10 s; rate 0 turns it off).
+func WithMinBodyRate(rate int64, grace time.Duration) Option {
+	return func(o *options) { o.minRate, o.grace = rate, grace }
+}
+
 // WithVersion sets the version the MCP server reports.
 func WithVersion(v string) Option { return func(o *options) { o.version = v } }
 
 // New returns the handler of m's sessions. It fails when a tenant is
 // misconfigured (no name, a token that is not "sha256:" and 64 hex digits).
 func New(m *runner.Manager, opts ...Option) (*Server, error) {
-	o := options{maxBody: 64 << 20, maxTransfer: 256 << 20, version: "devel"}
+	o := options{maxBody: 64 << 20, maxTransfer: 256 << 20, version: "devel", minRate: 4 << 10, grace: 10 * time.Second}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -139,7 +152,45 @@ func (s *Server) routes() []route {
 }
 
 // ServeHTTP serves the API.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if s.o.minRate > 0 && r.Body != nil && r.Body != http.NoBody {
+		r.Body = &paceReader{body: r.Body, rc: http.NewResponseController(w), start: time.Now(), rate: s.o.minRate, grace: s.o.grace}
+	}
+	s.mux.ServeHTTP(w, r)
+}
+
+// paceReader is a request body that must keep a minimum pace: before each
+// read it sets the connection's read deadline to the moment by which the
+// bytes read so far were due, plus the grace period.
+type paceReader struct {
+	body  io.ReadCloser
+	rc    *http.ResponseController
+	start time.Time
+	rate  int64
+	grace time.Duration
+	read  int64
+}
+
+func (p *paceReader) Read(b []byte) (int, error) {
+	due := p.start.Add(p.grace + time.Duration(p.read)*time.Second/time.Duration(p.rate))
+	p.rc.SetReadDeadline(due) // an error means the writer cannot take deadlines (HTTP/2 tests): no pace then
+	n, err := p.body.Read(b)
+	p.read += int64(n)
+	if err == io.EOF {
+		// The body is done: lift the deadline, or the server's watch for a
+		// closed connection would take it for one and cancel the request
+		// (an SSE stream, say) later. After a missed deadline it stays, so
+		// the server cannot drain the rest of a dripping body either, and
+		// closes the connection.
+		p.rc.SetReadDeadline(time.Time{})
+	}
+	return n, err
+}
+
+func (p *paceReader) Close() error {
+	p.rc.SetReadDeadline(time.Time{})
+	return p.body.Close()
+}
 
 // Drain makes /readyz answer 503, so that a load balancer stops sending
 // new work; call it before shutting the HTTP server and the manager down.

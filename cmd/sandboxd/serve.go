@@ -71,6 +71,18 @@ type serveConfig struct {
 	// ShutdownTimeout bounds how long calls in flight may finish at
 	// shutdown (default 30s).
 	ShutdownTimeout runner.Duration `json:"shutdownTimeout"`
+	// HTTP bounds what a client connection may hold.
+	HTTP struct {
+		// HeaderTimeout bounds reading a request's headers (default 10s).
+		HeaderTimeout runner.Duration `json:"headerTimeout"`
+		// IdleTimeout closes a keep-alive connection idle that long
+		// (default 2m).
+		IdleTimeout runner.Duration `json:"idleTimeout"`
+		// MinBodyRate is the pace, in bytes per second, a request body must
+		// keep after BodyGrace (default 4096 after 10s; -1 turns it off).
+		MinBodyRate int64           `json:"minBodyRate"`
+		BodyGrace   runner.Duration `json:"bodyGrace"`
+	} `json:"http"`
 }
 
 // loadServeConfig reads the configuration file; "" is the zero
@@ -175,6 +187,9 @@ func serve(ctx context.Context, sio stdio, cfg serveConfig, dev bool) error {
 	if cfg.Limits.MaxTransferBytes > 0 {
 		apiOpts = append(apiOpts, httpapi.WithMaxTransferBytes(cfg.Limits.MaxTransferBytes))
 	}
+	if rate := cfg.HTTP.MinBodyRate; rate != 0 {
+		apiOpts = append(apiOpts, httpapi.WithMinBodyRate(max(rate, 0), time.Duration(cmp.Or(cfg.HTTP.BodyGrace, runner.Duration(10*time.Second)))))
+	}
 	api, err := httpapi.New(m, apiOpts...)
 	if err != nil {
 		m.Shutdown(context.Background())
@@ -185,7 +200,12 @@ func serve(ctx context.Context, sio stdio, cfg serveConfig, dev bool) error {
 		m.Shutdown(context.Background())
 		return err
 	}
-	srv := &http.Server{Handler: api, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}
+	srv := &http.Server{
+		Handler:           api,
+		ReadHeaderTimeout: time.Duration(cmp.Or(cfg.HTTP.HeaderTimeout, runner.Duration(10*time.Second))),
+		IdleTimeout:       time.Duration(cmp.Or(cfg.HTTP.IdleTimeout, runner.Duration(2*time.Minute))),
+		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+	}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 

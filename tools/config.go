@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/sandboxd/sandboxd/sources"
 	"github.com/sandboxd/sandboxd/workspace"
 	"github.com/sandboxd/sandboxd/workspaceshell"
 )
@@ -96,6 +97,10 @@ type Config struct {
 	// "provider" or "custom". It decides what the workspace-shell profile
 	// gives (a provider gets only workspace_exec, and only with commands).
 	Driver workspaceshell.Driver `json:"driver,omitempty"`
+	// Sources are the session's declared sources, which materialize_sources
+	// copies into .sandboxd/sources/<name>/ (see package sources): each
+	// {"name", "kind": "dir"|"tar"|"git", "path", "commit" (git)}.
+	Sources sources.Decls `json:"sources,omitempty"`
 }
 
 // The tool profiles.
@@ -324,6 +329,10 @@ func (c Config) Validate() error {
 	}
 	if c.MaxCallsPerRun < 0 {
 		return bad("maxCallsPerRun", "must not be negative, got %d", c.MaxCallsPerRun)
+	}
+	var de *sources.DeclError
+	if err := c.Sources.Validate(); errors.As(err, &de) {
+		return bad(de.Field, "%s", de.Reason)
 	}
 	return c.validateProfiles()
 }

@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"io/fs"
 	"maps"
+	"path"
 	"strings"
 
 	"github.com/sandboxd/sandboxd/journal"
+	"github.com/sandboxd/sandboxd/sources"
 	"github.com/sandboxd/sandboxd/workspace"
 	"github.com/sandboxd/sandboxd/workspaceshell"
 )
@@ -49,11 +51,11 @@ type ShellResult struct {
 	TimedOut  bool   `json:"timedOut"`
 }
 
-// SourcesResult is the structured content of materialize_sources.
+// SourcesResult is the structured content of materialize_sources: one
+// entry per source materialized (none when the workspace declares none).
 type SourcesResult struct {
-	Sources      []string `json:"sources"` // the sources materialized: none
-	Materialized int      `json:"materialized"`
-	Message      string   `json:"message"`
+	Sources []sources.Snapshot `json:"sources"`
+	Message string             `json:"message,omitempty"`
 }
 
 // ExecResult is the structured content of workspace_exec: bash's, plus
@@ -265,7 +267,7 @@ func (s *Set) defineShell(name string) *toolDef {
 		d.schema = objectSchema(prop{name: "path", typ: "string", desc: "only sources under this path prefix"},
 			prop{name: "sources", typ: "array", desc: "the sources to materialize (default: all)", extra: map[string]any{"items": map[string]any{"type": "string"}}})
 		d.run = (*Set).materializeSources
-		d.readOnly = true
+		d.readOnly = len(c.Sources) == 0 // else it writes .sandboxd/sources/
 	case workspaceshell.ToolWriteFile:
 		d.desc = "Create or replace a file, creating missing parent directories; readers never see half a file." + guard
 		d.schema = objectSchema(pathProp("the file"), content)
@@ -346,7 +348,7 @@ func (s *Set) shellTool(ctx context.Context, args json.RawMessage, c *call) (Res
 	}}, nil
 }
 
-func (s *Set) materializeSources(_ context.Context, args json.RawMessage, _ *call) (Result, error) {
+func (s *Set) materializeSources(ctx context.Context, args json.RawMessage, c *call) (Result, error) {
 	var p struct {
 		Path    string   `json:"path"`
 		Sources []string `json:"sources"`
@@ -354,11 +356,41 @@ func (s *Set) materializeSources(_ context.Context, args json.RawMessage, _ *cal
 	if err := decodeArgs(args, &p); err != nil {
 		return Result{}, err
 	}
-	if len(p.Sources) > 0 {
-		return Result{}, newError(workspace.ErrNotFound, "no source named %s: this workspace declares no sources", strings.Join(p.Sources, ", "))
+	decls := s.cfg.Sources
+	if len(decls) == 0 {
+		if len(p.Sources) > 0 {
+			return Result{}, newError(workspace.ErrNotFound, "no source named %s: this workspace declares no sources", strings.Join(p.Sources, ", "))
+		}
+		msg := "This workspace declares no sources: there is nothing to materialize. Its files are already in " + s.root + "; inspect them with shell."
+		return Result{Text: msg, Structured: &SourcesResult{Sources: []sources.Snapshot{}, Message: msg}}, nil
 	}
-	msg := "This workspace declares no sources: there is nothing to materialize. Its files are already in " + s.root + "; inspect them with shell."
-	return Result{Text: msg, Structured: &SourcesResult{Sources: []string{}, Message: msg}}, nil
+	name, err := workspace.Resolve(s.root, p.Path)
+	if err != nil {
+		return Result{}, err
+	}
+	var names []string
+	for _, d := range decls {
+		names = append(names, d.Name)
+	}
+	res, err := sources.Materialize(ctx, c.fsys, decls, sources.Request{Path: name, Names: p.Sources,
+		Limits: sources.Limits{MaxFileBytes: s.cfg.MaxFileBytes}})
+	if err != nil {
+		var k *workspace.Kind // an undeclared name or a path no snapshot is at, not a host file
+		if errors.As(err, &k) && k == workspace.ErrNotFound {
+			return Result{}, newError(workspace.ErrNotFound, "%v (declared sources: %s, materialized under %s/)", err, strings.Join(names, ", "), path.Join(s.root, sources.SnapshotDir))
+		}
+		return Result{}, err
+	}
+	var b strings.Builder
+	for _, src := range res.Sources {
+		state := "unchanged"
+		if src.Changed {
+			state = "updated"
+		}
+		fmt.Fprintf(&b, "%s (%s): %s, %d files, %d bytes, %s, %s\n", src.Name, src.Kind, path.Join(s.root, src.Path), src.Files, src.Bytes, src.Digest, state)
+	}
+	b.WriteString("Snapshots are read-only; inspect them with shell (name the path: searches from the root skip .sandboxd).")
+	return Result{Text: b.String(), Structured: &SourcesResult{Sources: res.Sources}}, nil
 }
 
 // mutation runs one of the structured mutations of write mode.

@@ -20,7 +20,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/moby/moby/client"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/sandboxd/sandboxd/internal/dockertest"
@@ -561,18 +560,7 @@ func TestMCPDockerMatchesLocal(t *testing.T) {
 	dockertest.Image(t) // build the minimal image once, before timing starts
 	// Registered first, so it runs after sandboxd mcp has exited: its
 	// container is gone.
-	t.Cleanup(func() {
-		list, err := cli.ContainerList(context.Background(), client.ContainerListOptions{All: true,
-			Filters: make(client.Filters).Add("label", runner.LabelDaemon)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, c := range list.Items {
-			if strings.HasPrefix(c.Labels[runner.LabelDaemon], "cli-") {
-				t.Errorf("container %s of sandboxd mcp left after it exited", c.Names)
-			}
-		}
-	})
+	t.Cleanup(func() { wantNoCLIContainers(t, cli) })
 	calls := []struct {
 		tool string
 		args map[string]any

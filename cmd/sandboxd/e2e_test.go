@@ -23,7 +23,6 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/sandboxd/sandboxd/internal/dockertest"
-	"github.com/sandboxd/sandboxd/runner"
 )
 
 // testTimeout bounds each run of the binary.

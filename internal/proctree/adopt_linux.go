@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -86,7 +88,17 @@ func startTree(path string, spec Spec, stdio [3]*os.File) (tree, error) {
 	adopt.active++
 	if adopt.active == 1 {
 		defer adopt.mu.Unlock()
+		// The command inherits its oom_score_adj from this process, for
+		// the microseconds of its start (vfork and exec) raised to it:
+		// set afterwards, what the command forks first could keep this
+		// process's value, and a fork bomb of such processes would leave
+		// this one the largest, so the OOM killer's choice. Nothing else
+		// can start meanwhile (every start holds adopt.mu), and nothing of
+		// another command runs to fill memory (none runs).
+		restore := inheritOOMScoreAdj(spec.OOMScoreAdj)
+		spec.OOMScoreAdj = 0
 		t, err := startDirect(path, spec, stdio)
+		restore()
 		if err != nil {
 			adopt.active--
 			return nil, err
@@ -100,6 +112,23 @@ func startTree(path string, spec Spec, stdio [3]*os.File) (tree, error) {
 		adoptDone()
 	}
 	return t, err
+}
+
+// inheritOOMScoreAdj sets this process's own oom_score_adj to n, unless n
+// is zero or it is n already, and returns what sets it back. Going back is
+// always allowed: the kernel refuses an unprivileged process only a value
+// below the last one a privileged writer set, which the old value is not.
+func inheritOOMScoreAdj(n int) (restore func()) {
+	nothing := func() {}
+	if n == 0 {
+		return nothing
+	}
+	b, err := readProc("self/oom_score_adj")
+	old := strings.TrimSpace(string(b))
+	if err != nil || old == strconv.Itoa(n) || writeOOMScoreAdj("self", strconv.Itoa(n)) != nil {
+		return nothing
+	}
+	return func() { writeOOMScoreAdj("self", old) }
 }
 
 // adoptDone ends the count of an adopted command (direct or shim).
@@ -120,22 +149,29 @@ func sweep(deadline time.Time) {
 	for {
 		adopt.mu.Lock()
 		pids, family := descendants(self, adopt.shims)
-		fds := make([]int, 0, len(pids))
+		var pidfds []*os.File
 		for _, pid := range pids {
-			if fd := killOne(pid, family); fd >= 0 {
-				fds = append(fds, fd)
+			if f := killOne(pid, family); f != nil {
+				pidfds = append(pidfds, f)
 			}
 		}
 		adopt.mu.Unlock()
 		if len(pids) == 0 {
 			return
 		}
-		awaitExit(fds, deadline)
-		for _, fd := range fds {
-			// Reaps it if it is a child of this process, and a zombie;
-			// fails harmlessly otherwise.
-			unix.Waitid(unix.P_PIDFD, fd, nil, unix.WEXITED|unix.WNOHANG, nil)
-			unix.Close(fd)
+		if len(pidfds) == 0 {
+			time.Sleep(time.Millisecond) // no pidfds: look again soon
+		}
+		for _, f := range pidfds {
+			awaitExit(f, deadline)
+			if rc, err := f.SyscallConn(); err == nil {
+				// Reaps it if it is a child of this process, and a
+				// zombie; fails harmlessly otherwise.
+				rc.Control(func(fd uintptr) {
+					unix.Waitid(unix.P_PIDFD, int(fd), nil, unix.WEXITED|unix.WNOHANG, nil)
+				})
+			}
+			f.Close()
 		}
 		if !time.Now().Before(deadline) {
 			return
@@ -151,40 +187,46 @@ func sweepOnce() {
 	killAllOf(descendants(self, adopt.shims))
 }
 
-// awaitExit waits until every process of the pidfds fds has exited, or
-// until deadline. Without pidfds (fds is empty though processes were
-// signalled) it pauses a millisecond, so the next round looks again.
-func awaitExit(fds []int, deadline time.Time) {
-	if len(fds) == 0 {
-		time.Sleep(time.Millisecond)
+// awaitPid waits until the process pid, a child of this process not yet
+// reaped, has exited (see awaitExit), without reaping it.
+func awaitPid(pid int) {
+	fd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
+	if err != nil {
+		return // the caller's wait blocks instead
+	}
+	f := os.NewFile(uintptr(fd), "pidfd")
+	awaitExit(f, time.Time{})
+	f.Close()
+}
+
+// awaitExit waits until the process of pidfd has exited (the pidfd polls
+// readable), or until deadline (zero: no deadline, and no wait at all if
+// the pidfd is not pollable). A non-blocking pidfd is waited for through
+// Go's poller, so the wait holds no thread: the sweep runs when a command
+// may have used up its container's pids limit, where the Go runtime could
+// not make a new thread, and dies when it cannot. Otherwise (kernels
+// before 5.10) it blocks in poll.
+func awaitExit(pidfd *os.File, deadline time.Time) {
+	rc, err := pidfd.SyscallConn()
+	if err != nil {
 		return
 	}
-	pfds := make([]unix.PollFd, len(fds))
-	for i, fd := range fds {
-		pfds[i] = unix.PollFd{Fd: int32(fd), Events: unix.POLLIN}
+	exited := func(fd uintptr) bool {
+		p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, _ := unix.Poll(p, 0)
+		return n > 0
 	}
-	for {
-		left := time.Until(deadline)
-		if left <= 0 {
-			return
-		}
-		n, err := unix.Poll(pfds, int(min(left, time.Second)/time.Millisecond)+1)
-		if errors.Is(err, unix.EINTR) {
-			continue
-		}
-		if err != nil {
-			return
-		}
-		if n > 0 {
-			pending := pfds[:0]
-			for _, p := range pfds {
-				if p.Revents == 0 {
-					pending = append(pending, unix.PollFd{Fd: p.Fd, Events: unix.POLLIN})
-				}
-			}
-			if pfds = pending; len(pfds) == 0 {
+	pidfd.SetReadDeadline(deadline)
+	err = rc.Read(exited)
+	if err == nil || errors.Is(err, os.ErrDeadlineExceeded) || deadline.IsZero() {
+		return
+	}
+	rc.Control(func(fd uintptr) { // not pollable
+		p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		for left := time.Until(deadline); left > 0; left = time.Until(deadline) {
+			if n, err := unix.Poll(p, int(left/time.Millisecond)+1); n > 0 || (err != nil && err != unix.EINTR) {
 				return
 			}
 		}
-	}
+	})
 }

@@ -12,11 +12,6 @@ import (
 	"testing"
 )
 
-// adoptEnv makes the test binary call AdoptOrphans before it runs the tests:
-// TestAdopted runs the tests below, and those of the rest of the suite that
-// hold for both modes, in such a process.
-const adoptEnv = "PROCTREE_TEST_ADOPT"
-
 func TestMain(m *testing.M) {
 	if os.Getenv(adoptEnv) != "" {
 		if err := AdoptOrphans(); err != nil {

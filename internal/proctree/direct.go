@@ -55,6 +55,9 @@ func (t *directTree) kill() {
 }
 
 func (t *directTree) wait() (Exit, error) {
+	if t.adopted {
+		awaitPid(t.proc.Pid) // through Go's poller: see awaitExit
+	}
 	state, err := t.proc.Wait()
 	d := time.Since(t.start)
 	t.mu.Lock()

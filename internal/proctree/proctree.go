@@ -48,7 +48,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -101,10 +100,11 @@ type Spec struct {
 	// picks the command, not its parent, when memory runs out: any process
 	// may raise the value, lowering it below the caller's takes
 	// CAP_SYS_RESOURCE. Best effort: a value that cannot be set is not.
-	// Under the shim it is set before the program starts, so the whole tree
-	// inherits it; a command run directly (AdoptOrphans, or elsewhere) gets
-	// it just after it started, so what it forks in those microseconds
-	// keeps the caller's value.
+	// Under the shim, and for a command run directly by a process that
+	// adopts orphans, the program inherits it from its start, and so does
+	// all it starts; a command run in a process group only (other systems)
+	// gets it just after it started, so what it forks in those
+	// microseconds keeps the caller's value.
 	OOMScoreAdj int
 
 	direct bool // tests: use the process-group implementation on Linux too
@@ -265,8 +265,7 @@ func (p *Process) Wait() (Exit, error) {
 func (p *Process) openStdio(spec Spec) (stdio [3]*os.File, writers []io.Writer, opened []*os.File, err error) {
 	switch in := spec.Stdin.(type) {
 	case nil:
-		stdio[0], err = os.Open(os.DevNull)
-		opened = append(opened, stdio[0])
+		stdio[0], err = devNull()
 	case *os.File:
 		stdio[0] = in
 	default:
@@ -279,8 +278,7 @@ func (p *Process) openStdio(spec Spec) (stdio [3]*os.File, writers []io.Writer, 
 	for i, w := range []io.Writer{spec.Stdout, spec.Stderr} {
 		switch w := w.(type) {
 		case nil:
-			stdio[i+1], err = os.OpenFile(os.DevNull, os.O_WRONLY, 0)
-			opened = append(opened, stdio[i+1])
+			stdio[i+1], err = devNull()
 		case *os.File:
 			stdio[i+1] = w
 		default:
@@ -298,6 +296,13 @@ func (p *Process) openStdio(spec Spec) (stdio [3]*os.File, writers []io.Writer, 
 	}
 	return stdio, writers, opened, nil
 }
+
+// devNull is /dev/null, opened once for reading and writing and never
+// closed: every command without input, or whose output is discarded, gets
+// a copy of it, with no path lookup per command.
+var devNull = sync.OnceValues(func() (*os.File, error) {
+	return os.OpenFile(os.DevNull, os.O_RDWR, 0)
+})
 
 // closeOurs closes the parent's pipe ends after a failed start.
 func (p *Process) closeOurs() {
@@ -356,18 +361,6 @@ func withoutMarker(env []string) []string {
 		}
 	}
 	return out
-}
-
-// setOOMScoreAdj writes n to the oom_score_adj of pid ("self" or a
-// number), unless n is zero. Errors are ignored: see Spec.OOMScoreAdj.
-func setOOMScoreAdj(pid string, n int) {
-	if n == 0 {
-		return
-	}
-	if f, err := os.OpenFile("/proc/"+pid+"/oom_score_adj", os.O_WRONLY, 0); err == nil {
-		f.WriteString(strconv.Itoa(n))
-		f.Close()
-	}
 }
 
 func closeAll(files []*os.File) {

@@ -16,6 +16,11 @@ import (
 	"time"
 )
 
+// adoptEnv makes the test binary call AdoptOrphans before it runs the tests
+// (Linux): TestAdopted runs its tests, and those of the rest of the suite
+// that hold for both modes, in such a process.
+const adoptEnv = "PROCTREE_TEST_ADOPT"
+
 // impls are the implementations a test runs against: the platform's own and,
 // where that is the shim, the process-group one too.
 func impls() map[string]bool {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/signal"
 	"strconv"
@@ -276,6 +277,10 @@ func shim() int {
 	closeOnExec() // the program gets stdin, stdout and stderr, nothing else
 	specF, statF := os.NewFile(specFD, "spec"), os.NewFile(statusFD, "status")
 	enc := json.NewEncoder(statF)
+	// The program's duration counts from here, before Start returns in the
+	// parent (on ready): a timeout the caller arms then never finds it
+	// shorter than the time it allowed.
+	start := time.Now()
 	enc.Encode(shimMsg{Ready: true})
 	var s shimSpec
 	if err := json.NewDecoder(io.LimitReader(specF, maxSpec)).Decode(&s); err != nil {
@@ -288,7 +293,6 @@ func shim() int {
 		enc.Encode(shimMsg{Error: "PR_SET_CHILD_SUBREAPER: " + err.Error()})
 		return 125
 	}
-	start := time.Now()
 	pid, err := syscall.ForkExec(s.Path, s.Argv, &syscall.ProcAttr{
 		Dir:   s.Dir,
 		Env:   s.Env,
@@ -420,8 +424,8 @@ func killAll(r *reaper) {
 // killAllOf sends SIGKILL to each of pids (see killOne).
 func killAllOf(pids []int, family map[int]bool) {
 	for _, pid := range pids {
-		if fd := killOne(pid, family); fd >= 0 {
-			unix.Close(fd)
+		if f := killOne(pid, family); f != nil {
+			f.Close()
 		}
 	}
 }
@@ -430,22 +434,26 @@ func killAllOf(pids []int, family map[int]bool) {
 // listed: through a pidfd, and only after checking that the process it pins
 // still has its parent in family (the root of the walk or a descendant) — a
 // pid reused by a stranger fails that test. It returns the pidfd of a
-// process it signalled (or found dead) for the caller to close, or -1.
-func killOne(pid int, family map[int]bool) int {
-	fd, err := unix.PidfdOpen(pid, 0)
+// process it signalled (or found dead), non-blocking where the kernel allows
+// (5.10), for the caller to close; nil when it has none.
+func killOne(pid int, family map[int]bool) *os.File {
+	fd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
+	if err == unix.EINVAL {
+		fd, err = unix.PidfdOpen(pid, 0)
+	}
 	if err == unix.ENOSYS {
 		syscall.Kill(pid, syscall.SIGKILL) // kernels before 5.3
-		return -1
+		return nil
 	}
 	if err != nil {
-		return -1 // gone
+		return nil // gone
 	}
 	if ppid, err := parentOf(pid); err == nil && !family[ppid] {
 		unix.Close(fd)
-		return -1
+		return nil
 	}
 	unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
-	return fd
+	return os.NewFile(uintptr(fd), "pidfd")
 }
 
 // descendants lists root's descendants, parents first, leaving out the
@@ -474,17 +482,17 @@ func descendants(root int, skip map[int]bool) ([]int, map[int]bool) {
 // haveChildrenFiles reports whether the kernel has /proc/PID/task/TID/children
 // (CONFIG_PROC_CHILDREN).
 var haveChildrenFiles = sync.OnceValue(func() bool {
-	_, err := os.Stat("/proc/self/task/" + strconv.Itoa(os.Getpid()) + "/children")
+	_, err := readProc("self/task/" + strconv.Itoa(os.Getpid()) + "/children")
 	return err == nil
 })
 
 // children lists pid's children from /proc/PID/task/*/children.
 func children(pid int) []int {
-	dir := "/proc/" + strconv.Itoa(pid) + "/task/"
-	tasks, _ := os.ReadDir(dir)
+	dir := strconv.Itoa(pid) + "/task/"
+	tasks, _ := readProcDir(dir)
 	var out []int
 	for _, t := range tasks {
-		b, _ := os.ReadFile(dir + t.Name() + "/children")
+		b, _ := readProc(dir + t + "/children")
 		for _, f := range strings.Fields(string(b)) {
 			if c, err := strconv.Atoi(f); err == nil {
 				out = append(out, c)
@@ -497,9 +505,9 @@ func children(pid int) []int {
 // parentMap maps every process's parent to its children, from /proc/*/stat.
 func parentMap() map[int][]int {
 	m := map[int][]int{}
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
+	names, _ := readProcDir(".")
+	for _, name := range names {
+		pid, err := strconv.Atoi(name)
 		if err != nil {
 			continue
 		}
@@ -512,7 +520,7 @@ func parentMap() map[int][]int {
 
 // parentOf reads pid's parent from /proc/PID/stat.
 func parentOf(pid int) (int, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	b, err := readProc(strconv.Itoa(pid) + "/stat")
 	if err != nil {
 		return 0, err
 	}
@@ -523,4 +531,71 @@ func parentOf(pid int) (int, error) {
 		return 0, fmt.Errorf("proctree: bad stat for %d", pid)
 	}
 	return strconv.Atoi(f[1])
+}
+
+// procFD is /proc, open for the life of the process (-1 if it cannot be
+// opened). Names under /proc are resolved from it rather than from the
+// root directory: in a container the root is often a FUSE file system
+// (fuse-overlayfs), which the kernel asks about every path walked through
+// it — a round trip to a user-space daemon for each /proc file read.
+var procFD = sync.OnceValue(func() int {
+	fd, err := unix.Open("/proc", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1
+	}
+	return fd
+})
+
+// openProc opens /proc/NAME.
+func openProc(name string, flags int) (*os.File, error) {
+	dir := procFD()
+	if dir < 0 {
+		return os.OpenFile("/proc/"+name, flags, 0)
+	}
+	fd, err := unix.Openat(dir, name, flags|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &fs.PathError{Op: "open", Path: "/proc/" + name, Err: err}
+	}
+	return os.NewFile(uintptr(fd), "/proc/"+name), nil
+}
+
+// readProc reads the file /proc/NAME.
+func readProc(name string) ([]byte, error) {
+	f, err := openProc(name, unix.O_RDONLY)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return io.ReadAll(f)
+}
+
+// readProcDir lists the directory /proc/NAME.
+func readProcDir(name string) ([]string, error) {
+	f, err := openProc(name, unix.O_RDONLY|unix.O_DIRECTORY)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return f.Readdirnames(-1)
+}
+
+// setOOMScoreAdj writes n to the oom_score_adj of pid ("self" or a
+// number), unless n is zero. Errors are ignored: see Spec.OOMScoreAdj.
+func setOOMScoreAdj(pid string, n int) {
+	if n != 0 {
+		writeOOMScoreAdj(pid, strconv.Itoa(n))
+	}
+}
+
+// writeOOMScoreAdj writes value to the oom_score_adj of pid.
+func writeOOMScoreAdj(pid, value string) error {
+	f, err := openProc(pid+"/oom_score_adj", unix.O_WRONLY)
+	if err != nil {
+		return err
+	}
+	_, err = f.WriteString(value)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }

@@ -22,7 +22,11 @@ func AdoptOrphans() error {
 	return errors.New("proctree: adopting orphans needs Linux")
 }
 
+// setOOMScoreAdj does nothing: oom_score_adj is Linux's.
+func setOOMScoreAdj(string, int) {}
+
 // Never called: no tree is adopted without AdoptOrphans.
 func sweep(time.Time) {}
 func sweepOnce()      {}
 func adoptDone()      {}
+func awaitPid(int)    {}

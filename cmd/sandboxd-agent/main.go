@@ -30,8 +30,10 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime"
 	"runtime/debug"
 	"strings"
+	"sync"
 	"syscall"
 
 	"github.com/sandboxd/sandboxd/agent"
@@ -73,6 +75,7 @@ func serve(root, envAllow, shell string, sync bool) int {
 		// all it left (see proctree.AdoptOrphans). The probe runs first: it
 		// is the agent's one child not started through proctree.
 		byPidfd := probePidfds()
+		reserveThreads(8)
 		if err := proctree.AdoptOrphans(); err != nil {
 			log.Warn("every command runs under a shim", "err", err)
 		}
@@ -103,7 +106,7 @@ func serve(root, envAllow, shell string, sync bool) int {
 
 	srv := agent.NewServer(fsys, bash, agent.WithBuild(buildID()), agent.WithLogger(log))
 	log.Info("serving", "root", root, "build", buildID())
-	err = srv.Serve(ctx, stdio{os.Stdin, os.Stdout})
+	err = srv.Serve(ctx, stdio{pollable(os.Stdin), pollable(os.Stdout)})
 	if err != nil {
 		log.Error("stream ended", "err", err)
 		return 1
@@ -117,6 +120,41 @@ func serve(root, envAllow, shell string, sync bool) int {
 type stdio struct {
 	io.Reader
 	io.Writer
+}
+
+// pollable returns f made non-blocking, so that Go waits for it in its
+// poller rather than in a thread of its own (where f allows it: pipes and
+// sockets, which the agent's standard streams are in a container).
+func pollable(f *os.File) *os.File {
+	if err := syscall.SetNonblock(int(f.Fd()), true); err != nil {
+		return f
+	}
+	return os.NewFile(f.Fd(), f.Name())
+}
+
+// reserveThreads makes the Go runtime start n more threads now, which it
+// then keeps, idle, for reuse. A container's pids limit counts threads, and
+// a command may use up the rest of it (a fork bomb): the runtime cannot
+// start a thread then, and a Go program that needs one dies. PID 1 adopts
+// the command's orphans, so their exits wake it (signals, reaping, the
+// sweep of what a command left) just then; the reserve covers that.
+func reserveThreads(n int) {
+	var locked, done sync.WaitGroup
+	release := make(chan struct{})
+	locked.Add(n)
+	done.Add(n)
+	for range n {
+		go func() {
+			defer done.Done()
+			runtime.LockOSThread() // a thread of its own while it waits
+			locked.Done()
+			<-release
+			runtime.UnlockOSThread() // back to the runtime's idle list
+		}()
+	}
+	locked.Wait()
+	close(release)
+	done.Wait()
 }
 
 // ignoreSignals keeps the signals that would end a Go program from ending

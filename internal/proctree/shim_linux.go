@@ -1,7 +1,8 @@
 package proctree
 
 import (
-	"encoding/json"
+	"bufio"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -19,26 +20,108 @@ import (
 
 // The shim protocol. The parent starts /proc/self/exe with markerEnv set and
 // two extra descriptors: fd 3, from which the shim reads one shimSpec, and fd
-// 4, on which it writes shimMsg lines: {ready} once it handles SIGTERM (Start
-// waits for it, so no SIGTERM kills the shim instead of the tree), {pid} once
-// the program started (or {error} when it could not be), {exit} once the
-// program ended. The shim exits when the program's tree is gone. The spec travels over a pipe, not the
-// command line, so that the command's environment is not visible in ps.
+// 4, on which it writes shimMsg lines: "ready" once it handles SIGTERM (Start
+// waits for it, so no SIGTERM kills the shim instead of the tree), "pid" once
+// the program started (or "error" when it could not be), "exit" once the
+// program ended. The shim exits when the program's tree is gone. The spec
+// travels over a pipe, not the command line, so that the command's
+// environment is not visible in ps. Both are plain text, not JSON: the
+// shim is a fresh program per command, and building reflection caches
+// would be a good part of its own work.
 
 type shimSpec struct {
-	Path string   `json:"path"`
-	Argv []string `json:"argv"`
-	Dir  string   `json:"dir"`
-	Env  []string `json:"env"`
-	OOM  int      `json:"oom,omitempty"` // Spec.OOMScoreAdj
+	Path string
+	Argv []string
+	Dir  string
+	Env  []string
+	OOM  int // Spec.OOMScoreAdj
+}
+
+// encode writes the spec as NUL-terminated fields: path, dir, oom, the
+// number of arguments, the arguments, the environment.
+func (s shimSpec) encode() []byte {
+	fields := append([]string{s.Path, s.Dir, strconv.Itoa(s.OOM), strconv.Itoa(len(s.Argv))}, s.Argv...)
+	return []byte(strings.Join(append(fields, s.Env...), "\x00") + "\x00")
+}
+
+func decodeSpec(b []byte) (shimSpec, error) {
+	f := strings.Split(string(b), "\x00")
+	if len(f) < 5 || f[len(f)-1] != "" {
+		return shimSpec{}, errors.New("proctree: bad shim spec")
+	}
+	f = f[:len(f)-1]
+	oom, err1 := strconv.Atoi(f[2])
+	argc, err2 := strconv.Atoi(f[3])
+	if err1 != nil || err2 != nil || argc < 1 || 4+argc > len(f) {
+		return shimSpec{}, errors.New("proctree: bad shim spec")
+	}
+	return shimSpec{Path: f[0], Dir: f[1], OOM: oom, Argv: f[4 : 4+argc], Env: f[4+argc:]}, nil
 }
 
 type shimMsg struct {
-	Ready bool   `json:"ready,omitempty"`
-	Pid   int    `json:"pid,omitempty"`
-	Error string `json:"error,omitempty"`
-	Errno int    `json:"errno,omitempty"`
-	Exit  *Exit  `json:"exit,omitempty"`
+	Ready bool
+	Pid   int
+	Error string
+	Errno int
+	Exit  *Exit
+}
+
+// encode writes the message as one line: "ready", "pid PID",
+// "error ERRNO TEXT" or "exit CODE SIGNAL|- KILLED NANOSECONDS".
+func (m shimMsg) encode() []byte {
+	switch {
+	case m.Ready:
+		return []byte("ready\n")
+	case m.Pid > 0:
+		return []byte("pid " + strconv.Itoa(m.Pid) + "\n")
+	case m.Exit != nil:
+		sig := cmp.Or(m.Exit.Signal, "-")
+		killed := map[bool]string{true: "1", false: "0"}[m.Exit.Killed]
+		return []byte(fmt.Sprintf("exit %d %s %s %d\n", m.Exit.Code, sig, killed, m.Exit.Duration))
+	}
+	return []byte("error " + strconv.Itoa(m.Errno) + " " + strings.ReplaceAll(m.Error, "\n", " ") + "\n")
+}
+
+// readMsg reads the next message from r.
+func readMsg(r *bufio.Reader) (shimMsg, error) {
+	line, err := r.ReadString('\n')
+	if err != nil {
+		if err == io.EOF && line != "" {
+			err = io.ErrUnexpectedEOF
+		}
+		return shimMsg{}, err
+	}
+	f := strings.Fields(line)
+	bad := fmt.Errorf("proctree: bad message from the shim: %q", line)
+	switch {
+	case len(f) == 1 && f[0] == "ready":
+		return shimMsg{Ready: true}, nil
+	case len(f) == 2 && f[0] == "pid":
+		pid, err := strconv.Atoi(f[1])
+		if err != nil || pid <= 0 {
+			return shimMsg{}, bad
+		}
+		return shimMsg{Pid: pid}, nil
+	case len(f) >= 2 && f[0] == "error":
+		errno, err := strconv.Atoi(f[1])
+		if err != nil {
+			return shimMsg{}, bad
+		}
+		text := strings.TrimSuffix(strings.SplitN(line, " ", 3)[2], "\n")
+		return shimMsg{Errno: errno, Error: cmp.Or(text, "failed")}, nil
+	case len(f) == 5 && f[0] == "exit":
+		code, err1 := strconv.Atoi(f[1])
+		d, err2 := strconv.ParseInt(f[4], 10, 64)
+		if err1 != nil || err2 != nil {
+			return shimMsg{}, bad
+		}
+		e := &Exit{Code: code, Killed: f[3] == "1", Duration: time.Duration(d)}
+		if f[2] != "-" {
+			e.Signal = f[2]
+		}
+		return shimMsg{Exit: e}, nil
+	}
+	return shimMsg{}, bad
 }
 
 // startsShim tells tests which implementation startTree uses.
@@ -65,7 +148,7 @@ type shimTree struct {
 	argv0   string
 	adopted bool // known to sweeps (adopt.shims) until forget
 	status  *os.File
-	dec     *json.Decoder
+	msgs    *bufio.Reader
 
 	mu       sync.Mutex
 	pid      int // the program's pid and process group, once reported
@@ -117,14 +200,13 @@ func startShim(path string, spec Spec, stdio [3]*os.File, adopted bool) (tree, e
 	}
 	// The shim reads the spec before it starts anything, so this cannot
 	// block on a stopped shim. An error means the shim died: wait says so.
-	json.NewEncoder(specW).Encode(shimSpec{Path: path, Argv: spec.Argv, Dir: spec.Dir, Env: spec.Env, OOM: spec.OOMScoreAdj})
+	specW.Write(shimSpec{Path: path, Argv: spec.Argv, Dir: spec.Dir, Env: spec.Env, OOM: spec.OOMScoreAdj}.encode())
 	specW.Close()
-	t := &shimTree{proc: proc, argv0: spec.Argv[0], status: statR, dec: json.NewDecoder(io.LimitReader(statR, 1<<20)), adopted: adopted}
+	t := &shimTree{proc: proc, argv0: spec.Argv[0], status: statR, msgs: bufio.NewReader(io.LimitReader(statR, 1<<20)), adopted: adopted}
 
 	ready := make(chan error, 1)
 	go func() {
-		var m shimMsg
-		err := t.dec.Decode(&m)
+		m, err := readMsg(t.msgs)
 		if err == nil && !m.Ready {
 			err = errors.New("no ready message")
 		}
@@ -209,8 +291,8 @@ func (t *shimTree) wait() (Exit, error) {
 	var exit *Exit
 	var failed error
 	for exit == nil && failed == nil {
-		var m shimMsg
-		if err := t.dec.Decode(&m); err != nil {
+		m, err := readMsg(t.msgs)
+		if err != nil {
 			failed = err
 			break
 		}
@@ -276,21 +358,25 @@ func shim() int {
 	signal.Notify(term, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	closeOnExec() // the program gets stdin, stdout and stderr, nothing else
 	specF, statF := os.NewFile(specFD, "spec"), os.NewFile(statusFD, "status")
-	enc := json.NewEncoder(statF)
+	send := func(m shimMsg) { statF.Write(m.encode()) }
 	// The program's duration counts from here, before Start returns in the
 	// parent (on ready): a timeout the caller arms then never finds it
 	// shorter than the time it allowed.
 	start := time.Now()
-	enc.Encode(shimMsg{Ready: true})
-	var s shimSpec
-	if err := json.NewDecoder(io.LimitReader(specF, maxSpec)).Decode(&s); err != nil {
+	send(shimMsg{Ready: true})
+	b, err := io.ReadAll(io.LimitReader(specF, maxSpec))
+	if err != nil {
 		return 125
 	}
 	specF.Close()
+	s, err := decodeSpec(b)
+	if err != nil {
+		return 125
+	}
 
 	setOOMScoreAdj("self", s.OOM) // the program and all it starts inherit it
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
-		enc.Encode(shimMsg{Error: "PR_SET_CHILD_SUBREAPER: " + err.Error()})
+		send(shimMsg{Error: "PR_SET_CHILD_SUBREAPER: " + err.Error()})
 		return 125
 	}
 	pid, err := syscall.ForkExec(s.Path, s.Argv, &syscall.ProcAttr{
@@ -305,10 +391,10 @@ func shim() int {
 		if errors.As(err, &errno) {
 			m.Errno = int(errno)
 		}
-		enc.Encode(m)
+		send(m)
 		return 125
 	}
-	enc.Encode(shimMsg{Pid: pid}) // if the parent is gone, SIGTERM is on its way
+	send(shimMsg{Pid: pid}) // if the parent is gone, SIGTERM is on its way
 	r := startReaper(pid)
 
 	killed := false
@@ -321,7 +407,7 @@ func shim() int {
 		end = <-r.main
 	}
 	exit := exitOf(end.status, killed, end.at.Sub(start))
-	enc.Encode(shimMsg{Exit: &exit})
+	send(shimMsg{Exit: &exit})
 	killAll(r) // the program ended on its own: now the rest of its tree
 	return 0
 }

@@ -5,9 +5,12 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -247,5 +250,45 @@ func TestOOMScoreAdj(t *testing.T) {
 				t.Errorf("the caller's oom_score_adj went from %q to %q", own, now)
 			}
 		})
+	}
+}
+
+// The shim protocol's text forms read back as written.
+func TestShimProtocol(t *testing.T) {
+	spec := shimSpec{Path: "/bin/x", Dir: "/a b", OOM: -5, Argv: []string{"x", "two words", "", "line\nbreak"}, Env: []string{"A=1", "B="}}
+	if got, err := decodeSpec(spec.encode()); err != nil || !reflect.DeepEqual(got, spec) {
+		t.Errorf("spec: %+v, %v; want %+v", got, err, spec)
+	}
+	for _, bad := range []string{"", "p\x00d\x000\x00", "p\x00d\x000\x001\x00", "p\x00d\x00x\x001\x00a\x00", "p\x00d\x000\x005\x00a\x00"} {
+		if _, err := decodeSpec([]byte(bad)); err == nil {
+			t.Errorf("decodeSpec(%q) succeeded", bad)
+		}
+	}
+	msgs := []shimMsg{
+		{Ready: true}, {Pid: 42}, {Errno: 2, Error: "no such\nfile"}, {Error: "PR_SET_CHILD_SUBREAPER: x"},
+		{Exit: &Exit{Code: -1, Signal: "SIGKILL", Killed: true, Duration: 1500 * time.Microsecond}},
+		{Exit: &Exit{Code: 3, Duration: time.Second}},
+	}
+	var stream bytes.Buffer
+	for _, m := range msgs {
+		stream.Write(m.encode())
+	}
+	r := bufio.NewReader(&stream)
+	for _, want := range msgs {
+		if want.Error != "" {
+			want.Error = strings.ReplaceAll(want.Error, "\n", " ")
+		}
+		got, err := readMsg(r)
+		if err != nil || !reflect.DeepEqual(got, want) {
+			t.Errorf("message: %+v (%+v), %v; want %+v (%+v)", got, got.Exit, err, want, want.Exit)
+		}
+	}
+	if _, err := readMsg(r); err != io.EOF {
+		t.Errorf("after the last message: %v", err)
+	}
+	for _, bad := range []string{"pid x\n", "exit 1 - 0\n", "hello\n", "ready"} {
+		if _, err := readMsg(bufio.NewReader(strings.NewReader(bad))); err == nil {
+			t.Errorf("readMsg(%q) succeeded", bad)
+		}
 	}
 }

@@ -140,15 +140,23 @@ func adoptDone() {
 
 // sweep kills every descendant of this process outside the trees of the
 // live shims, waits for them to die and reaps those that are its children,
-// and repeats until none is left, or until deadline (a process stuck in
-// uninterruptible sleep dies only when the kernel lets it). Each round
-// waits for what it killed to be dead: by then the kernel has handed their
-// children to this process, so the next round finds them.
+// and repeats until none is left. Each round waits for what it killed to be
+// dead: by then the kernel has handed their children to this process, so
+// the next round finds them. Past deadline it gives up once a round finds
+// no process it has not signalled before (a process stuck in
+// uninterruptible sleep dies only when the kernel lets it); a round that
+// finds new ones (a fork bomb's, forked before their parent died) goes on.
 func sweep(deadline time.Time) {
 	self := os.Getpid()
+	signalled := map[int]bool{}
 	for {
 		adopt.mu.Lock()
 		pids, family := descendants(self, adopt.shims)
+		fresh := false
+		for _, pid := range pids {
+			fresh = fresh || !signalled[pid]
+			signalled[pid] = true
+		}
 		var pidfds []*os.File
 		for _, pid := range pids {
 			if f := killOne(pid, family); f != nil {
@@ -173,7 +181,7 @@ func sweep(deadline time.Time) {
 			}
 			f.Close()
 		}
-		if !time.Now().Before(deadline) {
+		if !fresh && !time.Now().Before(deadline) {
 			return
 		}
 	}

@@ -63,18 +63,17 @@ func (t *directTree) wait() (Exit, error) {
 	t.mu.Lock()
 	t.reaped = true
 	killed := t.killed
-	if !t.adopted {
-		// The rest of the group: background jobs and their children. The
-		// group id stays taken while any of them lives; once all are gone
-		// this finds no one (a new group of the same id within these
-		// microseconds would need the pid to be reused at once).
-		syscall.Kill(-t.proc.Pid, syscall.SIGKILL)
-	}
+	// The rest of the group: background jobs and their children, in one
+	// signal that a fork in the group cannot outrun (a fork bomb's). The
+	// group id stays taken while any of them lives; once all are gone
+	// this finds no one (a new group of the same id within these
+	// microseconds would need the pid to be reused at once).
+	syscall.Kill(-t.proc.Pid, syscall.SIGKILL)
 	t.mu.Unlock()
 	if t.adopted {
-		// Everything the command left, wherever it went: this process
-		// adopted the orphans, and no other command was running when this
-		// one started (see adopt).
+		// Everything else the command left, wherever it went: this
+		// process adopted the orphans, and no other command was running
+		// when this one started (see adopt).
 		sweep(time.Now().Add(killGrace))
 		adoptDone()
 	}

@@ -321,15 +321,21 @@ func TestContainerHardening(t *testing.T) {
 			// CVE-2024-21626 leaked a descriptor of the host's cgroup
 			// directory into the container. Every descriptor of PID 1 and
 			// of a command is a pipe, a socket, /dev/null or in the session.
-			out := w.sh(t, `for f in /proc/1/fd/* /proc/self/fd/*; do readlink "$f"; done; true`)
-			for _, l := range strings.Fields(out) {
-				ok := l == "/dev/null" || strings.HasPrefix(l, "pipe:") || strings.HasPrefix(l, "socket:") || strings.HasPrefix(l, "anon_inode:") ||
-					l == "/workspace" || strings.HasPrefix(l, "/workspace/") || strings.HasPrefix(l, "/tmp") || strings.HasPrefix(l, "/proc/") ||
-					// The Go runtime of the agent reads its CPU quota from the
-					// container's own (read-only) cgroup files.
-					strings.HasPrefix(l, "/sys/fs/cgroup/cpu")
-				if !ok {
-					t.Errorf("a descriptor names %s", l)
+			for _, proc := range []string{"1", "self"} {
+				out := w.sh(t, `for f in /proc/`+proc+`/fd/*; do readlink "$f"; done; true`)
+				for _, l := range strings.Fields(out) {
+					ok := l == "/dev/null" || strings.HasPrefix(l, "pipe:") || strings.HasPrefix(l, "socket:") || strings.HasPrefix(l, "anon_inode:") ||
+						l == "/workspace" || strings.HasPrefix(l, "/workspace/") || strings.HasPrefix(l, "/tmp") || strings.HasPrefix(l, "/proc/") ||
+						// The Go runtime of the agent reads its CPU quota from the
+						// container's own (read-only) cgroup files.
+						strings.HasPrefix(l, "/sys/fs/cgroup/cpu") ||
+						// The agent holds the container's own /proc open (it
+						// reads it without a path walk through the root's
+						// fuse-overlayfs); commands must not inherit it.
+						(proc == "1" && l == "/proc")
+					if !ok {
+						t.Errorf("a descriptor of /proc/%s names %s", proc, l)
+					}
 				}
 			}
 			w.sh(t, `[ "$(pwd)" = /workspace ]`)

@@ -373,7 +373,10 @@ func containerConfig(p policy.Profile, env, labels map[string]string, agentVol, 
 	}
 	mounts := []mount.Mount{
 		{Type: mount.TypeVolume, Source: agentVol, Target: mountAgent, ReadOnly: true, VolumeOptions: &mount.VolumeOptions{NoCopy: true}},
-		{Type: mount.TypeVolume, Source: wsVol, Target: policy.WorkspaceDir, VolumeOptions: &mount.VolumeOptions{NoCopy: noCopy}},
+		// The labels matter only if the engine has to create the volume
+		// here (it was removed since VolumeCreate, say at shutdown): then it
+		// still carries them, so a label sweep finds it.
+		{Type: mount.TypeVolume, Source: wsVol, Target: policy.WorkspaceDir, VolumeOptions: &mount.VolumeOptions{NoCopy: noCopy, Labels: labels}},
 	}
 	for _, m := range p.HostMounts {
 		mounts = append(mounts, mount.Mount{Type: mount.TypeBind, Source: m.Source, Target: m.Target, ReadOnly: m.ReadOnly})

@@ -256,13 +256,15 @@ func (c *Container) Close(ctx context.Context) error {
 	return c.removeCtx(ctx)
 }
 
-func (c *Container) remove() {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	c.removeCtx(ctx)
-}
+func (c *Container) remove() { c.removeCtx(context.Background()) }
 
 func (c *Container) removeCtx(ctx context.Context) error {
+	// Removal must finish even when the caller's context ends (an HTTP or
+	// MCP request that closed, a shutdown deadline): a container removed
+	// without its volume would leak the volume. Keep the caller's values,
+	// not its cancellation, and bound the removal on its own.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
 	if c.conn != nil {
 		c.conn.Close()
 	}

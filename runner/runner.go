@@ -175,6 +175,10 @@ type Manager struct {
 
 	stopSweep chan struct{}
 	swept     chan struct{}
+	// deleting counts sessions Delete took out of the map and is still
+	// removing; Shutdown waits for them, so an exit never cuts a removal
+	// short (a container gone but its volume left).
+	deleting sync.WaitGroup
 }
 
 // New returns a Manager over backend. Before it returns it reaps what an
@@ -374,7 +378,9 @@ func (m *Manager) Delete(ctx context.Context, tenant, id string) error {
 		return fmt.Errorf("%w: %s", ErrNotFound, id)
 	}
 	delete(m.sessions, id)
+	m.deleting.Add(1) // under mu: Shutdown, which takes mu first, then sees it
 	m.mu.Unlock()
+	defer m.deleting.Done()
 	return s.close(ctx, fmt.Errorf("%w: deleted", ErrClosed), false)
 }
 
@@ -425,6 +431,7 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 	}
 	errs[len(all)] = m.closePools(ctx)
 	wg.Wait()
+	m.deleting.Wait()
 	m.o.logger.Info("runner stopped", "sessions", len(all))
 	return errors.Join(errs...)
 }

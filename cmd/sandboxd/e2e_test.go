@@ -447,10 +447,25 @@ func TestMCPLegacyClient(t *testing.T) {
 	dir, _ := newWorkspace(t)
 	c := startRaw(t, "--backend", "memory", "--workspace", dir, "--grant", "fs.write")
 	c.send(`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"load_skill","arguments":{"skill":"workspace.edit"}}}`)
-	if r := c.next("2")["result"].(map[string]any); r["isError"] == true {
-		t.Fatalf("load_skill: %v", r)
+	// The notification may come before the call's result or after it.
+	var result map[string]any
+	var changed bool
+	for result == nil || !changed {
+		if !c.lines.Scan() {
+			t.Fatalf("output ended (%v): result %v, list_changed %v", c.lines.Err(), result, changed)
+		}
+		var m map[string]any
+		if err := json.Unmarshal(c.lines.Bytes(), &m); err != nil {
+			t.Fatalf("%q: %v", c.lines.Text(), err)
+		}
+		if id, _ := json.Marshal(m["id"]); string(id) == "2" {
+			result, _ = m["result"].(map[string]any)
+			if result == nil || result["isError"] == true {
+				t.Fatalf("load_skill: %v", m)
+			}
+		}
+		changed = changed || m["method"] == "notifications/tools/list_changed"
 	}
-	c.next("notifications/tools/list_changed")
 	c.stdin.Close()
 	if err := c.cmd.Wait(); err != nil {
 		t.Errorf("sandboxd mcp after its input closed: %v", err)

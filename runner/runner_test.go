@@ -415,6 +415,7 @@ func TestSettingsRefused(t *testing.T) {
 		{"grant", runner.Settings{Grants: []string{tools.GrantShellExec}}, "grant", true},
 		{"always without grant", runner.Settings{Always: []string{"edit"}}, "always", false},
 		{"host env", runner.Settings{Options: json.RawMessage(`{"bashInheritEnv":true}`)}, "options.bashInheritEnv", false},
+		{"host sources", runner.Settings{Options: json.RawMessage(`{"sources":[{"name":"etc","kind":"dir","path":"/etc"}]}`)}, "options.sources", false},
 		{"unknown option", runner.Settings{Options: json.RawMessage(`{"maxLinez":3}`)}, "options", false},
 		{"bad option", runner.Settings{Options: json.RawMessage(`{"maxLines":-1}`)}, "maxLines", false},
 	} {

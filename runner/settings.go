@@ -123,6 +123,7 @@ var sessionOnlyOptions = map[string]string{
 	"bashEnvAllow":   "the operator's configuration sets it",
 	"grants":         "use the grants setting",
 	"always":         "use the always setting",
+	"sources":        "the operator's configuration declares them: a source reads host files and holds credentials",
 }
 
 // toolsConfig is the tool configuration a session gets: base with the

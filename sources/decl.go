@@ -1,6 +1,14 @@
 // Package sources gives a session its declared sources: named inputs the
 // agent may read that do not live in the workspace — a host directory the
-// operator allows, a tar archive, or a git repository at a pinned commit.
+// operator allows, a tar archive, a git repository at a pinned commit, or
+// an HTTP API.
+//
+// An HTTP ("http") source is not copied: its snapshot is its Source Request
+// descriptor, requests.json, which says what requests the agent may send
+// and what in them it may vary. The requests go through a Gateway in the
+// daemon, which checks each against the declarations, adds the operator's
+// credential (never visible in the workspace), enforces the limits and
+// audits it.
 //
 // The operator declares them (Decl, usually from the "sources" key of the
 // tools configuration); Materialize copies complete snapshots of them into
@@ -36,6 +44,10 @@ const (
 	KindTar Kind = "tar"
 	// KindGit is the tree of one commit of a git repository on the host.
 	KindGit Kind = "git"
+	// KindHTTP is an HTTP API the daemon calls on the agent's behalf,
+	// request shape by request shape (see Gateway). Its snapshot is the
+	// Source Request descriptor, requests.json.
+	KindHTTP Kind = "http"
 )
 
 // Decl declares one source.
@@ -47,12 +59,15 @@ type Decl struct {
 	Kind Kind `json:"kind"`
 	// Path is the source on the host: an absolute, clean path to the
 	// directory, the tar file, or the repository (its work tree or its
-	// .git / bare directory).
-	Path string `json:"path"`
+	// .git / bare directory). Not for kind "http".
+	Path string `json:"path,omitempty"`
 	// Commit pins a git source: the full hexadecimal object name of a
 	// commit (40 digits, or 64 for a SHA-256 repository). Branches and
 	// tags are refused: they move. Only for kind "git".
 	Commit string `json:"commit,omitempty"`
+
+	// The fields of an "http" source, with HTTPDecl's documentation.
+	HTTPDecl
 }
 
 // Decls are a session's sources.
@@ -93,8 +108,20 @@ func (ds Decls) Validate() error {
 		seen[d.Name] = i
 		switch d.Kind {
 		case KindDir, KindTar, KindGit:
+			if d.URL != "" || d.Requests != nil || d.Credential != nil || d.MaxResponseBytes != 0 || d.TimeoutMs != 0 {
+				return bad("url", "url, requests, credential, maxResponseBytes and timeoutMs are for an http source only")
+			}
+		case KindHTTP:
+			if d.Path != "" || d.Commit != "" {
+				return bad("path", "an http source has a url, not a path or a commit")
+			}
+			if err := d.HTTPDecl.validate(); err != nil {
+				err.Field = field(err.Field)
+				return err
+			}
+			continue
 		default:
-			return bad("kind", "unknown kind %q (kinds are dir, tar, git)", d.Kind)
+			return bad("kind", "unknown kind %q (kinds are dir, tar, git, http)", d.Kind)
 		}
 		if d.Path == "" || !filepath.IsAbs(d.Path) || filepath.Clean(d.Path) != d.Path {
 			return bad("path", "%q must be an absolute, clean host path", d.Path)

@@ -217,6 +217,8 @@ func load(ctx context.Context, d Decl, lim Limits) (*tree, error) {
 		}
 	case KindGit:
 		err = t.loadGit(ctx, d.Path, d.Commit)
+	case KindHTTP:
+		err = t.loadHTTP(d)
 	default:
 		err = &DeclError{Field: "kind", Reason: fmt.Sprintf("unknown kind %q", d.Kind)}
 	}

@@ -136,6 +136,16 @@ func (ds Decls) Validate() error {
 	return nil
 }
 
+// HTTP reports whether any of the sources is an http source.
+func (ds Decls) HTTP() bool {
+	for _, d := range ds {
+		if d.Kind == KindHTTP {
+			return true
+		}
+	}
+	return false
+}
+
 // SnapshotDir is where snapshots live in the workspace.
 const SnapshotDir = ".sandboxd/sources"
 

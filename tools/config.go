@@ -334,6 +334,22 @@ func (c Config) Validate() error {
 	if err := c.Sources.Validate(); errors.As(err, &de) {
 		return bad(de.Field, "%s", de.Reason)
 	}
+	for _, d := range c.Sources {
+		cred := d.Credential
+		if cred == nil || cred.Env == "" {
+			continue
+		}
+		if c.BashInheritEnv {
+			return bad("bashInheritEnv", "commands would inherit %s, the credential of source %s; list the variables they need in bashEnvAllow instead", cred.Env, d.Name)
+		}
+		allow := c.BashEnvAllow
+		if allow == nil {
+			allow = workspace.DefaultEnvAllow
+		}
+		if workspace.EnvAllowed(allow, cred.Env) {
+			return bad("bashEnvAllow", "it lets commands see %s, the credential of source %s", cred.Env, d.Name)
+		}
+	}
 	return c.validateProfiles()
 }
 

@@ -227,11 +227,15 @@ func commitMessage(tool string, args json.RawMessage) string {
 	return strings.TrimSpace(tool + " " + strings.Join(strings.Fields(detail), " "))
 }
 
-func (s *Set) shellEnv(fsys workspace.FileSystem) workspaceshell.Env {
+func (s *Set) shellEnv(c *call) workspaceshell.Env {
 	sess := s.env.Session
-	sess.Root = s.root
-	return workspaceshell.Env{FS: fsys, Session: sess, Protect: s.cfg.Protect, Exclude: s.cfg.Exclude,
+	sess.Root, sess.RunID = s.root, c.runID
+	env := workspaceshell.Env{FS: c.fsys, Session: sess, Protect: s.cfg.Protect, Exclude: s.cfg.Exclude,
 		MaxOutput: s.cfg.MaxBytes, MaxFileBytes: s.cfg.MaxFileBytes}
+	if s.cfg.Sources.HTTP() {
+		env.Sources = s.env.Sources
+	}
+	return env
 }
 
 // defineShell describes a tool of the workspace-shell profile or of the
@@ -252,6 +256,10 @@ func (s *Set) defineShell(name string) *toolDef {
 	switch name {
 	case workspaceshell.ToolShell:
 		cmds := strings.Join(workspaceshell.ShellCommands(mode), ", ")
+		if c.Sources.HTTP() {
+			cmds += ", and curl for the API-backed sources: only the requests their descriptors in " + path.Join(s.root, sources.SnapshotDir) +
+				"/<source>/" + sources.DescriptorFile + " declare (materialize_sources writes them); sandboxd sends them and adds the credential"
+		}
 		what := "It changes no file, redirects included."
 		if mode == workspaceshell.Write {
 			what = "mkdir, touch, cp, mv, rm and output redirects change files" + guard[:len(guard)-1] + "; each call is one journal commit."
@@ -332,7 +340,7 @@ func (s *Set) shellTool(ctx context.Context, args json.RawMessage, c *call) (Res
 	if strings.TrimSpace(p.Command) == "" {
 		return Result{}, invalid("command is required")
 	}
-	res, err := workspaceshell.Run(ctx, s.shellEnv(c.fsys), p.Command, s.shell.Mode)
+	res, err := workspaceshell.Run(ctx, s.shellEnv(c), p.Command, s.shell.Mode)
 	if err != nil {
 		return Result{}, err
 	}
@@ -388,6 +396,9 @@ func (s *Set) materializeSources(ctx context.Context, args json.RawMessage, c *c
 			state = "updated"
 		}
 		fmt.Fprintf(&b, "%s (%s): %s, %d files, %d bytes, %s, %s\n", src.Name, src.Kind, path.Join(s.root, src.Path), src.Files, src.Bytes, src.Digest, state)
+		if src.Kind == sources.KindHTTP {
+			fmt.Fprintf(&b, "  an API: its declared requests are in %s; send them with shell's curl\n", path.Join(s.root, src.Path, sources.DescriptorFile))
+		}
 	}
 	b.WriteString("Snapshots are read-only; inspect them with shell (name the path: searches from the root skip .sandboxd).")
 	return Result{Text: b.String(), Structured: &SourcesResult{Sources: res.Sources}}, nil
@@ -395,7 +406,7 @@ func (s *Set) materializeSources(ctx context.Context, args json.RawMessage, c *c
 
 // mutation runs one of the structured mutations of write mode.
 func (s *Set) mutation(ctx context.Context, args json.RawMessage, c *call) (Result, error) {
-	env := s.shellEnv(c.fsys)
+	env := s.shellEnv(c)
 	pathOnly, pathContent, fromTo := []string{"path"}, []string{"path", "content"}, []string{"from", "to"}
 	switch c.tool {
 	case workspaceshell.ToolWriteFile:

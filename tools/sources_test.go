@@ -1,9 +1,14 @@
 package tools_test
 
 import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/sandboxd/sandboxd/memexec"
@@ -21,12 +26,7 @@ func TestMaterializeSourcesTool(t *testing.T) {
 	os.WriteFile(filepath.Join(src, "README.md"), []byte("# docs\n"), 0o644)
 	os.WriteFile(filepath.Join(src, "api/v1.md"), []byte("GET /things\n"), 0o644)
 
-	mfs := memfs.New(memfs.WithUmask(0))
-	msh, err := memexec.New(mfs, memexec.WithTempDir(t.TempDir()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	set := profileSet(t, shellBackend{"memory", mfs, msh, "/workspace"}, func(c *tools.Config) {
+	set := profileSet(t, memoryBackend(t), func(c *tools.Config) {
 		c.Profile = tools.Profiles{tools.ProfileWorkspaceTools, tools.ProfileWorkspaceShell}
 		c.Always = []string{"read", "edit"}
 		c.Sources = sources.Decls{{Name: "docs", Kind: sources.KindDir, Path: src}}
@@ -101,6 +101,16 @@ func TestMaterializeSourcesTool(t *testing.T) {
 	}
 }
 
+// memoryBackend is a memory workspace with bash.
+func memoryBackend(t *testing.T) shellBackend {
+	mfs := memfs.New(memfs.WithUmask(0))
+	msh, err := memexec.New(mfs, memexec.WithTempDir(t.TempDir()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return shellBackend{"memory", mfs, msh, "/workspace"}
+}
+
 func TestSourcesConfig(t *testing.T) {
 	for _, tc := range []struct{ json, want string }{
 		{`{"sources":[{"name":"a","kind":"git","path":"/r","commit":"main"}]}`, "option sources[0].commit"},
@@ -108,6 +118,8 @@ func TestSourcesConfig(t *testing.T) {
 		{`{"sources":[{"name":"a","kind":"ftp","path":"/r"}]}`, "option sources[0].kind"},
 		{`{"sources":[{"name":"a","kind":"dir","path":"r"}]}`, "option sources[0].path"},
 		{`{"sources":[{"name":"a","kind":"dir","path":"/r","extra":1}]}`, "unknown option"},
+		{`{"bashInheritEnv":true,"sources":[{"name":"a","kind":"http","url":"https://x","requests":[{"method":"GET","path":"/"}],"credential":{"header":"Authorization","env":"TOKEN"}}]}`, "option bashInheritEnv"},
+		{`{"bashEnvAllow":["PATH","TOK*"],"sources":[{"name":"a","kind":"http","url":"https://x","requests":[{"method":"GET","path":"/"}],"credential":{"header":"Authorization","env":"TOKEN"}}]}`, "option bashEnvAllow"},
 	} {
 		_, err := tools.ParseConfig([]byte(tc.json))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -117,5 +129,77 @@ func TestSourcesConfig(t *testing.T) {
 	cfg, err := tools.ParseConfig([]byte(`{"sources":[{"name":"a","kind":"tar","path":"/r.tar"}]}`))
 	if err != nil || len(cfg.Sources) != 1 || cfg.Sources[0].Kind != sources.KindTar {
 		t.Errorf("%+v %v", cfg.Sources, err)
+	}
+}
+
+// TestAPISourceThroughTheShell declares an API-backed source whose
+// credential is in the daemon's environment, and shows that the agent
+// reaches the API only through the shell's curl, with the credential added,
+// and never sees the credential: not in the workspace, not in a command's
+// environment, not in any tool's output.
+func TestAPISourceThroughTheShell(t *testing.T) {
+	const secret = "api-secret-3e9b71c0"
+	t.Setenv("SANDBOXD_TEST_API_TOKEN", secret)
+	var hits atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		if r.Header.Get("Authorization") != "Bearer "+secret {
+			http.Error(w, "unauthorized", http.StatusUnauthorized)
+			return
+		}
+		fmt.Fprintf(w, "user ok; you sent %s\n", r.Header.Get("Authorization"))
+	}))
+	defer srv.Close()
+
+	set := profileSet(t, memoryBackend(t), func(c *tools.Config) {
+		c.Profile = tools.Profiles{tools.ProfileWorkspaceTools, tools.ProfileWorkspaceShell}
+		c.Grants = []string{tools.GrantFSWrite, tools.GrantShellExec}
+		c.Always = []string{"read", "edit", "shell"}
+		c.Sources = sources.Decls{{Name: "api", Kind: sources.KindHTTP, HTTPDecl: sources.HTTPDecl{
+			URL:        srv.URL + "/v1",
+			Requests:   []sources.RequestShape{{Method: "GET", Path: "/me"}},
+			Credential: &sources.Credential{Header: "Authorization", Prefix: "Bearer ", Env: "SANDBOXD_TEST_API_TOKEN"},
+		}}}
+	})
+	var outputs []string
+	call := func(tool string, args map[string]any) tools.Result {
+		t.Helper()
+		r := callJSON(t, set, tool, args)
+		structured, _ := json.Marshal(r.Structured)
+		outputs = append(outputs, r.Text, string(structured))
+		return r
+	}
+	descriptor := ".sandboxd/sources/api/requests.json"
+	if r := call("materialize_sources", map[string]any{}); r.IsError || !strings.Contains(r.Text, descriptor) {
+		t.Fatalf("materialize_sources: %s", r.Text)
+	}
+	if r := call("shell", map[string]any{"command": "cat " + descriptor}); r.IsError || !strings.Contains(r.Text, srv.URL+"/v1/me") {
+		t.Fatalf("descriptor: %s", r.Text)
+	}
+	if r := call("shell", map[string]any{"command": "curl -s " + srv.URL + "/v1/me"}); r.IsError || !strings.Contains(r.Text, "user ok; you sent Bearer [redacted]") {
+		t.Fatalf("curl: %s", r.Text)
+	}
+	before := hits.Load()
+	if r := call("shell", map[string]any{"command": "curl -s " + srv.URL + "/v1/admin"}); !r.IsError || errKind(r) != "Forbidden" || !strings.Contains(r.Text, descriptor) {
+		t.Fatalf("undeclared request: %s", r.Text)
+	}
+	if hits.Load() != before {
+		t.Fatal("an undeclared request reached the API")
+	}
+	// Commands: no network, no credential in their environment.
+	if r := call("bash", map[string]any{"command": "env; curl -s " + srv.URL + "/v1/me 2>&1 || true"}); r.IsError {
+		t.Fatalf("bash: %s", r.Text)
+	}
+	call("write", map[string]any{"path": descriptor, "content": "{}"})
+	call("grep", map[string]any{"pattern": secret, "path": "/workspace"})
+	call("grep", map[string]any{"pattern": "api-secret", "path": ".sandboxd"})
+	call("shell", map[string]any{"command": "grep -r api-secret . .sandboxd"})
+	for _, out := range outputs {
+		if strings.Contains(out, secret) {
+			t.Fatalf("the credential reached a tool's output:\n%s", out)
+		}
+	}
+	if r := call("materialize_sources", map[string]any{}); strings.Contains(r.Text, "updated") {
+		t.Fatalf("a write tool changed the descriptor: %s", r.Text)
 	}
 }

@@ -29,6 +29,7 @@ import (
 	"sync"
 
 	"github.com/sandboxd/sandboxd/journal"
+	"github.com/sandboxd/sandboxd/sources"
 	"github.com/sandboxd/sandboxd/workspace"
 	"github.com/sandboxd/sandboxd/workspaceshell"
 )
@@ -44,6 +45,11 @@ type Env struct {
 	// absolute path ("/workspace" when empty), against which paths the model
 	// writes are resolved.
 	Session workspace.Session
+	// Sources sends the requests of the configuration's http sources for
+	// the shell tool's curl. When nil and the configuration declares http
+	// sources, New builds a sources.Gateway (auditing to slog's default
+	// logger); the daemon passes its own, auditing to its log.
+	Sources workspaceshell.SourceClient
 }
 
 // Tool describes one tool of the catalogue; it marshals to the shape of
@@ -228,6 +234,13 @@ func New(env Env, cfg Config) (*Set, error) {
 	}
 	if !path.IsAbs(root) {
 		return nil, fmt.Errorf("tools: Session.Root %q is not an absolute path", root)
+	}
+	if env.Sources == nil && cfg.Sources.HTTP() {
+		g, err := sources.NewGateway(cfg.Sources)
+		if err != nil {
+			return nil, fmt.Errorf("tools: %w", err)
+		}
+		env.Sources = g
 	}
 	s := &Set{env: env, cfg: cfg, root: path.Clean(root), active: map[string]bool{"workspace.read": true}, runs: map[string]int{}}
 	for _, a := range cfg.Always {

@@ -129,7 +129,7 @@ func CommandEnv(host []string, allow []string, inherit bool, vars map[string]str
 		if !ok || k == "" {
 			continue
 		}
-		if inherit || envAllowed(allow, k) {
+		if inherit || EnvAllowed(allow, k) {
 			m[k] = v
 		}
 	}
@@ -144,7 +144,9 @@ func CommandEnv(host []string, allow []string, inherit bool, vars map[string]str
 	return out
 }
 
-func envAllowed(allow []string, key string) bool {
+// EnvAllowed reports whether allow (entries as in DefaultEnvAllow) lets a
+// host variable named key through.
+func EnvAllowed(allow []string, key string) bool {
 	for _, a := range allow {
 		if p, ok := strings.CutSuffix(a, "*"); ok {
 			if strings.HasPrefix(key, p) {

@@ -69,15 +69,17 @@ func Check(line string, mode Mode) error {
 	if err != nil {
 		return err
 	}
-	return check(f, mode.orRead())
+	return check(f, mode.orRead(), false)
 }
 
 // check walks the whole syntax tree and refuses, by default, every kind of
 // node it does not know to be safe: it is an allowlist of constructs as well
 // as of commands. It keeps walking after a refusal so that the error lists
 // every one, a forbidden command inside an unsupported construct included.
-func check(f *syntax.File, mode Mode) error {
-	c := checker{mode: mode}
+//
+// curl is allowed only when the workspace has API-backed sources (curl).
+func check(f *syntax.File, mode Mode, curl bool) error {
+	c := checker{mode: mode, curl: curl}
 	syntax.Walk(f, c.visit)
 	if len(c.refusals) > 0 {
 		return &RefusedError{Refusals: c.refusals}
@@ -87,6 +89,7 @@ func check(f *syntax.File, mode Mode) error {
 
 type checker struct {
 	mode     Mode
+	curl     bool
 	refusals []Refusal
 }
 
@@ -266,7 +269,7 @@ func (c *checker) call(ce *syntax.CallExpr) {
 		c.refuse(ce.Args[0].Pos(), wordText(ce.Args[0]), "a command name must be a literal word, not an expansion")
 		return
 	}
-	if !allowed(name, c.mode) {
+	if !allowed(name, c.mode, c.curl) {
 		c.refuse(ce.Args[0].Pos(), name, notAllowedWhy(name, c.mode))
 		return
 	}
@@ -293,8 +296,9 @@ func notAllowedWhy(name string, mode Mode) string {
 	return why
 }
 
-func allowed(name string, mode Mode) bool {
-	return slices.Contains(readCommands, name) || (mode == Write && slices.Contains(writeCommands, name))
+func allowed(name string, mode Mode, curl bool) bool {
+	return slices.Contains(readCommands, name) || (mode == Write && slices.Contains(writeCommands, name)) ||
+		(curl && name == "curl")
 }
 
 // forbiddenArg says why an argument is refused for a command, or "". The

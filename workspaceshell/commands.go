@@ -30,6 +30,7 @@ func init() {
 		"pwd": cmdPwd, "ls": cmdLs, "find": cmdFind, "cat": cmdCat, "head": cmdHead,
 		"tail": cmdTail, "wc": cmdWc, "grep": cmdGrep, "rg": cmdRg,
 		"mkdir": cmdMkdir, "touch": cmdTouch, "cp": cmdCp, "mv": cmdMv, "rm": cmdRm,
+		"curl": cmdCurl,
 	}
 }
 

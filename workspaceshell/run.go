@@ -49,6 +49,9 @@ type Env struct {
 	MaxFileBytes int64
 	// Timeout bounds a whole command line (Result.TimedOut).
 	Timeout time.Duration
+	// Sources, when set, gives the shell a curl that sends the requests
+	// of the workspace's API-backed sources through it (see cmdCurl).
+	Sources SourceClient
 }
 
 func (e Env) root() string {
@@ -146,7 +149,7 @@ func Run(ctx context.Context, env Env, line string, mode Mode) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	if err := check(f, mode); err != nil {
+	if err := check(f, mode, env.Sources != nil); err != nil {
 		return Result{}, err
 	}
 	timeout := env.Timeout
@@ -742,7 +745,7 @@ func (r *runner) hdoc(ctx context.Context, sh *shell, sio stdio, rd *syntax.Redi
 // dispatch runs one command of the allowlist.
 func (r *runner) dispatch(ctx context.Context, args []string, sio stdio) int {
 	name := args[0]
-	if !allowed(name, r.mode) {
+	if !allowed(name, r.mode, r.env.Sources != nil) {
 		return r.refuse(name, notAllowedWhy(name, r.mode))
 	}
 	for _, a := range args[1:] {

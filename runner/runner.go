@@ -31,6 +31,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/policy"
+	"github.com/sandboxd/sandboxd/sources"
 	"github.com/sandboxd/sandboxd/tools"
 )
 
@@ -179,6 +180,22 @@ type Manager struct {
 	// removing; Shutdown waits for them, so an exit never cuts a removal
 	// short (a container gone but its volume left).
 	deleting sync.WaitGroup
+	// gateway sends the requests of the operator's http sources for every
+	// session's shell; nil without them.
+	gateway *sources.Gateway
+}
+
+// auditTo writes each request to an http source to the daemon's log.
+func auditTo(logger *slog.Logger) func(sources.AuditRecord) {
+	return func(r sources.AuditRecord) {
+		level := slog.LevelInfo
+		if r.Outcome != "sent" {
+			level = slog.LevelWarn
+		}
+		logger.Log(context.Background(), level, "source request", "session", r.Session, "run", r.Run, "source", r.Source,
+			"method", r.Method, "url", r.URL, "outcome", r.Outcome, "reason", r.Reason, "status", r.Status,
+			"bytes", r.Bytes, "duration", r.Duration)
+	}
 }
 
 // New returns a Manager over backend. Before it returns it reaps what an
@@ -196,6 +213,13 @@ func New(ctx context.Context, backend Backend, opts ...Option) (*Manager, error)
 	if err := o.tools.Validate(); err != nil {
 		return nil, fmt.Errorf("runner: tool configuration: %w", err)
 	}
+	var gateway *sources.Gateway
+	if o.tools.Sources.HTTP() {
+		var err error
+		if gateway, err = sources.NewGateway(o.tools.Sources, sources.WithAudit(auditTo(o.logger))); err != nil {
+			return nil, fmt.Errorf("runner: sources: %w", err)
+		}
+	}
 	labels := maps.Clone(o.labels)
 	if labels == nil {
 		labels = map[string]string{}
@@ -203,6 +227,7 @@ func New(ctx context.Context, backend Backend, opts ...Option) (*Manager, error)
 	labels[policy.LabelSandboxd], labels[LabelDaemon] = "1", o.daemon
 	m := &Manager{
 		backend: backend, o: o,
+		gateway:   gateway,
 		labels:    labels,
 		sessions:  map[string]*Session{},
 		perTenant: map[string]int{},

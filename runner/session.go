@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/memfs"
+	"github.com/sandboxd/sandboxd/sources"
 	"github.com/sandboxd/sandboxd/tools"
 	"github.com/sandboxd/sandboxd/workspace"
 )
@@ -45,7 +46,7 @@ type Session struct {
 // always-on skill without its grant — before a workspace is started for it.
 // Whether the backend has a shell is known only once it has.
 func checkTools(cfg tools.Config) error {
-	_, err := tools.New(tools.Env{FS: memfs.New(), Bash: noBash{}}, cfg)
+	_, err := tools.New(tools.Env{FS: memfs.New(), Bash: noBash{}, Sources: noSources{}}, cfg)
 	if err != nil {
 		return &SettingError{"always", strings.TrimPrefix(err.Error(), "tools: ")}
 	}
@@ -55,6 +56,13 @@ func checkTools(cfg tools.Config) error {
 // removeTimeout bounds the removal of one workspace.
 const removeTimeout = time.Minute
 
+// noSources stands in for the gateway when a configuration is checked.
+type noSources struct{}
+
+func (noSources) Do(context.Context, sources.HTTPRequest) (*sources.HTTPResponse, error) {
+	return nil, errors.New("no sources")
+}
+
 type noBash struct{}
 
 func (noBash) Run(context.Context, workspace.Command) (workspace.Result, error) {
@@ -62,10 +70,14 @@ func (noBash) Run(context.Context, workspace.Command) (workspace.Result, error) 
 }
 
 func (m *Manager) newSession(id, tenant string, st Settings, cfg tools.Config, inst *Instance, lifetime, idle time.Duration) (*Session, error) {
-	set, err := tools.New(tools.Env{
+	env := tools.Env{
 		FS: inst.FS, Bash: inst.Bash,
 		Session: workspace.Session{ID: id, RunID: id, Root: inst.Root, Vars: st.Vars},
-	}, cfg)
+	}
+	if m.gateway != nil {
+		env.Sources = m.gateway
+	}
+	set, err := tools.New(env, cfg)
 	if err != nil {
 		return nil, &SettingError{"always", strings.TrimPrefix(err.Error(), "tools: ")}
 	}

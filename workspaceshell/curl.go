@@ -157,7 +157,7 @@ func cmdCurl(c *call) int {
 	case errors.As(err, &refusal) && !errors.Is(err, workspace.ErrFileTooLarge):
 		return c.r.refuse("curl "+req.Method+" "+req.URL, refusal.Reason+declaredHint(c, refusal))
 	case errors.Is(err, workspace.ErrFileTooLarge):
-		c.errorf("(63) %v", err)
+		c.errorf("(63) %s %s: %s", req.Method, req.URL, refusal.Reason)
 		return 63
 	case errors.Is(err, workspace.ErrTimeout):
 		c.errorf("(28) %v", err)

@@ -2,17 +2,17 @@ package main
 
 import (
 	"context"
-	"io"
 	"log/slog"
 	"os"
 	"os/signal"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/internal/proctree"
 )
 
 // probeEnv marks the child reapOrphans starts once to learn whether this
@@ -100,13 +100,13 @@ func reapOnce(byPidfd bool, seen map[int]time.Time) []int {
 // that reaps nothing (WNOWAIT): reading a child's own /proc files would make
 // its reaping cost more (the kernel flushes its /proc dentries then).
 func exitedChildren() []int {
-	tasks, err := readSelfDir("task")
+	tasks, err := proctree.ReadProcDir("self/task")
 	if err != nil {
 		return nil
 	}
 	var out []int
 	for _, task := range tasks {
-		b, _ := readSelf("task/" + task + "/children")
+		b, _ := proctree.ReadProc("self/task/" + task + "/children")
 		for _, f := range strings.Fields(string(b)) {
 			pid, err := strconv.Atoi(f)
 			if err != nil {
@@ -122,48 +122,6 @@ func exitedChildren() []int {
 		}
 	}
 	return out
-}
-
-// procSelf is /proc/self, open for the life of the agent (-1 if it cannot
-// be opened). Its files are read through it (openat), not by absolute
-// paths: in a container the root is often a FUSE file system
-// (fuse-overlayfs), which the kernel asks about every path walked through
-// it, a round trip to a user-space daemon each.
-var procSelf = sync.OnceValue(func() int {
-	fd, err := unix.Open("/proc/self", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return -1
-	}
-	return fd
-})
-
-// openSelf opens /proc/self/NAME.
-func openSelf(name string, flags int) (*os.File, error) {
-	fd, err := unix.Openat(procSelf(), name, flags|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, err
-	}
-	return os.NewFile(uintptr(fd), name), nil
-}
-
-// readSelf reads the file /proc/self/NAME.
-func readSelf(name string) ([]byte, error) {
-	f, err := openSelf(name, unix.O_RDONLY)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	return io.ReadAll(f)
-}
-
-// readSelfDir lists the directory /proc/self/NAME.
-func readSelfDir(name string) ([]string, error) {
-	f, err := openSelf(name, unix.O_RDONLY|unix.O_DIRECTORY)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	return f.Readdirnames(-1)
 }
 
 // probePidfds starts this binary once and reports whether the agent then
@@ -182,16 +140,16 @@ func probePidfds() bool {
 // pidfdPids returns the pids of the processes this process holds a pidfd
 // for.
 func pidfdPids() map[int]bool {
-	fds, err := readSelfDir("fd")
+	fds, err := proctree.ReadProcDir("self/fd")
 	if err != nil {
 		return nil
 	}
 	out := map[int]bool{}
 	for _, fd := range fds {
-		if target, err := readlinkSelf("fd/" + fd); err != nil || target != "anon_inode:[pidfd]" {
+		if target, err := proctree.ReadlinkProc("self/fd/" + fd); err != nil || target != "anon_inode:[pidfd]" {
 			continue
 		}
-		info, err := readSelf("fdinfo/" + fd)
+		info, err := proctree.ReadProc("self/fdinfo/" + fd)
 		if err != nil {
 			continue
 		}
@@ -206,12 +164,3 @@ func pidfdPids() map[int]bool {
 	return out
 }
 
-// readlinkSelf reads the symbolic link /proc/self/NAME.
-func readlinkSelf(name string) (string, error) {
-	buf := make([]byte, 64)
-	n, err := unix.Readlinkat(procSelf(), name, buf)
-	if err != nil {
-		return "", err
-	}
-	return string(buf[:n]), nil
-}

@@ -123,7 +123,7 @@ func inheritOOMScoreAdj(n int) (restore func()) {
 	if n == 0 {
 		return nothing
 	}
-	b, err := readProc("self/oom_score_adj")
+	b, err := ReadProc("self/oom_score_adj")
 	old := strings.TrimSpace(string(b))
 	if err != nil || old == strconv.Itoa(n) || writeOOMScoreAdj("self", strconv.Itoa(n)) != nil {
 		return nothing

@@ -568,17 +568,17 @@ func descendants(root int, skip map[int]bool) ([]int, map[int]bool) {
 // haveChildrenFiles reports whether the kernel has /proc/PID/task/TID/children
 // (CONFIG_PROC_CHILDREN).
 var haveChildrenFiles = sync.OnceValue(func() bool {
-	_, err := readProc("self/task/" + strconv.Itoa(os.Getpid()) + "/children")
+	_, err := ReadProc("self/task/" + strconv.Itoa(os.Getpid()) + "/children")
 	return err == nil
 })
 
 // children lists pid's children from /proc/PID/task/*/children.
 func children(pid int) []int {
 	dir := strconv.Itoa(pid) + "/task/"
-	tasks, _ := readProcDir(dir)
+	tasks, _ := ReadProcDir(dir)
 	var out []int
 	for _, t := range tasks {
-		b, _ := readProc(dir + t + "/children")
+		b, _ := ReadProc(dir + t + "/children")
 		for _, f := range strings.Fields(string(b)) {
 			if c, err := strconv.Atoi(f); err == nil {
 				out = append(out, c)
@@ -591,7 +591,7 @@ func children(pid int) []int {
 // parentMap maps every process's parent to its children, from /proc/*/stat.
 func parentMap() map[int][]int {
 	m := map[int][]int{}
-	names, _ := readProcDir(".")
+	names, _ := ReadProcDir(".")
 	for _, name := range names {
 		pid, err := strconv.Atoi(name)
 		if err != nil {
@@ -606,7 +606,7 @@ func parentMap() map[int][]int {
 
 // parentOf reads pid's parent from /proc/PID/stat.
 func parentOf(pid int) (int, error) {
-	b, err := readProc(strconv.Itoa(pid) + "/stat")
+	b, err := ReadProc(strconv.Itoa(pid) + "/stat")
 	if err != nil {
 		return 0, err
 	}
@@ -645,8 +645,10 @@ func openProc(name string, flags int) (*os.File, error) {
 	return os.NewFile(uintptr(fd), "/proc/"+name), nil
 }
 
-// readProc reads the file /proc/NAME.
-func readProc(name string) ([]byte, error) {
+// ReadProc reads the file /proc/NAME ("self/status", "42/stat") through a
+// descriptor of /proc held open for the life of the process, so no path is
+// walked from the root (see procFD).
+func ReadProc(name string) ([]byte, error) {
 	f, err := openProc(name, unix.O_RDONLY)
 	if err != nil {
 		return nil, err
@@ -655,14 +657,28 @@ func readProc(name string) ([]byte, error) {
 	return io.ReadAll(f)
 }
 
-// readProcDir lists the directory /proc/NAME.
-func readProcDir(name string) ([]string, error) {
+// ReadProcDir lists the directory /proc/NAME, as ReadProc reads.
+func ReadProcDir(name string) ([]string, error) {
 	f, err := openProc(name, unix.O_RDONLY|unix.O_DIRECTORY)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
 	return f.Readdirnames(-1)
+}
+
+// ReadlinkProc reads the link /proc/NAME ("self/fd/3"), as ReadProc reads.
+func ReadlinkProc(name string) (string, error) {
+	dir := procFD()
+	if dir < 0 {
+		return os.Readlink("/proc/" + name)
+	}
+	buf := make([]byte, 256)
+	n, err := unix.Readlinkat(dir, name, buf)
+	if err != nil {
+		return "", &fs.PathError{Op: "readlink", Path: "/proc/" + name, Err: err}
+	}
+	return string(buf[:n]), nil
 }
 
 // setOOMScoreAdj writes n to the oom_score_adj of pid ("self" or a

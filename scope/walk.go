@@ -1,0 +1,99 @@
+package scope
+
+import (
+	"context"
+	"io/fs"
+	"path"
+	"strings"
+
+	"github.com/sandboxd/sandboxd/workspace"
+)
+
+// Walk answers as workspace.WalkGeneric over the decorator does. With Visible
+// nil it is the inner workspace's walk. Otherwise, when the inner workspace
+// is a WalkFS and the start is a directory that is shown, its walk is asked
+// and the entries the rules do not show are left out — each entry is judged
+// by its name and by its real name (the start's real name joined with the
+// rest, since a walk follows no link below its start). A directory that is
+// shown has a parent that is shown, so nothing the generic walk would reach
+// is lost. With a Limit, the inner walk is asked for more entries until enough
+// are shown. Anything else is WalkGeneric over the decorator.
+func (s *scopedFS) Walk(ctx context.Context, req workspace.WalkRequest) (workspace.WalkResult, error) {
+	if s.readsAll() {
+		return workspace.Walk(ctx, s.inner, req)
+	}
+	w, ok := s.inner.(workspace.WalkFS)
+	if !ok {
+		return workspace.WalkGeneric(ctx, s, req)
+	}
+	start := req.Dir
+	if start == "" {
+		start = "."
+	}
+	t, ok := s.walkStart(ctx, start)
+	if !ok {
+		return workspace.WalkGeneric(ctx, s, req)
+	}
+	prefix := start + "/"
+	if start == "." {
+		prefix = ""
+	}
+	ask := req
+	for {
+		res, err := w.Walk(ctx, ask)
+		if err != nil {
+			return workspace.WalkResult{}, err
+		}
+		var out workspace.WalkResult
+		for _, e := range res.Entries {
+			rel, ok := strings.CutPrefix(e.Path, prefix)
+			if !ok || !s.shown(e.Path, path.Join(t.real, rel), e.Type.IsDir()) {
+				continue
+			}
+			if req.Limit > 0 && len(out.Entries) == req.Limit {
+				out.Truncated = true
+				return out, nil
+			}
+			out.Entries = append(out.Entries, e)
+		}
+		if !res.Truncated {
+			return out, nil
+		}
+		if ask.Limit > 1<<24 {
+			ask.Limit = 0
+		} else {
+			ask.Limit *= 4
+		}
+	}
+}
+
+// walkStart says whether a walk from start enters a directory that is shown,
+// as WalkGeneric over the decorator would (a link named as the start is
+// followed once), and where that directory really is.
+func (s *scopedFS) walkStart(ctx context.Context, start string) (target, bool) {
+	info, err := s.Lstat(ctx, start)
+	if err != nil {
+		return target{}, false
+	}
+	if info.Mode()&fs.ModeSymlink != 0 {
+		if info, err = s.Stat(ctx, start); err != nil {
+			return target{}, false
+		}
+	}
+	if !info.IsDir() {
+		return target{}, false
+	}
+	t, err := s.lookup(ctx, "walk", start, true)
+	return t, err == nil && t.info.IsDir()
+}
+
+// Grep answers as workspace.GrepGeneric over the decorator does. With Visible
+// nil it is the inner workspace's search. Otherwise the files come from Walk
+// (so only files that are shown) and each is read with the inner ReadFile:
+// walked files are already judged, by name and by real name.
+func (s *scopedFS) Grep(ctx context.Context, req workspace.GrepRequest) (workspace.GrepResult, error) {
+	if s.readsAll() {
+		return workspace.Grep(ctx, s.inner, req)
+	}
+	return workspace.GrepWithReader(ctx, s, req, s.inner.ReadFile)
+}

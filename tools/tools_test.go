@@ -367,7 +367,8 @@ func TestGrep(t *testing.T) {
 }
 
 func TestWrite(t *testing.T) {
-	f := newFixture(t, map[string]string{"old.txt": "old", "gitlink": "->.git", ".git/config": "[core]", "dir/x": ""})
+	f := newFixture(t, map[string]string{"old.txt": "old", "gitlink": "->.git", ".git/config": "[core]", "dir/x": "",
+		".git/hooks/h": "", "a/x": "->../.git/hooks", "a/l": "->x/../config"})
 	tests := []struct {
 		args map[string]any
 		kind string
@@ -380,6 +381,7 @@ func TestWrite(t *testing.T) {
 		{map[string]any{"path": ".git/config", "content": "x"}, "Protected", nil},
 		{map[string]any{"path": ".GIT/hooks/pre-commit", "content": "x"}, "Protected", nil},
 		{map[string]any{"path": "gitlink/hooks/post", "content": "x"}, "Protected", nil},
+		{map[string]any{"path": "a/l", "content": "x"}, "Protected", nil}, // x/../config through a link is .git/config
 		{map[string]any{"path": ".sandboxd/runtime/x", "content": "x"}, "Protected", nil},
 		{map[string]any{"path": "dir", "content": "x"}, "NotAFile", nil},
 		{map[string]any{"path": ".", "content": "x"}, "NotAFile", nil},

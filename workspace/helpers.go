@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io/fs"
 	"path"
+	"slices"
 	"strings"
 	"sync"
 )
@@ -149,6 +150,23 @@ func (m *KeyedMutex[K]) lock(ctx context.Context, key K) (func(), error) {
 // maxLinkHops bounds how many links RealPath follows, as the kernel does.
 const maxLinkHops = 40
 
+// underRoot returns an absolute link target relative to root, its
+// components as written (".." kept for the walk to take); ok is false when
+// it does not start at root. A target that reaches root by another spelling
+// ("/x/../workspace") counts as outside: refusing is the safe answer.
+func underRoot(root, target string) (string, bool) {
+	root = path.Clean("/" + root)
+	if target == root || target == root+"/" {
+		return ".", true
+	}
+	prefix := root + "/"
+	if root == "/" {
+		prefix = "/"
+	}
+	rel, ok := strings.CutPrefix(target, prefix)
+	return rel, ok
+}
+
 // RealPath returns name with every symbolic link in it resolved, as a name in
 // the workspace. root is the workspace root as an absolute path, used to read
 // links whose targets are absolute. A link that leads outside the workspace
@@ -166,20 +184,33 @@ func RealPath(ctx context.Context, fsys FileSystem, root, name string) (string, 
 	if !fs.ValidPath(name) {
 		return "", PathError("realpath", name, ErrInvalidArgument)
 	}
+	// done is resolved (no link in it); todo are the components still to
+	// walk, taken as the kernel takes them: a link's target is walked
+	// component by component from the link's directory, and ".." leaves the
+	// directory actually reached — never a lexical shortcut through a link.
 	todo := strings.Split(name, "/")
 	done := "."
 	hops := 0
 	for len(todo) > 0 {
 		elem := todo[0]
 		todo = todo[1:]
-		if elem == "." || elem == "" {
+		switch elem {
+		case ".", "":
+			continue
+		case "..":
+			if done == "." {
+				return "", PathError("realpath", name, ErrOutsideWorkspace)
+			}
+			done = path.Dir(done)
 			continue
 		}
 		next := path.Join(done, elem)
 		info, err := fsys.Lstat(ctx, next)
 		if errors.Is(err, ErrNotFound) {
-			done = path.Join(append([]string{next}, todo...)...)
-			return done, nil
+			if slices.Contains(todo, "..") { // the kernel stops at the missing directory
+				return "", PathError("realpath", name, ErrNotFound)
+			}
+			return path.Join(append([]string{next}, todo...)...), nil
 		}
 		if err != nil {
 			return "", err
@@ -195,21 +226,14 @@ func RealPath(ctx context.Context, fsys FileSystem, root, name string) (string, 
 		if err != nil {
 			return "", err
 		}
-		var base string
 		if path.IsAbs(target) {
-			base, err = Resolve(root, target)
-			if err != nil {
+			rel, ok := underRoot(root, target)
+			if !ok {
 				return "", PathError("realpath", name, ErrOutsideWorkspace)
 			}
-		} else {
-			joined := path.Join(done, target)
-			if joined == ".." || strings.HasPrefix(joined, "../") {
-				return "", PathError("realpath", name, ErrOutsideWorkspace)
-			}
-			base = joined
+			target, done = rel, "."
 		}
-		todo = append(strings.Split(base, "/"), todo...)
-		done = "."
+		todo = append(strings.Split(target, "/"), todo...)
 	}
 	return done, nil
 }

@@ -163,4 +163,3 @@ func pidfdPids() map[int]bool {
 	}
 	return out
 }
-

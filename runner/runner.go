@@ -296,7 +296,10 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Session, erro
 	if err != nil {
 		return nil, err
 	}
-	if err := checkTools(cfg); err != nil {
+	if err := st.Scope.Validate(); err != nil {
+		return nil, &SettingError{"scope", err.Error()}
+	}
+	if err := checkTools(cfg, st.Scope); err != nil {
 		return nil, err
 	}
 	prof, err := m.o.policy.Apply(st.request(id, req.Tenant))

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/policy"
 	"github.com/sandboxd/sandboxd/runner"
+	"github.com/sandboxd/sandboxd/scope"
 	"github.com/sandboxd/sandboxd/tools"
 	"github.com/sandboxd/sandboxd/workspace"
 )
@@ -416,6 +417,8 @@ func TestSettingsRefused(t *testing.T) {
 		{"always without grant", runner.Settings{Always: []string{"edit"}}, "always", false},
 		{"host env", runner.Settings{Options: json.RawMessage(`{"bashInheritEnv":true}`)}, "options.bashInheritEnv", false},
 		{"host sources", runner.Settings{Options: json.RawMessage(`{"sources":[{"name":"etc","kind":"dir","path":"/etc"}]}`)}, "options.sources", false},
+		{"operator's rules", runner.Settings{Options: json.RawMessage(`{"visible":["**"]}`)}, "options.visible", false},
+		{"bad scope", runner.Settings{Scope: scope.Rules{Commit: []string{"src/[a"}}}, "scope", false},
 		{"unknown option", runner.Settings{Options: json.RawMessage(`{"maxLinez":3}`)}, "options", false},
 		{"bad option", runner.Settings{Options: json.RawMessage(`{"maxLines":-1}`)}, "maxLines", false},
 	} {
@@ -536,5 +539,41 @@ func TestSource(t *testing.T) {
 	l := newManager(t, &runner.Local{Dir: t.TempDir()})
 	if _, err := l.Create(context.Background(), runner.CreateRequest{Tenant: "cli", Source: src}); err == nil {
 		t.Fatal("the local backend took a source it cannot copy")
+	}
+}
+
+// TestSessionScope: the scope setting reaches every tool of the session.
+func TestSessionScope(t *testing.T) {
+	m := newManager(t, runner.Memory{}, runner.WithGrants(tools.GrantFSWrite, tools.GrantShellExec))
+	s := create(t, m, "acme", runner.Settings{Grants: []string{tools.GrantFSWrite, tools.GrantShellExec},
+		Always: []string{"read", "edit"},
+		Scope:  scope.Rules{Visible: []string{"src/**", "notes.txt"}, Commit: []string{"src/**"}}})
+	call := func(tool, args string) tools.Result {
+		t.Helper()
+		r, err := s.Call(context.Background(), tool, json.RawMessage(args), tools.CallOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	for _, c := range []struct{ tool, args, kind string }{
+		{"write", `{"path":"src/a.txt","content":"a"}`, ""},
+		{"write", `{"path":"notes.txt","content":"n"}`, "Protected"},
+		{"write", `{"path":"top.txt","content":"t"}`, "NotFound"},
+		{"read", `{"path":"src/a.txt"}`, ""},
+	} {
+		r := call(c.tool, c.args)
+		kind := ""
+		if r.IsError {
+			kind = r.Structured.(*tools.ErrorResult).Error
+		}
+		if kind != c.kind {
+			t.Errorf("%s %s: %s, want %q", c.tool, c.args, r.Text, c.kind)
+		}
+	}
+	for _, tl := range s.Tools().List() {
+		if tl.Name == "bash" {
+			t.Error("a scoped session was offered bash")
+		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/memfs"
+	"github.com/sandboxd/sandboxd/scope"
 	"github.com/sandboxd/sandboxd/sources"
 	"github.com/sandboxd/sandboxd/tools"
 	"github.com/sandboxd/sandboxd/workspace"
@@ -45,8 +46,8 @@ type Session struct {
 // checkTools fails when a tool configuration cannot start a session — an
 // always-on skill without its grant — before a workspace is started for it.
 // Whether the backend has a shell is known only once it has.
-func checkTools(cfg tools.Config) error {
-	_, err := tools.New(tools.Env{FS: memfs.New(), Bash: noBash{}, Sources: noSources{}}, cfg)
+func checkTools(cfg tools.Config, actor scope.Rules) error {
+	_, err := tools.New(tools.Env{FS: memfs.New(), Bash: noBash{}, Sources: noSources{}, Scope: actor}, cfg)
 	if err != nil {
 		return &SettingError{"always", strings.TrimPrefix(err.Error(), "tools: ")}
 	}
@@ -73,6 +74,7 @@ func (m *Manager) newSession(id, tenant string, st Settings, cfg tools.Config, i
 	env := tools.Env{
 		FS: inst.FS, Bash: inst.Bash,
 		Session: workspace.Session{ID: id, RunID: id, Root: inst.Root, Vars: st.Vars},
+		Scope:   st.Scope,
 	}
 	if m.gateway != nil {
 		env.Sources = m.gateway

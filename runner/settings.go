@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/policy"
+	"github.com/sandboxd/sandboxd/scope"
 	"github.com/sandboxd/sandboxd/tools"
 )
 
@@ -42,6 +43,10 @@ type Settings struct {
 	// operator's. The host-facing ones (bashInheritEnv, bashEnvAllow) and
 	// those with settings of their own (grants, always) are refused here.
 	Options json.RawMessage `json:"options,omitempty"`
+	// Scope is the actor's scope: globs of what this session's agent may
+	// see and change, narrowing the operator's visible and commit rules
+	// (package scope). A scoped session is offered no command.
+	Scope scope.Rules `json:"scope,omitzero"`
 	// Vars are added to every command's environment.
 	Vars map[string]string `json:"vars,omitempty"`
 	// Lifetime ends the session that long after it was created, and
@@ -124,6 +129,8 @@ var sessionOnlyOptions = map[string]string{
 	"grants":         "use the grants setting",
 	"always":         "use the always setting",
 	"sources":        "the operator's configuration declares them: a source reads host files and holds credentials",
+	"visible":        "the operator's rule; narrow it with the scope setting",
+	"commit":         "the operator's rule; narrow it with the scope setting",
 }
 
 // toolsConfig is the tool configuration a session gets: base with the

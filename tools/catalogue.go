@@ -227,7 +227,7 @@ func (s *Set) EnvironmentSection() string {
 	fmt.Fprintf(&b, "- find and grep never enter linked directories or %s.\n", excludeText(c.Exclude))
 	fmt.Fprintf(&b, "- read, find and grep show at most %d lines or %s; ls %d entries, find %d paths, grep %d matches.\n",
 		c.MaxLines, kb(int64(c.MaxBytes)), c.LsEntries, c.FindResults, c.GrepMatches)
-	if slices.Contains(c.Tools, "bash") && s.env.Bash != nil {
+	if slices.Contains(c.Tools, "bash") && s.env.Bash != nil && !s.scoped() {
 		fmt.Fprintf(&b, "- bash keeps the last %d lines or %s of output and saves the whole output under %s; commands time out after %ds unless asked (at most %ds).\n",
 			c.MaxLines, kb(int64(c.MaxBytes)), c.SpillDir, c.BashTimeoutMs/1000, c.BashMaxTimeoutMs/1000)
 	}

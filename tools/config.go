@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/sandboxd/sandboxd/scope"
 	"github.com/sandboxd/sandboxd/sources"
 	"github.com/sandboxd/sandboxd/workspace"
 	"github.com/sandboxd/sandboxd/workspaceshell"
@@ -101,7 +102,17 @@ type Config struct {
 	// copies into .sandboxd/sources/<name>/ (see package sources): each
 	// {"name", "kind": "dir"|"tar"|"git", "path", "commit" (git)}.
 	Sources sources.Decls `json:"sources,omitempty"`
+	// Visible and Commit are the workspace's rules (package scope):
+	// doublestar globs of the workspace names every tool shows, and of
+	// those it may change, on top of Protect. nil: everything. A session
+	// with rules is offered no command — bash, workspace_exec — since the
+	// rules bind the file tools, not what a process does.
+	Visible []string `json:"visible,omitempty"`
+	Commit  []string `json:"commit,omitempty"`
 }
+
+// Rules are the configuration's visible and commit rules.
+func (c Config) Rules() scope.Rules { return scope.Rules{Visible: c.Visible, Commit: c.Commit} }
 
 // The tool profiles.
 const (
@@ -329,6 +340,13 @@ func (c Config) Validate() error {
 	}
 	if c.MaxCallsPerRun < 0 {
 		return bad("maxCallsPerRun", "must not be negative, got %d", c.MaxCallsPerRun)
+	}
+	if err := c.Rules().Validate(); err != nil {
+		option := "visible"
+		if (scope.Rules{Visible: c.Visible}).Validate() == nil {
+			option = "commit"
+		}
+		return bad(option, "%v", err)
 	}
 	var de *sources.DeclError
 	if err := c.Sources.Validate(); errors.As(err, &de) {

@@ -45,7 +45,7 @@ func (s *Set) lockForChange(ctx context.Context, c *call, p string) (name string
 	if name, err = s.resolve(p); err != nil {
 		return "", nil, err
 	}
-	real, err := s.mutable(ctx, name)
+	real, err := s.mutable(ctx, c.fsys, name)
 	if err != nil {
 		return "", nil, err
 	}
@@ -53,7 +53,7 @@ func (s *Set) lockForChange(ctx context.Context, c *call, p string) (name string
 	return name, unlock, err
 }
 
-func (s *Set) mutable(ctx context.Context, name string) (string, error) {
+func (s *Set) mutable(ctx context.Context, fsys workspace.FileSystem, name string) (string, error) {
 	if name == "." {
 		return "", newError(workspace.ErrNotAFile, "the workspace root is a directory, not a file")
 	}
@@ -66,7 +66,7 @@ func (s *Set) mutable(ctx context.Context, name string) (string, error) {
 	if err := protected(name); err != nil {
 		return "", err
 	}
-	real, err := workspace.RealPath(ctx, s.env.FS, s.root, name)
+	real, err := workspace.RealPath(ctx, fsys, s.root, name)
 	if err != nil {
 		return "", err
 	}
@@ -141,7 +141,7 @@ func (s *Set) edit(ctx context.Context, args json.RawMessage, c *call) (Result, 
 		return Result{}, err
 	}
 	defer unlock()
-	old, err := s.load(ctx, name, "edit")
+	old, err := s.load(ctx, c.fsys, name, "edit")
 	if err != nil {
 		return Result{}, err
 	}

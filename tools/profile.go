@@ -184,7 +184,9 @@ func (s *Set) recorded(ctx context.Context, d *toolDef, args json.RawMessage, c 
 	}
 	var res Result
 	commit, err := j.Record(ctx, commitMessage(d.name, args), func(fsys workspace.FileSystem) error {
-		c.fsys = fsys
+		if err := s.see(c, fsys); err != nil {
+			return err
+		}
 		var err error
 		if res, err = d.run(s, ctx, args, c); err != nil {
 			return err
@@ -380,7 +382,7 @@ func (s *Set) materializeSources(ctx context.Context, args json.RawMessage, c *c
 	for _, d := range decls {
 		names = append(names, d.Name)
 	}
-	res, err := sources.Materialize(ctx, c.fsys, decls, sources.Request{Path: name, Names: p.Sources,
+	res, err := sources.Materialize(ctx, c.raw, decls, sources.Request{Path: name, Names: p.Sources,
 		Limits: sources.Limits{MaxFileBytes: s.cfg.MaxFileBytes}})
 	if err != nil {
 		var k *workspace.Kind // an undeclared name or a path no snapshot is at, not a host file
@@ -492,6 +494,9 @@ func (s *Set) workspaceExec(ctx context.Context, args json.RawMessage, c *call) 
 	}
 	if s.env.Bash == nil {
 		return Result{}, newError(workspace.ErrForbidden, "workspace_exec cannot run %s: this session's host permits no processes", req.Command)
+	}
+	if s.scoped() {
+		return Result{}, newError(workspace.ErrForbidden, "workspace_exec cannot run %s: this session has visible/commit rules, which bind the file tools but not what a process does", req.Command)
 	}
 	env := s.commandEnv(c)
 	maps.Copy(env, cmd.Env)

@@ -54,8 +54,8 @@ func (s *Set) resolve(p string) (string, error) {
 
 // regularFile checks that name is a regular file no larger than
 // maxFileBytes, and returns its size.
-func (s *Set) regularFile(ctx context.Context, name, tool string) (int64, error) {
-	info, err := s.env.FS.Stat(ctx, name)
+func (s *Set) regularFile(ctx context.Context, fsys workspace.FileSystem, name, tool string) (int64, error) {
+	info, err := fsys.Stat(ctx, name)
 	if err != nil {
 		return 0, err
 	}
@@ -91,18 +91,18 @@ func fileKind(m fs.FileMode) string {
 }
 
 // load reads a regular file under the size limit.
-func (s *Set) load(ctx context.Context, name, tool string) ([]byte, error) {
-	if _, err := s.regularFile(ctx, name, tool); err != nil {
+func (s *Set) load(ctx context.Context, fsys workspace.FileSystem, name, tool string) ([]byte, error) {
+	if _, err := s.regularFile(ctx, fsys, name, tool); err != nil {
 		return nil, err
 	}
-	data, err := s.env.FS.ReadFile(ctx, name, s.cfg.MaxFileBytes)
+	data, err := fsys.ReadFile(ctx, name, s.cfg.MaxFileBytes)
 	if errors.Is(err, workspace.ErrFileTooLarge) { // grew since Stat
 		return nil, s.tooLarge(name, s.cfg.MaxFileBytes+1)
 	}
 	return data, err
 }
 
-func (s *Set) read(ctx context.Context, args json.RawMessage, _ *call) (Result, error) {
+func (s *Set) read(ctx context.Context, args json.RawMessage, c *call) (Result, error) {
 	var p struct {
 		Path   string `json:"path"`
 		Offset *int   `json:"offset"`
@@ -131,7 +131,7 @@ func (s *Set) read(ctx context.Context, args json.RawMessage, _ *call) (Result, 
 	if err != nil {
 		return Result{}, err
 	}
-	data, err := s.load(ctx, name, "read")
+	data, err := s.load(ctx, c.fsys, name, "read")
 	if err != nil {
 		return Result{}, err
 	}

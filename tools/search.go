@@ -74,7 +74,7 @@ func (s *Set) outputCutNote() string {
 	return fmt.Sprintf("[Output cut to %d lines or %s.", s.cfg.MaxLines, kb(int64(s.cfg.MaxBytes)))
 }
 
-func (s *Set) ls(ctx context.Context, args json.RawMessage, _ *call) (Result, error) {
+func (s *Set) ls(ctx context.Context, args json.RawMessage, c *call) (Result, error) {
 	var p listArgs
 	if err := decodeArgs(args, &p); err != nil {
 		return Result{}, err
@@ -87,7 +87,7 @@ func (s *Set) ls(ctx context.Context, args json.RawMessage, _ *call) (Result, er
 	if err != nil {
 		return Result{}, err
 	}
-	entries, err := s.env.FS.ReadDir(ctx, name)
+	entries, err := c.fsys.ReadDir(ctx, name)
 	if err != nil {
 		return Result{}, err
 	}
@@ -113,7 +113,7 @@ func (s *Set) ls(ctx context.Context, args json.RawMessage, _ *call) (Result, er
 	return Result{Text: text, Structured: r}, nil
 }
 
-func (s *Set) find(ctx context.Context, args json.RawMessage, _ *call) (Result, error) {
+func (s *Set) find(ctx context.Context, args json.RawMessage, c *call) (Result, error) {
 	var p struct {
 		listArgs
 		Pattern string `json:"pattern"`
@@ -135,7 +135,7 @@ func (s *Set) find(ctx context.Context, args json.RawMessage, _ *call) (Result, 
 	if err != nil {
 		return Result{}, err
 	}
-	w, err := workspace.Walk(ctx, s.env.FS, workspace.WalkRequest{
+	w, err := workspace.Walk(ctx, c.fsys, workspace.WalkRequest{
 		Dir: name, Pattern: p.Pattern, Exclude: s.cfg.Exclude, FilesOnly: true, Limit: limit,
 	})
 	if err != nil {
@@ -160,7 +160,7 @@ func (s *Set) find(ctx context.Context, args json.RawMessage, _ *call) (Result, 
 	return Result{Text: text, Structured: r}, nil
 }
 
-func (s *Set) grep(ctx context.Context, args json.RawMessage, _ *call) (Result, error) {
+func (s *Set) grep(ctx context.Context, args json.RawMessage, c *call) (Result, error) {
 	var p struct {
 		listArgs
 		Pattern    string `json:"pattern"`
@@ -189,22 +189,22 @@ func (s *Set) grep(ctx context.Context, args json.RawMessage, _ *call) (Result, 
 	if err != nil {
 		return Result{}, err
 	}
-	info, err := s.env.FS.Stat(ctx, name)
+	info, err := c.fsys.Stat(ctx, name)
 	if err != nil {
 		return Result{}, err
 	}
 	dir := name
 	if !info.IsDir() {
-		if _, err := s.regularFile(ctx, name, "grep"); err != nil {
+		if _, err := s.regularFile(ctx, c.fsys, name, "grep"); err != nil {
 			return Result{}, err
 		}
 		// A walk does not search a link to a file: search the file it
 		// names, and report it under the name the model gave.
-		if dir, err = workspace.RealPath(ctx, s.env.FS, s.root, name); err != nil {
+		if dir, err = workspace.RealPath(ctx, c.fsys, s.root, name); err != nil {
 			return Result{}, err
 		}
 	}
-	g, err := workspace.Grep(ctx, s.env.FS, workspace.GrepRequest{
+	g, err := workspace.Grep(ctx, c.fsys, workspace.GrepRequest{
 		Pattern: p.Pattern, Literal: p.Literal, IgnoreCase: p.IgnoreCase, Dir: dir, Glob: p.Glob,
 		Exclude: s.cfg.Exclude, Context: p.Context, Limit: limit,
 		MaxLineChars: s.cfg.GrepLineChars, MaxFileBytes: s.cfg.MaxFileBytes,

@@ -29,6 +29,7 @@ import (
 	"sync"
 
 	"github.com/sandboxd/sandboxd/journal"
+	"github.com/sandboxd/sandboxd/scope"
 	"github.com/sandboxd/sandboxd/sources"
 	"github.com/sandboxd/sandboxd/workspace"
 	"github.com/sandboxd/sandboxd/workspaceshell"
@@ -50,6 +51,10 @@ type Env struct {
 	// sources, New builds a sources.Gateway (auditing to slog's default
 	// logger); the daemon passes its own, auditing to its log.
 	Sources workspaceshell.SourceClient
+	// Scope is the actor's scope: rules of what this agent may see and
+	// commit, applied on top of Config's visible and commit rules (it can
+	// only narrow them). Zero: Config's rules alone.
+	Scope scope.Rules
 }
 
 // Tool describes one tool of the catalogue; it marshals to the shape of
@@ -183,9 +188,12 @@ type call struct {
 	tool  string
 	runID string
 	opts  CallOptions
-	// fsys is the workspace as the call changes it: the journal's recorder
-	// for a journaled tool, else Env.FS.
+	// fsys is the workspace as the call sees and changes it: the journal's
+	// recorder for a journaled tool, else Env.FS, seen through the rules.
 	fsys workspace.FileSystem
+	// raw is fsys without the rules, for what the daemon itself writes
+	// (snapshots of sources).
+	raw workspace.FileSystem
 }
 
 type toolFunc func(s *Set, ctx context.Context, args json.RawMessage, c *call) (Result, error)
@@ -212,6 +220,11 @@ type Set struct {
 
 	shell   workspaceshell.Settings        // the workspace-shell profile's settings
 	wsEntry *workspaceshell.CatalogueEntry // its catalogue entry; nil without the profile
+
+	// rules are the operator's rules (Config.Visible, Config.Commit) and
+	// the actor's scope (Env.Scope), each set applied in turn; none when
+	// the session is unscoped.
+	rules []scope.Rules
 
 	mu      sync.Mutex
 	active  map[string]bool // skill name → active
@@ -243,6 +256,15 @@ func New(env Env, cfg Config) (*Set, error) {
 		env.Sources = g
 	}
 	s := &Set{env: env, cfg: cfg, root: path.Clean(root), active: map[string]bool{"workspace.read": true}, runs: map[string]int{}}
+	for _, r := range []scope.Rules{cfg.Rules(), env.Scope} {
+		if r.IsZero() {
+			continue
+		}
+		if _, err := scope.New(env.FS, s.root, r); err != nil {
+			return nil, fmt.Errorf("tools: %w", err)
+		}
+		s.rules = append(s.rules, r)
+	}
 	for _, a := range cfg.Always {
 		sk := skillByName(a)
 		if sk.grant != "" && !slices.Contains(cfg.Grants, sk.grant) {
@@ -251,12 +273,15 @@ func New(env Env, cfg Config) (*Set, error) {
 		if sk.name == "workspace.shell" && env.Bash == nil {
 			return nil, errors.New("tools: always-on skill workspace.shell needs a Bash (Env.Bash is nil)")
 		}
+		if sk.name == "workspace.shell" && s.scoped() {
+			return nil, errors.New("tools: always-on skill workspace.shell: this session has visible/commit rules, which bind the file tools but not a command, so bash is not offered")
+		}
 		s.active[sk.name] = true
 	}
 	profiles := cfg.Profiles()
 	if slices.Contains(profiles, ProfileWorkspaceTools) {
 		for _, name := range AllTools {
-			if !slices.Contains(cfg.Tools, name) || (name == "bash" && env.Bash == nil) {
+			if !slices.Contains(cfg.Tools, name) || (name == "bash" && (env.Bash == nil || s.scoped())) {
 				continue
 			}
 			d := s.define(name)
@@ -290,6 +315,23 @@ func New(env Env, cfg Config) (*Set, error) {
 		s.defs = append(s.defs, s.define(LoadSkill))
 	}
 	return s, nil
+}
+
+// scoped says the session has rules: its tools see the workspace through
+// them, and it is offered no command (bash, workspace_exec), which the rules
+// could not bind.
+func (s *Set) scoped() bool { return len(s.rules) > 0 }
+
+// see points the call at fsys, seen through the session's rules.
+func (s *Set) see(c *call, fsys workspace.FileSystem) error {
+	c.raw, c.fsys = fsys, fsys
+	for _, r := range s.rules {
+		var err error
+		if c.fsys, err = scope.New(c.fsys, s.root, r); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Config returns the set's configuration.
@@ -376,7 +418,10 @@ func (s *Set) EndRun(runID string) {
 // active and calls past maxCallsPerRun. Call never panics on bad input and
 // never returns a Go error: every failure is a Result with IsError set.
 func (s *Set) Call(ctx context.Context, name string, args json.RawMessage, opts CallOptions) Result {
-	c := &call{tool: name, runID: opts.RunID, opts: opts, fsys: s.env.FS}
+	c := &call{tool: name, runID: opts.RunID, opts: opts}
+	if err := s.see(c, s.env.FS); err != nil {
+		return errorResult(err)
+	}
 	if c.runID == "" {
 		c.runID = s.env.Session.RunID
 	}

@@ -183,6 +183,16 @@ func WithChmod(f func(ctx context.Context, name string, mode fs.FileMode) error)
 	return func(j *Journal) { j.chmod = f }
 }
 
+// WithCommitScope limits what a workspace session (Exec, a provider
+// session's End) keeps: a change to a path committable rejects — and that
+// holds for no path below it — is restored as a failed run's changes are,
+// and listed in Outcome.OutOfScope; the rest is committed. A directory is
+// kept when it or anything kept below it is committable. Changes made
+// through Record are not filtered: the caller's FileSystem decides those.
+func WithCommitScope(committable func(name string) bool) Option {
+	return func(j *Journal) { j.committable = committable }
+}
+
 // WithClock sets the clock commits are stamped with (for tests).
 func WithClock(now func() time.Time) Option { return func(j *Journal) { j.now = now } }
 
@@ -196,6 +206,8 @@ type Journal struct {
 	maxCommits int
 	chmod      func(ctx context.Context, name string, mode fs.FileMode) error
 	now        func() time.Time
+	// committable, when set, is the commit scope of workspace sessions.
+	committable func(name string) bool
 
 	mu       sync.Mutex // held by each mutation
 	commits  []*Commit  // oldest first

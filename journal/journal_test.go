@@ -421,3 +421,68 @@ func TestPruneKeepsTheNewest(t *testing.T) {
 		t.Fatal("commit 1 kept")
 	}
 }
+
+// TestExecCommitScope: a successful run keeps only what its commit scope
+// allows; the rest is put back exactly and reported, and a second run sees
+// the restored files as they are.
+func TestExecCommitScope(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			ctx := context.Background()
+			seed(t, b)
+			goFiles := func(p string) bool { return strings.HasSuffix(p, ".go") }
+			j, err := journal.Open(ctx, b.fs, journal.WithCommitScope(goFiles))
+			if err != nil {
+				t.Fatal(err)
+			}
+			before := dump(t, b.fs)
+			out, err := j.Exec(ctx, "workspace shell command", func(context.Context) (bool, error) {
+				b.behind(t, "write", "src/a.go", "package a // changed\n") // in scope
+				b.behind(t, "mkdir", "gen/deep")                           // kept: a .go file below
+				b.behind(t, "write", "gen/deep/z.go", "package deep\n")    //
+				b.behind(t, "write", "run.sh", "rm -rf /\n")               // out of scope
+				b.behind(t, "rm", "empty")                                 // out of scope
+				b.behind(t, "mkdir", "junk")                               // out of scope, new
+				b.behind(t, "write", "junk/x.txt", "x")                    //
+				return true, nil
+			})
+			if err != nil || !out.Committed || out.Commit == nil {
+				t.Fatalf("outcome %+v, %v", out, err)
+			}
+			if want := []string{"empty", "junk", "junk/x.txt", "run.sh"}; !slices.Equal(out.OutOfScope, want) {
+				t.Fatalf("out of scope %q, want %q", out.OutOfScope, want)
+			}
+			var committed []string
+			for _, c := range out.Commit.Changes {
+				committed = append(committed, c.Path)
+			}
+			slices.Sort(committed)
+			if want := []string{"gen", "gen/deep", "gen/deep/z.go", "src/a.go"}; !slices.Equal(committed, want) {
+				t.Fatalf("committed %q, want %q", committed, want)
+			}
+			// What is out of scope is as it was; then a second run finds
+			// it unchanged, and the revert restores the start.
+			after := dump(t, b.fs)
+			for _, line := range strings.Split(before, "\n") {
+				if strings.HasPrefix(line, "run.sh") || strings.HasPrefix(line, "empty") {
+					if !strings.Contains(after, line) {
+						t.Errorf("%q not restored:\n%s", line, after)
+					}
+				}
+			}
+			if strings.Contains(after, "junk") {
+				t.Errorf("junk kept:\n%s", after)
+			}
+			out, err = j.Exec(ctx, "workspace shell command", func(context.Context) (bool, error) { return true, nil })
+			if err != nil || out.Commit != nil || len(out.OutOfScope) > 0 {
+				t.Fatalf("an empty run: %+v, %v", out, err)
+			}
+			if _, err := j.Revert(ctx, journal.RevertRequest{To: 0}); err != nil {
+				t.Fatal(err)
+			}
+			if got := dump(t, b.fs); got != before {
+				t.Fatalf("revert:\n got %s\nwant %s", got, before)
+			}
+		})
+	}
+}

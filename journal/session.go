@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io/fs"
 	"path"
+	"slices"
 	"time"
 
 	"github.com/sandboxd/sandboxd/workspace"
@@ -125,6 +126,9 @@ type Outcome struct {
 	Restored bool `json:"restored,omitempty"`
 	// Unrestored are paths that could not be put back exactly.
 	Unrestored []string `json:"unrestored,omitempty"`
+	// OutOfScope are paths the run changed outside the commit scope
+	// (WithCommitScope); they were put back and are not in Commit.
+	OutOfScope []string `json:"outOfScope,omitempty"`
 	// InSession says the call ran inside an active provider session, whose
 	// End decides.
 	InSession bool `json:"inSession,omitempty"`
@@ -182,6 +186,14 @@ func (j *Journal) finish(ctx context.Context, message string, keep bool) (Outcom
 		unrestored, err := j.apply(ctx, want)
 		return Outcome{Restored: err == nil, Unrestored: unrestored}, err
 	}
+	var outside []string
+	var unrestored []string
+	if j.committable != nil {
+		outside, unrestored, err = j.restoreOutside(ctx, changed, cur)
+		if err != nil {
+			return Outcome{OutOfScope: outside, Unrestored: unrestored}, err
+		}
+	}
 	var changes []Change
 	for p := range changed {
 		m, ok := cur[p]
@@ -201,7 +213,55 @@ func (j *Journal) finish(ctx context.Context, message string, keep bool) (Outcom
 	}
 	j.base, j.baseTime = cur, listed
 	c, err := j.commit(ctx, message, changes)
-	return Outcome{Committed: err == nil, Commit: c}, err
+	return Outcome{Committed: err == nil, Commit: c, OutOfScope: outside, Unrestored: unrestored}, err
+}
+
+// restoreOutside puts back the changed paths outside the commit scope and
+// takes them out of changed; cur is updated to say what the workspace now
+// holds there (its listing data unknown, so the next baseline reads them
+// again). It returns them sorted, and those that could not be put back.
+func (j *Journal) restoreOutside(ctx context.Context, changed map[string]bool, cur map[string]manEntry) ([]string, []string, error) {
+	keep := map[string]bool{}
+	for p := range changed {
+		if j.committable(p) {
+			for q := p; q != "." && !keep[q]; q = path.Dir(q) {
+				keep[q] = true
+			}
+		}
+	}
+	want := map[string]Entry{}
+	var outside []string
+	for p := range changed {
+		if keep[p] {
+			continue
+		}
+		if m, ok := cur[p]; ok && j.base[p].state.Exists() {
+			// Listed as changed, but maybe only racy: compare contents.
+			st, err := j.state(ctx, p)
+			if err == nil && st.same(j.base[p].state) {
+				m.state = st
+				cur[p] = m
+				delete(changed, p)
+				continue
+			}
+		}
+		want[p] = j.base[p].state
+		outside = append(outside, p)
+		delete(changed, p)
+	}
+	if len(outside) == 0 {
+		return nil, nil, nil
+	}
+	slices.Sort(outside)
+	unrestored, err := j.apply(ctx, want)
+	for p, w := range want {
+		if w.Exists() {
+			cur[p] = manEntry{typ: fs.ModeIrregular, state: w} // a listing never matches it
+		} else {
+			delete(cur, p)
+		}
+	}
+	return outside, unrestored, err
 }
 
 // Session is an active provider session (see Begin).

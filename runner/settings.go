@@ -45,7 +45,8 @@ type Settings struct {
 	Options json.RawMessage `json:"options,omitempty"`
 	// Scope is the actor's scope: globs of what this session's agent may
 	// see and change, narrowing the operator's visible and commit rules
-	// (package scope). A scoped session is offered no command.
+	// (package scope). A scoped session is offered no bash; workspace_exec
+	// runs only when it is scoped by commit rules alone.
 	Scope scope.Rules `json:"scope,omitzero"`
 	// Vars are added to every command's environment.
 	Vars map[string]string `json:"vars,omitempty"`

@@ -104,9 +104,10 @@ type Config struct {
 	Sources sources.Decls `json:"sources,omitempty"`
 	// Visible and Commit are the workspace's rules (package scope):
 	// doublestar globs of the workspace names every tool shows, and of
-	// those it may change, on top of Protect. nil: everything. A session
-	// with rules is offered no command — bash, workspace_exec — since the
-	// rules bind the file tools, not what a process does.
+	// those it may change, on top of Protect. nil: everything. The rules
+	// bind the file tools, not what a process does, so a session with rules
+	// is offered no bash, and workspace_exec only under commit rules alone
+	// (the journal then puts back what the process changed outside them).
 	Visible []string `json:"visible,omitempty"`
 	Commit  []string `json:"commit,omitempty"`
 }

@@ -74,6 +74,9 @@ type ExecResult struct {
 	// InSession says the call ran in the active provider session, whose end
 	// commits or rolls back.
 	InSession bool `json:"inSession,omitempty"`
+	// OutOfScope are paths the command changed outside the session's commit
+	// rules; they were put back and not committed.
+	OutOfScope []string `json:"outOfScope,omitempty"`
 }
 
 // JournalListResult is the structured content of journal_list.
@@ -138,6 +141,16 @@ func (s *Set) Journal(ctx context.Context) (*journal.Journal, error) {
 		return s.journal, nil
 	}
 	opts := []journal.Option{journal.WithRoot(s.root), journal.WithMaxBlobBytes(s.cfg.MaxFileBytes)}
+	if s.scoped() {
+		opts = append(opts, journal.WithCommitScope(func(name string) bool {
+			for _, r := range s.rules {
+				if !r.IsCommittable(name) {
+					return false
+				}
+			}
+			return true
+		}))
+	}
 	if s.env.Bash != nil {
 		opts = append(opts, journal.WithChmod(s.chmod))
 	}
@@ -495,8 +508,8 @@ func (s *Set) workspaceExec(ctx context.Context, args json.RawMessage, c *call) 
 	if s.env.Bash == nil {
 		return Result{}, newError(workspace.ErrForbidden, "workspace_exec cannot run %s: this session's host permits no processes", req.Command)
 	}
-	if s.scoped() {
-		return Result{}, newError(workspace.ErrForbidden, "workspace_exec cannot run %s: this session has visible/commit rules, which bind the file tools but not what a process does", req.Command)
+	if s.hidesPaths() {
+		return Result{}, newError(workspace.ErrForbidden, "workspace_exec cannot run %s: this session has visible rules, which bind the file tools but not what a process reads", req.Command)
 	}
 	env := s.commandEnv(c)
 	maps.Copy(env, cmd.Env)
@@ -518,7 +531,13 @@ func (s *Set) workspaceExec(ctx context.Context, args json.RawMessage, c *call) 
 	if br == nil || (err != nil && !out.Restored) {
 		return Result{}, err
 	}
-	r := &ExecResult{BashResult: *br, Committed: out.Committed, Restored: out.Restored, Unrestored: out.Unrestored, InSession: out.InSession}
+	r := &ExecResult{BashResult: *br, Committed: out.Committed, Restored: out.Restored, Unrestored: out.Unrestored, InSession: out.InSession, OutOfScope: out.OutOfScope}
+	if len(out.OutOfScope) > 0 {
+		res.Text += fmt.Sprintf("\n[Outside this session's commit rules, put back and not committed: %s.]", strings.Join(out.OutOfScope, ", "))
+		if len(out.Unrestored) > 0 && !out.Restored {
+			res.Text += "\n[Not put back exactly: " + strings.Join(out.Unrestored, "; ") + ".]"
+		}
+	}
 	switch {
 	case out.InSession:
 		res.Text += "\n[Ran in the active provider session: its changes are part of the session's result.]"

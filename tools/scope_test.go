@@ -2,6 +2,7 @@ package tools_test
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 
@@ -10,6 +11,7 @@ import (
 	"github.com/sandboxd/sandboxd/sources"
 	"github.com/sandboxd/sandboxd/tools"
 	"github.com/sandboxd/sandboxd/workspace"
+	"github.com/sandboxd/sandboxd/workspaceshell"
 )
 
 // scopedSet is a session with both profiles over a workspace holding a
@@ -171,5 +173,44 @@ func TestRulesConfig(t *testing.T) {
 	b := memoryBackend(t)
 	if _, err := tools.New(tools.Env{FS: b.fs, Bash: b.bash}, cfg); err == nil || !strings.Contains(err.Error(), "bash is not offered") {
 		t.Errorf("always-on shell with rules: %v", err)
+	}
+}
+
+// TestExecUnderCommitRules: workspace_exec runs under commit rules alone;
+// what its process changed outside them is put back and reported, the
+// rest committed. Under visible rules it is refused.
+func TestExecUnderCommitRules(t *testing.T) {
+	b := shellBackends(t)[0]
+	set := profileSet(t, b, func(c *tools.Config) {
+		c.Driver = workspaceshell.DriverProvider
+		c.WorkspaceShell.Commands = workspaceshell.Commands{Names: []string{"sh"}}
+		c.Commit = []string{"src/**"}
+	})
+	r := callJSON(t, set, "workspace_exec", map[string]any{"command": "sh", "args": []string{"-c", "echo new > src/c.go; echo gone > notes.txt; mkdir out; echo x > out/y"}})
+	er, ok := r.Structured.(*tools.ExecResult)
+	if r.IsError || !ok || !er.Committed || er.Commit == 0 {
+		t.Fatalf("workspace_exec: %s", r.Text)
+	}
+	if want := []string{"notes.txt", "out", "out/y"}; !slices.Equal(er.OutOfScope, want) || !strings.Contains(r.Text, "put back and not committed: notes.txt, out, out/y") {
+		t.Fatalf("out of scope %q: %s", er.OutOfScope, r.Text)
+	}
+	ctx := context.Background()
+	if data, _ := b.fs.ReadFile(ctx, "notes.txt", 1<<10); string(data) != "hello\n" {
+		t.Errorf("notes.txt = %q", data)
+	}
+	if _, err := b.fs.Stat(ctx, "out"); err == nil {
+		t.Error("out/ was kept")
+	}
+	if data, _ := b.fs.ReadFile(ctx, "src/c.go", 1<<10); string(data) != "new\n" {
+		t.Errorf("src/c.go = %q", data)
+	}
+
+	hidden := profileSet(t, shellBackends(t)[0], func(c *tools.Config) {
+		c.Driver = workspaceshell.DriverProvider
+		c.WorkspaceShell.Commands = workspaceshell.Commands{Names: []string{"sh"}}
+		c.Visible = []string{"src/**"}
+	})
+	if r := callJSON(t, hidden, "workspace_exec", map[string]any{"command": "sh", "args": []string{"-c", "true"}}); errKind(r) != "Forbidden" || !strings.Contains(r.Text, "visible rules") {
+		t.Errorf("workspace_exec under visible rules: %s", r.Text)
 	}
 }

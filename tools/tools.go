@@ -318,9 +318,21 @@ func New(env Env, cfg Config) (*Set, error) {
 }
 
 // scoped says the session has rules: its tools see the workspace through
-// them, and it is offered no command (bash, workspace_exec), which the rules
-// could not bind.
+// them, and it is offered no bash, whose commands the rules could not bind.
+// workspace_exec runs under commit rules alone: the journal puts back what
+// its process changed outside them.
 func (s *Set) scoped() bool { return len(s.rules) > 0 }
+
+// hidesPaths says some rule limits what is visible, which no process can
+// be held to: workspace_exec is refused then.
+func (s *Set) hidesPaths() bool {
+	for _, r := range s.rules {
+		if r.Visible != nil {
+			return true
+		}
+	}
+	return false
+}
 
 // see points the call at fsys, seen through the session's rules.
 func (s *Set) see(c *call, fsys workspace.FileSystem) error {

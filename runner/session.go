@@ -167,12 +167,15 @@ func (s *Session) Do(ctx context.Context, op string, fn func(ctx context.Context
 	cctx, cancel := context.WithCancelCause(ctx)
 	stop := context.AfterFunc(s.ctx, func() { cancel(context.Cause(s.ctx)) })
 	failed, err := fn(cctx)
-	stop()
+	// Whether the session ended while fn ran is decided before the slot is
+	// given back: once it is, a draining close goes on to end the session,
+	// and a call that finished first must not be reported as cut short.
+	interrupted := !stop()
 	cancel(nil)
 	s.end()
 	ev.Duration = time.Since(start)
 	switch {
-	case s.ctx.Err() != nil:
+	case interrupted:
 		ev.Outcome = OutcomeClosed
 		err = fmt.Errorf("%w (during the call)", context.Cause(s.ctx))
 	case err != nil:

@@ -253,13 +253,20 @@ func daemonName(t *testing.T) string {
 func TestServe(t *testing.T) {
 	for _, backend := range backends(t) {
 		t.Run(backend, func(t *testing.T) {
-			d := start(t, config(t, backend, daemonName(t)))
+			name := daemonName(t)
+			d := start(t, config(t, backend, name))
 			t.Run("tenants", func(t *testing.T) { testTenants(t, d) })
 			t.Run("bash streams", func(t *testing.T) { testStream(t, d) })
 			t.Run("tar", func(t *testing.T) { testTar(t, d) })
 			t.Run("mcp", func(t *testing.T) { testMCP(t, d) })
 			if !strings.Contains(d.stderr.String(), `"msg":"tool call"`) {
 				t.Errorf("no audit line in the log:\n%s", d.stderr)
+			}
+			if backend == "docker" {
+				d.stop()
+				if left := daemonContainers(t, dockertest.Client(t), name); len(left) != 0 {
+					t.Errorf("left after SIGTERM: %v", left)
+				}
 			}
 		})
 	}
@@ -497,6 +504,8 @@ func TestCrashThenRestart(t *testing.T) {
 	}
 }
 
+// daemonContainers lists what a daemon named name left in the engine: its
+// containers, and its volumes (a session's workspace, the agent's).
 func daemonContainers(t *testing.T, cli *client.Client, name string) []string {
 	t.Helper()
 	f := make(client.Filters)
@@ -505,9 +514,16 @@ func daemonContainers(t *testing.T, cli *client.Client, name string) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var ids []string
+	var left []string
 	for _, c := range list.Items {
-		ids = append(ids, c.ID[:12])
+		left = append(left, "container "+c.ID[:12])
 	}
-	return ids
+	vols, err := cli.VolumeList(context.Background(), client.VolumeListOptions{Filters: f})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range vols.Items {
+		left = append(left, "volume "+v.Name)
+	}
+	return left
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/httpapi"
 	"github.com/sandboxd/sandboxd/runner"
+	"github.com/sandboxd/sandboxd/scope"
 )
 
 // daemonClient talks to a running daemon: --url and --token, or
@@ -76,6 +77,16 @@ func (c *daemonClient) do(ctx context.Context, method, path string, in, out any,
 	return res, json.NewDecoder(res.Body).Decode(out)
 }
 
+// globsFlag collects one glob per use: globs may hold commas ("{a,b}").
+type globsFlag []string
+
+func (g *globsFlag) String() string { return strings.Join(*g, " ") }
+
+func (g *globsFlag) Set(s string) error {
+	*g = append(*g, s)
+	return nil
+}
+
 func printJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
@@ -84,7 +95,7 @@ func printJSON(w io.Writer, v any) error {
 
 var cmdSessionCreate = &command{
 	name:    "session create",
-	args:    "[--grant fs.write] [--grant shell.exec] [--always read,edit,shell] [--image IMAGE] [--lifetime D] [--idle-timeout D] [--json]",
+	args:    "[--grant fs.write] [--grant shell.exec] [--always read,edit,shell] [--visible GLOB]... [--commit GLOB]... [--image IMAGE] [--lifetime D] [--idle-timeout D] [--json]",
 	summary: "create a session on a running daemon and print its ID",
 	setup: func(fs *flag.FlagSet) runFunc {
 		var c daemonClient
@@ -95,12 +106,16 @@ var cmdSessionCreate = &command{
 		image := fs.String("image", "", "the container `image` (default: the daemon's)")
 		lifetime := fs.Duration("lifetime", 0, "end the session after this `duration` (default: the daemon's)")
 		idle := fs.Duration("idle-timeout", 0, "end the session after this long without calls (default: the daemon's)")
+		var visible, commit globsFlag
+		fs.Var(&visible, "visible", "a `glob` of what the agent may see (actor scope); repeatable")
+		fs.Var(&commit, "commit", "a `glob` of what the agent may change (actor scope); repeatable")
 		asJSON := fs.Bool("json", false, "print the session as JSON")
 		return func(ctx context.Context, sio stdio, args []string) error {
 			if len(args) > 0 {
 				return usagef("unexpected arguments %q", args)
 			}
-			st := runner.Settings{Image: *image, Grants: grants.values, Lifetime: runner.Duration(*lifetime), IdleTimeout: runner.Duration(*idle)}
+			st := runner.Settings{Image: *image, Grants: grants.values, Lifetime: runner.Duration(*lifetime), IdleTimeout: runner.Duration(*idle),
+				Scope: scope.Rules{Visible: visible, Commit: commit}}
 			if always.set {
 				st.Always = always.values
 			}

@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -168,6 +169,9 @@ func TestAPISourceThroughTheShell(t *testing.T) {
 		structured, _ := json.Marshal(r.Structured)
 		outputs = append(outputs, r.Text, string(structured))
 		return r
+	}
+	if e := set.WorkspaceShell(); e == nil || !slices.Contains(e.Commands, "curl") {
+		t.Fatalf("the catalogue does not list curl: %+v", e)
 	}
 	descriptor := ".sandboxd/sources/api/requests.json"
 	if r := call("materialize_sources", map[string]any{}); r.IsError || !strings.Contains(r.Text, descriptor) {

@@ -295,6 +295,9 @@ func New(env Env, cfg Config) (*Set, error) {
 		if err != nil {
 			return nil, fmt.Errorf("tools: %w", err)
 		}
+		if cfg.Sources.HTTP() && entry.Commands != nil { // the controlled curl of API-backed sources
+			entry.Commands = append(entry.Commands, "curl")
+		}
 		s.wsEntry = entry
 		s.active[SkillWorkspaceShell] = true
 		for _, name := range entryTools(entry) {

@@ -9,9 +9,16 @@ import (
 )
 
 // TestSessionCLI drives `sandboxd session create|call|ls|rm` against a
-// running daemon, with an actor scope given on the command line.
+// running daemon, with an actor scope given on the command line, on each
+// backend.
 func TestSessionCLI(t *testing.T) {
-	d := start(t, config(t, "memory", daemonName(t)))
+	for _, backend := range backends(t) {
+		t.Run(backend, func(t *testing.T) { testSessionCLI(t, backend) })
+	}
+}
+
+func testSessionCLI(t *testing.T, backend string) {
+	d := start(t, config(t, backend, daemonName(t)))
 	cli := func(args ...string) (string, error) {
 		t.Helper()
 		cmd := exec.Command(filepath.Join(binDir, "sandboxd"), args...)

@@ -3,9 +3,12 @@ package main
 import (
 	"context"
 	"fmt"
+	"os/exec"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/moby/moby/client"
 
@@ -225,5 +228,88 @@ func wantNoCLIContainers(t *testing.T, cli *client.Client) {
 		if strings.HasPrefix(c.Labels[runner.LabelDaemon], "cli-") {
 			t.Errorf("container %s of sandboxd mcp left after it exited", c.Names)
 		}
+	}
+}
+
+// TestKilledRunIsReaped: a `sandboxd mcp` killed with SIGKILL leaves its
+// session container and volume; the next run on this host removes them,
+// and leaves a living run's alone.
+func TestKilledRunIsReaped(t *testing.T) {
+	cli := dockertest.Client(t)
+	ctx := context.Background()
+	startRun := func() *exec.Cmd {
+		t.Helper()
+		cmd := exec.Command(sandboxdBin, "mcp", "--backend", "docker", "--workspace", t.TempDir())
+		stdin, err := cmd.StdinPipe() // held open: the server waits for messages
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			stdin.Close() // the server ends at EOF, removing its session
+			done := make(chan error, 1)
+			go func() { done <- cmd.Wait() }()
+			select {
+			case <-done:
+			case <-time.After(time.Minute):
+				cmd.Process.Kill()
+				<-done
+			}
+		})
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		return cmd
+	}
+	left := func(pid int) []string {
+		t.Helper()
+		f := make(client.Filters).Add("label", labelRunPID+"="+strconv.Itoa(pid)).Add("label", labelRunHost+"="+hostIdentity())
+		cs, err := cli.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: f})
+		if err != nil {
+			t.Fatal(err)
+		}
+		vs, err := cli.VolumeList(ctx, client.VolumeListOptions{Filters: f})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, c := range cs.Items {
+			out = append(out, "container "+c.ID[:12]+" "+string(c.State))
+		}
+		for _, v := range vs.Items {
+			out = append(out, "volume "+v.Name)
+		}
+		return out
+	}
+	// waitLeft waits for the run's session container to run (beside its
+	// volume): the run is past creating what it needs.
+	waitLeft := func(pid, n int) {
+		t.Helper()
+		for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
+			got := left(pid)
+			if len(got) == n && strings.Contains(strings.Join(got, " "), " running") {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("run %d: %v, want a running session container and its volume", pid, got)
+			}
+		}
+	}
+	living := startRun()
+	waitLeft(living.Process.Pid, 2)
+	killed := startRun()
+	waitLeft(killed.Process.Pid, 2)
+	killed.Process.Kill()
+	killed.Wait()
+	if got := left(killed.Process.Pid); len(got) != 2 {
+		t.Fatalf("the killed run left %v; the test needs its container and volume", got)
+	}
+	if _, err := reapDeadRuns(ctx, cli); err != nil {
+		t.Fatal(err)
+	}
+	if got := left(killed.Process.Pid); len(got) != 0 {
+		t.Errorf("left after reaping: %v", got)
+	}
+	if got := left(living.Process.Pid); len(got) != 2 {
+		t.Errorf("the living run's container and volume were touched: now %v", got)
 	}
 }

@@ -60,6 +60,10 @@ func (d *daemon) brokenSessionFails(t *testing.T, id string) {
 		if code == http.StatusOK && !bytes.Contains(body, []byte(`"isError":true`)) || !bytes.Contains(body, []byte("Unavailable")) {
 			t.Errorf("%s after the kill: %d %s", tool, code, body)
 		}
+		// File calls as well as commands say how the container ended.
+		if !bytes.Contains(body, []byte("(container exited, exit code 137")) {
+			t.Errorf("%s after the kill does not say how the container ended: %s", tool, body)
+		}
 	}
 	d.endsClean(t, id)
 }

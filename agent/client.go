@@ -57,6 +57,7 @@ type clientOptions struct {
 	handshake   time.Duration
 	maxResponse int64
 	cancelGrace time.Duration
+	explain     func() string
 }
 
 // WithHandshakeTimeout bounds the wait for the agent's Hello; the default is
@@ -75,6 +76,15 @@ func WithMaxResponse(n int64) ClientOption { return func(o *clientOptions) { o.m
 // is 10 seconds. After it, Run returns without that report.
 func WithCancelGrace(d time.Duration) ClientOption {
 	return func(o *clientOptions) { o.cancelGrace = d }
+}
+
+// WithEndExplained adds explain's words to the reason the stream ended —
+// when it ended otherwise than by Close — and so to every error the client
+// gives from then on. dockerexec uses it to say how the container ended
+// (its exit code, an OOM kill). explain is called once, when the stream
+// ends, and may take a moment.
+func WithEndExplained(explain func() string) ClientOption {
+	return func(o *clientOptions) { o.explain = explain }
 }
 
 // NewClient opens a session with the agent at the other end of rwc: it sends
@@ -139,12 +149,19 @@ func (c *Client) Err() error {
 // Close closes the stream; the agent sees the end of its input. Calls in
 // flight and later fail with workspace.ErrUnavailable.
 func (c *Client) Close() error {
-	c.fail(errors.New("client closed"))
+	c.fail(errClientClosed)
 	return nil
 }
 
+var errClientClosed = errors.New("client closed")
+
 // fail makes the client unusable and fails every call in flight.
 func (c *Client) fail(cause error) {
+	if c.opts.explain != nil && cause != errClientClosed && c.Err() == nil {
+		if why := c.opts.explain(); why != "" {
+			cause = fmt.Errorf("%w%s", cause, why)
+		}
+	}
 	c.mu.Lock()
 	if c.err != nil {
 		c.mu.Unlock()

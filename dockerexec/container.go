@@ -189,7 +189,8 @@ func (c *Container) start(ctx context.Context, spec Spec, uid, gid int) error {
 	logTail := &tailWriter{max: 1024}
 	stderr := io.MultiWriter(logTail, cmp.Or[io.Writer](spec.Stderr, io.Discard))
 	stream := &attachStream{demux: demux{r: att.Reader, stderr: stderr}, conn: att.Conn}
-	ag, err := agent.NewClient(stream, spec.AgentOptions...)
+	opts := append([]agent.ClientOption{agent.WithEndExplained(c.endState)}, spec.AgentOptions...)
+	ag, err := agent.NewClient(stream, opts...)
 	if err != nil {
 		att.Close()
 		return fmt.Errorf("dockerexec: agent in %s: %w%s%s", c.name, err, c.state(context.WithoutCancel(ctx)), logTail)
@@ -197,6 +198,19 @@ func (c *Container) start(ctx context.Context, spec Spec, uid, gid int) error {
 	c.agent = ag
 	c.bash = &Bash{c: c}
 	return nil
+}
+
+// endState is how the container ended, for the errors of an agent stream
+// that broke: the engine may take a moment to see the exit, so it asks a few
+// times while the container still looks alive.
+func (c *Container) endState() string {
+	for range 5 {
+		if st := c.state(context.Background()); st != "" {
+			return st
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return ""
 }
 
 // state describes how the container stands, for error messages: "" when
@@ -506,11 +520,5 @@ var _ workspace.Bash = (*Bash)(nil)
 // gone (killed for lack of memory, say), the error is workspace.ErrUnavailable
 // and its message says how the container ended.
 func (b *Bash) Run(ctx context.Context, cmd workspace.Command) (workspace.Result, error) {
-	res, err := b.c.agent.Run(ctx, cmd)
-	if err != nil && errors.Is(err, workspace.ErrUnavailable) {
-		if st := b.c.state(context.WithoutCancel(ctx)); st != "" {
-			err = fmt.Errorf("%w%s", err, st)
-		}
-	}
-	return res, err
+	return b.c.agent.Run(ctx, cmd)
 }

@@ -1,8 +1,11 @@
 package httpapi
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/sandboxd/sandboxd/journal"
+	"github.com/sandboxd/sandboxd/workspace"
 	"mime"
 	"net/http"
 	"strings"
@@ -122,3 +125,76 @@ func (e *eventStream) send(event string, v any) {
 	fmt.Fprintf(e.w, "event: %s\ndata: %s\n\n", event, data)
 	_ = http.NewResponseController(e.w).Flush()
 }
+
+// ProviderRunResult is how a provider run ended.
+type ProviderRunResult struct {
+	// Committed says its changes were kept; Commit is the commit they made
+	// (absent when nothing changed).
+	Committed bool             `json:"committed"`
+	Commit    *journal.Summary `json:"commit,omitempty"`
+	// Restored says the workspace was put back where the run began.
+	Restored bool `json:"restored,omitempty"`
+	// Unrestored are paths that could not be put back exactly.
+	Unrestored []string `json:"unrestored,omitempty"`
+	// OutOfScope are paths changed outside the session's commit rules:
+	// put back, not committed.
+	OutOfScope []string `json:"outOfScope,omitempty"`
+}
+
+// beginProviderRun opens a provider run (tools.Set.BeginProviderRun).
+func (s *Server) beginProviderRun(w http.ResponseWriter, r *http.Request) {
+	sess, ok := s.session(w, r)
+	if !ok {
+		return
+	}
+	var req struct {
+		Message string `json:"message"`
+	}
+	if !s.decode(w, r, &req) {
+		return
+	}
+	err := sess.Do(r.Context(), opProviderRun, func(ctx context.Context) (bool, error) {
+		return false, sess.Tools().BeginProviderRun(ctx, req.Message)
+	})
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// endProviderRun ends the provider run, committing or restoring it.
+func (s *Server) endProviderRun(w http.ResponseWriter, r *http.Request) {
+	sess, ok := s.session(w, r)
+	if !ok {
+		return
+	}
+	var req struct {
+		Commit *bool `json:"commit"`
+	}
+	if !s.decode(w, r, &req) {
+		return
+	}
+	if req.Commit == nil {
+		writeError(w, http.StatusBadRequest, workspace.ErrInvalidArgument.Name(), `request body: say {"commit": true} to keep the run's changes or {"commit": false} to put the workspace back`)
+		return
+	}
+	var res ProviderRunResult
+	err := sess.Do(r.Context(), opProviderRun, func(ctx context.Context) (bool, error) {
+		out, err := sess.Tools().EndProviderRun(ctx, *req.Commit)
+		res = ProviderRunResult{Committed: out.Committed, Restored: out.Restored, Unrestored: out.Unrestored, OutOfScope: out.OutOfScope}
+		if out.Commit != nil {
+			sum := out.Commit.Summary()
+			res.Commit = &sum
+		}
+		return false, err
+	})
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, res)
+}
+
+// opProviderRun names the provider-run calls in metrics and the audit log.
+const opProviderRun = "provider-run"

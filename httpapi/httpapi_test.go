@@ -621,3 +621,40 @@ func TestMCP(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestProviderRun: a provider run holds the session's changes until its
+// end, which commits them as one or puts the workspace back.
+func TestProviderRun(t *testing.T) {
+	e := start(t, config{})
+	s := e.create(acmeToken, writer)
+	run := "/v1/sessions/" + s.ID + "/provider-run"
+	e.json(acmeToken, "POST", run, map[string]any{"message": "agent run 1"}, http.StatusNoContent, nil)
+	var r map[string]any
+	e.json(acmeToken, "POST", run, nil, http.StatusBadRequest, &r)
+	if r["error"] != "Forbidden" || !strings.Contains(r["message"].(string), "already active") {
+		t.Fatalf("a second run: %v", r)
+	}
+	for _, p := range []string{"a.txt", "b.txt"} {
+		if res := e.call(acmeToken, s.ID, "write", map[string]any{"path": p, "content": p}); res.IsError || res.StructuredContent["commit"] != nil {
+			t.Fatalf("write in the run: %+v", res)
+		}
+	}
+	e.json(acmeToken, "POST", run+"/end", map[string]any{}, http.StatusBadRequest, nil)
+	var out httpapi.ProviderRunResult
+	e.json(acmeToken, "POST", run+"/end", map[string]any{"commit": true}, http.StatusOK, &out)
+	if !out.Committed || out.Commit == nil || out.Commit.Message != "agent run 1" || !slices.Equal(out.Commit.Paths, []string{"a.txt", "b.txt"}) {
+		t.Fatalf("end with commit: %+v", out)
+	}
+	e.json(acmeToken, "POST", run+"/end", map[string]any{"commit": true}, http.StatusBadRequest, nil)
+
+	e.json(acmeToken, "POST", run, nil, http.StatusNoContent, nil)
+	e.call(acmeToken, s.ID, "write", map[string]any{"path": "a.txt", "content": "changed"})
+	e.json(acmeToken, "POST", run+"/end", map[string]any{"commit": false}, http.StatusOK, &out)
+	if !out.Restored || out.Committed {
+		t.Fatalf("end without commit: %+v", out)
+	}
+	if res := e.call(acmeToken, s.ID, "read", map[string]any{"path": "a.txt"}); res.StructuredContent["content"] != "a.txt" {
+		t.Fatalf("a.txt after the rollback: %+v", res)
+	}
+	e.json(boltToken, "POST", run, nil, http.StatusNotFound, nil)
+}

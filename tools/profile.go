@@ -162,6 +162,43 @@ func (s *Set) Journal(ctx context.Context) (*journal.Journal, error) {
 	return j, nil
 }
 
+// BeginProviderRun opens a provider run: a workspace session of the journal
+// that holds every change made until EndProviderRun — by workspace_exec, by
+// the structured tools — with no commit of its own. Only one is active at a
+// time; a second fails with workspace.ErrForbidden.
+func (s *Set) BeginProviderRun(ctx context.Context, message string) error {
+	j, err := s.Journal(ctx)
+	if err != nil {
+		return err
+	}
+	if message = strings.TrimSpace(message); message == "" {
+		message = "provider run"
+	}
+	sess, err := j.Begin(ctx, message)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.provider = sess
+	s.mu.Unlock()
+	return nil
+}
+
+// EndProviderRun ends the active provider run: with commit, everything it
+// changed becomes one commit (outside the session's commit rules, if any, it
+// is put back instead); without, the workspace is restored to where the run
+// began. No active run fails with workspace.ErrInvalidArgument.
+func (s *Set) EndProviderRun(ctx context.Context, commit bool) (journal.Outcome, error) {
+	s.mu.Lock()
+	sess := s.provider
+	s.provider = nil
+	s.mu.Unlock()
+	if sess == nil {
+		return journal.Outcome{}, fmt.Errorf("%w: no provider run is active", workspace.ErrInvalidArgument)
+	}
+	return sess.End(ctx, commit)
+}
+
 // chmod sets permission bits through the Bash port, for restores on
 // adapters without a Chmod of their own.
 func (s *Set) chmod(ctx context.Context, name string, mode fs.FileMode) error {

@@ -230,6 +230,8 @@ type Set struct {
 	active  map[string]bool // skill name → active
 	runs    map[string]int  // run ID → calls made
 	journal *journal.Journal
+	// provider is the active provider run (BeginProviderRun), or nil.
+	provider *journal.Session
 }
 
 // New builds a tool set. It validates cfg, and fails when Config.Always

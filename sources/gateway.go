@@ -308,8 +308,13 @@ func (g *Gateway) do(ctx context.Context, req HTTPRequest, rec *AuditRecord) (*H
 			redirectRefusal = refuse(s, "the response redirects to %s, which is not under the source's URL %s", redact(next.URL.String(), secret), s.URL)
 			return redirectRefusal
 		}
-		if shape, why := s.match(next.Method, next.URL); shape == nil {
+		shape, why := s.match(next.Method, next.URL)
+		if shape == nil {
 			redirectRefusal = refuse(s, "the response redirects to %s %s: %s", next.Method, redact(next.URL.String(), secret), why)
+			return redirectRefusal
+		}
+		if next.ContentLength != 0 && !shape.Body { // a 307 or 308 sends the body again
+			redirectRefusal = refuse(s, "the response redirects the body to %s %s, which takes none", next.Method, redact(next.URL.String(), secret))
 			return redirectRefusal
 		}
 		s.authorize(next.Header, secret)

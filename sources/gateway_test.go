@@ -56,6 +56,7 @@ func itemsSource(url string) sources.Decl {
 			{Method: "GET", Path: "/items", Query: []string{"page"}},
 			{Method: "POST", Path: "/items", Body: true},
 			{Method: "GET", Path: "/files/{path...}"},
+			{Method: "POST", Path: "/items/{id}/touch"},
 		},
 		Credential:       &sources.Credential{Header: "Authorization", Prefix: "Bearer ", Env: "ITEMS_TOKEN"},
 		MaxResponseBytes: 1 << 10,
@@ -114,6 +115,10 @@ func itemsAPI(t *testing.T, elsewhere string) *api {
 			}
 		case "/v1/items":
 			body, _ := io.ReadAll(r.Body)
+			if string(body) == "redirect-me" {
+				http.Redirect(w, r, "/v1/items/42/touch", http.StatusTemporaryRedirect)
+				return
+			}
 			fmt.Fprintf(w, "%s %s", r.Method, body)
 		default:
 			http.NotFound(w, r)
@@ -206,6 +211,7 @@ func TestGatewayRefusesWhatIsNotDeclared(t *testing.T) {
 		{"user in URL", sources.HTTPRequest{Method: "GET", URL: strings.Replace(srv.URL, "://", "://me:pw@", 1) + "/v1/items/42"}, workspace.ErrForbidden, false, "user"},
 		{"redirect elsewhere", sources.HTTPRequest{Method: "GET", URL: srv.URL + "/v1/items/away", FollowRedirects: true}, workspace.ErrForbidden, true, "redirects to"},
 		{"redirect to an undeclared path", sources.HTTPRequest{Method: "GET", URL: srv.URL + "/v1/items/admin", FollowRedirects: true}, workspace.ErrForbidden, true, "redirects to"},
+		{"body redirected to a request without one", sources.HTTPRequest{Method: "POST", URL: srv.URL + "/v1/items", Body: []byte("redirect-me"), FollowRedirects: true}, workspace.ErrForbidden, true, "takes none"},
 		{"oversized response", sources.HTTPRequest{Method: "GET", URL: srv.URL + "/v1/items/big"}, workspace.ErrFileTooLarge, true, "limit of 1024 bytes"},
 		{"timeout", sources.HTTPRequest{Method: "GET", URL: srv.URL + "/v1/items/slow", MaxTime: 200 * time.Millisecond}, workspace.ErrTimeout, true, "within"},
 	} {

@@ -195,6 +195,11 @@ var fsCases = []fsCase{
 	{name: "ReadFile/ThroughLinkedDir", layout: l("d/f: abc", "ld => d"), op: readFile("ld/f", 100, "abc")},
 	{name: "ReadFile/ThroughLinkUpAndDown", layout: l("a/f: abc", "b/l => ../a/f"), op: readFile("b/l", 100, "abc")},
 	{name: "ReadFile/LinkToRoot", layout: l("f: abc", "d/l => .."), op: readFile("d/l/f", 100, "abc")},
+	// ".." after a link leaves the directory the link led to, as the kernel
+	// walks it — in relative and absolute targets alike; a lexical reading
+	// would open the top-level f.
+	{name: "ReadFile/DotDotAfterLinkedDir", layout: l("deep/dir/", "deep/f: deep", "f: top", "x => deep/dir", "l => x/../f"), op: readFile("l", 100, "deep")},
+	{name: "ReadFile/AbsoluteDotDotAfterLinkedDir", layout: l("deep/dir/", "deep/f: deep", "f: top", "x => deep/dir", "l => $ROOT/x/../f"), op: readFile("l", 100, "deep")},
 	{name: "ReadFile/DanglingLink", layout: l("l => nothere"), op: readFile("l", 100, ""), err: notFound},
 	{name: "ReadFile/FIFO", layout: l("p|"), op: readFile("p", 100, ""), err: notAFile},
 	{name: "ReadFile/LinkToFIFO", layout: l("p|", "l => p"), op: readFile("l", 100, ""), err: notAFile},
@@ -326,6 +331,8 @@ var fsCases = []fsCase{
 	{name: "RealPath/LinkedDir", layout: l("d/", "ld => d"), op: realPath("ld/f", "d/f")},
 	{name: "RealPath/AbsoluteLink", layout: l("d/", "ld => $ROOT/d"), op: realPath("ld/f", "d/f")},
 	{name: "RealPath/Chain", layout: l("x/y/", "a => b", "b => x/y"), op: realPath("a/f", "x/y/f")},
+	{name: "RealPath/DotDotAfterLinkedDir", layout: l("deep/dir/", "x => deep/dir", "l => x/../f"), op: realPath("l", "deep/f")},
+	{name: "RealPath/AbsoluteDotDotAfterLinkedDir", layout: l("deep/dir/", "x => deep/dir", "l => $ROOT/x/../f"), op: realPath("l", "deep/f")},
 	{name: "RealPath/LinkOut", layout: l("ld => $OUTSIDE/sd"), op: realPath("ld/f", ""), err: outside},
 	{name: "RealPath/RelativeLinkOut", layout: l("d/ld => ../$OUT"), op: realPath("d/ld/secret", ""), err: outside},
 	{name: "RealPath/Loop", layout: l("a => b", "b => a"), op: realPath("a/f", ""), err: anyError},

@@ -230,8 +230,8 @@ func (f *FS) resolve(name string, follow bool) (loc, error) {
 			}
 			target := child.target // never empty: Symlink refuses that
 			if path.IsAbs(target) {
-				rel, err := workspace.Resolve(f.rootPath, target)
-				if err != nil {
+				rel, ok := workspace.RootRelative(f.rootPath, target)
+				if !ok {
 					return loc{}, workspace.ErrOutsideWorkspace
 				}
 				target = rel

@@ -200,8 +200,8 @@ func (s *scopedFS) resolve(ctx context.Context, op, name string, follow bool) (t
 				return target{}, reword(op, name, err)
 			}
 			if path.IsAbs(dest) {
-				rel, err := workspace.Resolve(s.root, dest)
-				if err != nil {
+				rel, ok := workspace.RootRelative(s.root, dest)
+				if !ok {
 					return target{}, workspace.PathError(op, name, workspace.ErrOutsideWorkspace)
 				}
 				done, dest = done[:0], rel

@@ -467,3 +467,31 @@ func TestDecisions(t *testing.T) {
 		})
 	}
 }
+
+// TestAbsoluteLinkWalkedAsTheKernelDoes: an absolute link target's ".." is
+// walked from where the links before it led, not cleaned away; a lexical
+// reading of /workspace/x/../secret.txt would judge secret.txt while the
+// adapter reads deep/secret.txt.
+func TestAbsoluteLinkWalkedAsTheKernelDoes(t *testing.T) {
+	ctx := context.Background()
+	inner := memfs.New()
+	for _, d := range []string{"a", "deep/dir"} {
+		if err := workspace.MkdirAll(ctx, inner, d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	inner.WriteFile(ctx, "secret.txt", []byte("visible"), 0o644)
+	inner.WriteFile(ctx, "deep/secret.txt", []byte("hidden"), 0o644)
+	inner.Symlink(ctx, "deep/dir", "x")
+	inner.Symlink(ctx, "/workspace/x/../secret.txt", "a/abs")
+	fsys, err := scope.New(inner, inner.Root(), scope.Rules{Visible: []string{"a/**", "x", "deep/dir/**", "secret.txt"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if data, err := inner.ReadFile(ctx, "a/abs", 1<<10); err != nil || string(data) != "hidden" {
+		t.Fatalf("the adapter reads %q, %v through a/abs; the test assumes deep/secret.txt", data, err)
+	}
+	if data, err := fsys.ReadFile(ctx, "a/abs", 1<<10); !errors.Is(err, workspace.ErrNotFound) {
+		t.Fatalf("read a/abs = %q, %v; want NotFound (it leads to the invisible deep/secret.txt)", data, err)
+	}
+}

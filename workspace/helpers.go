@@ -150,11 +150,13 @@ func (m *KeyedMutex[K]) lock(ctx context.Context, key K) (func(), error) {
 // maxLinkHops bounds how many links RealPath follows, as the kernel does.
 const maxLinkHops = 40
 
-// underRoot returns an absolute link target relative to root, its
-// components as written (".." kept for the walk to take); ok is false when
-// it does not start at root. A target that reaches root by another spelling
-// ("/x/../workspace") counts as outside: refusing is the safe answer.
-func underRoot(root, target string) (string, bool) {
+// RootRelative returns an absolute link target relative to root with its
+// components as written — not cleaned: a ".." in it must be walked as the
+// kernel walks it, from the directory actually reached (see RealPath) — and
+// false when it does not start at root. A target that reaches root by
+// another spelling ("/x/../workspace") counts as outside: refusing is the
+// safe answer.
+func RootRelative(root, target string) (string, bool) {
 	root = path.Clean("/" + root)
 	if target == root || target == root+"/" {
 		return ".", true
@@ -227,7 +229,7 @@ func RealPath(ctx context.Context, fsys FileSystem, root, name string) (string, 
 			return "", err
 		}
 		if path.IsAbs(target) {
-			rel, ok := underRoot(root, target)
+			rel, ok := RootRelative(root, target)
 			if !ok {
 				return "", PathError("realpath", name, ErrOutsideWorkspace)
 			}

@@ -4,8 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"github.com/sandboxd/sandboxd/sources"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -575,5 +580,51 @@ func TestSessionScope(t *testing.T) {
 		if tl.Name == "bash" {
 			t.Error("a scoped session was offered bash")
 		}
+	}
+}
+
+// TestSessionPicksSources: a session names which of the operator's sources
+// it gets; the gateway it is given sends only those.
+func TestSessionPicksSources(t *testing.T) {
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "answer") }))
+	defer api.Close()
+	cfg := tools.DefaultConfig()
+	cfg.Profile = tools.Profiles{tools.ProfileWorkspaceShell}
+	cfg.Sources = sources.Decls{
+		{Name: "docs", Kind: sources.KindDir, Path: t.TempDir()},
+		{Name: "api", Kind: sources.KindHTTP, HTTPDecl: sources.HTTPDecl{URL: api.URL, Requests: []sources.RequestShape{{Method: "GET", Path: "/x"}}}},
+		{Name: "api2", Kind: sources.KindHTTP, HTTPDecl: sources.HTTPDecl{URL: api.URL + "/two", Requests: []sources.RequestShape{{Method: "GET", Path: "/x"}}}},
+	}
+	m := newManager(t, runner.Memory{}, runner.WithTools(cfg))
+	call := func(s *runner.Session, tool, args string) tools.Result {
+		t.Helper()
+		r, err := s.Call(context.Background(), tool, json.RawMessage(args), tools.CallOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	all := create(t, m, "acme", runner.Settings{})
+	if r := call(all, "materialize_sources", `{}`); r.IsError || !strings.Contains(r.Text, "docs (dir)") || !strings.Contains(r.Text, "api2 (http)") {
+		t.Fatalf("all sources: %s", r.Text)
+	}
+	some := create(t, m, "acme", runner.Settings{Sources: []string{"docs", "api"}})
+	if r := call(some, "materialize_sources", `{}`); r.IsError || strings.Contains(r.Text, "api2") {
+		t.Fatalf("docs and api: %s", r.Text)
+	}
+	if r := call(some, "shell", `{"command":"curl -s `+api.URL+`/x"}`); r.IsError || !strings.Contains(r.Text, "answer") {
+		t.Fatalf("curl of a picked source: %s", r.Text)
+	}
+	if r := call(some, "shell", `{"command":"curl -s `+api.URL+`/two/x"}`); !r.IsError || !strings.Contains(r.Text, "refused") {
+		t.Fatalf("curl of a source not picked: %s", r.Text)
+	}
+	none := create(t, m, "acme", runner.Settings{Sources: []string{}})
+	if r := call(none, "shell", `{"command":"curl -s `+api.URL+`/x"}`); !r.IsError || !strings.Contains(r.Text, "no API-backed sources") {
+		t.Fatalf("curl without sources: %s", r.Text)
+	}
+	_, err := m.Create(context.Background(), runner.CreateRequest{Tenant: "acme", Settings: runner.Settings{Sources: []string{"etc"}}})
+	var se *runner.SettingError
+	if !errors.As(err, &se) || se.Setting != "sources" || !strings.Contains(se.Reason, "docs, api, api2") {
+		t.Fatalf("an undeclared source: %v", err)
 	}
 }

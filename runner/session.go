@@ -76,8 +76,12 @@ func (m *Manager) newSession(id, tenant string, st Settings, cfg tools.Config, i
 		Session: workspace.Session{ID: id, RunID: id, Root: inst.Root, Vars: st.Vars},
 		Scope:   st.Scope,
 	}
-	if m.gateway != nil {
-		env.Sources = m.gateway
+	if m.gateway != nil && cfg.Sources.HTTP() {
+		var names []string
+		for _, d := range cfg.Sources {
+			names = append(names, d.Name)
+		}
+		env.Sources = m.gateway.Only(names...)
 	}
 	set, err := tools.New(env, cfg)
 	if err != nil {

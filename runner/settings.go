@@ -12,6 +12,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/policy"
 	"github.com/sandboxd/sandboxd/scope"
+	"github.com/sandboxd/sandboxd/sources"
 	"github.com/sandboxd/sandboxd/tools"
 )
 
@@ -43,6 +44,11 @@ type Settings struct {
 	// operator's. The host-facing ones (bashInheritEnv, bashEnvAllow) and
 	// those with settings of their own (grants, always) are refused here.
 	Options json.RawMessage `json:"options,omitempty"`
+	// Sources names the operator's declared sources this session gets
+	// (materialize_sources, the shell's curl); nil: all of them, an empty
+	// list: none. A session cannot declare a source of its own: a source
+	// reads host files or holds a credential.
+	Sources []string `json:"sources,omitempty"`
 	// Scope is the actor's scope: globs of what this session's agent may
 	// see and change, narrowing the operator's visible and commit rules
 	// (package scope). A scoped session is offered no bash; workspace_exec
@@ -129,7 +135,7 @@ var sessionOnlyOptions = map[string]string{
 	"bashEnvAllow":   "the operator's configuration sets it",
 	"grants":         "use the grants setting",
 	"always":         "use the always setting",
-	"sources":        "the operator's configuration declares them: a source reads host files and holds credentials",
+	"sources":        "the operator's configuration declares them (a source reads host files or holds a credential); pick among them with the sources setting",
 	"visible":        "the operator's rule; narrow it with the scope setting",
 	"commit":         "the operator's rule; narrow it with the scope setting",
 }
@@ -179,6 +185,23 @@ func toolsConfig(base tools.Config, s Settings, allowedGrants []string) (tools.C
 	if s.Always != nil {
 		cfg.Always = slices.Clone(s.Always)
 	}
+	if s.Sources != nil {
+		var names []string
+		for _, d := range cfg.Sources {
+			names = append(names, d.Name)
+		}
+		picked := sources.Decls{}
+		for _, n := range s.Sources {
+			i := slices.IndexFunc(cfg.Sources, func(d sources.Decl) bool { return d.Name == n })
+			if i < 0 {
+				return tools.Config{}, &SettingError{"sources", fmt.Sprintf("no source named %q (the operator declares %s)", n, orNone(names))}
+			}
+			if !slices.ContainsFunc(picked, func(d sources.Decl) bool { return d.Name == n }) {
+				picked = append(picked, cfg.Sources[i])
+			}
+		}
+		cfg.Sources = picked
+	}
 	if err := cfg.Validate(); err != nil {
 		var oe *tools.OptionError
 		if errors.As(err, &oe) {
@@ -187,6 +210,13 @@ func toolsConfig(base tools.Config, s Settings, allowedGrants []string) (tools.C
 		return tools.Config{}, &SettingError{"options", err.Error()}
 	}
 	return cfg, nil
+}
+
+func orNone(names []string) string {
+	if len(names) == 0 {
+		return "none"
+	}
+	return strings.Join(names, ", ")
 }
 
 // bounded returns asked, or def when asked is zero; asked over max (when

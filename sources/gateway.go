@@ -130,6 +130,20 @@ func NewGateway(decls Decls, opts ...GatewayOption) (*Gateway, error) {
 	return g, nil
 }
 
+// Only returns a gateway that sends requests of the named sources alone
+// (the others are refused as if undeclared), sharing g's transport and
+// audit: a session's view of the operator's gateway.
+func (g *Gateway) Only(names ...string) *Gateway {
+	v := *g
+	v.sources = nil
+	for _, s := range g.sources {
+		if slices.Contains(names, s.Name) {
+			v.sources = append(v.sources, s)
+		}
+	}
+	return &v
+}
+
 // Sources names the gateway's sources, in declaration order.
 func (g *Gateway) Sources() []string {
 	names := make([]string, len(g.sources))

@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -341,11 +342,36 @@ func TestHTTPSourceDescriptor(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := sources.DescribedRequest{Method: "GET", URL: "https://api.example.com/v1/items/{id}", Description: "one item",
-		Vary: sources.Vary{Path: []string{"id"}, Query: []string{"fields"}, Headers: []string{"Accept"}}}
+		Vary:    sources.Vary{Path: []string{"id"}, Query: []string{"fields"}, Headers: []string{"Accept"}},
+		Example: "curl -s 'https://api.example.com/v1/items/ID?fields=VALUE'"}
 	if got := desc.Requests[0]; fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("requests[0] = %+v, want %+v", got, want)
 	}
 	if desc.Requests[2].Vary.Body != true || desc.Limits.MaxResponseBytes != 1<<10 || !strings.Contains(desc.Auth, "Authorization") {
 		t.Fatalf("descriptor = %+v", desc)
+	}
+	// One descriptor per request shape, complete in itself.
+	entries, err := fsys.ReadDir(ctx, sources.SnapshotPath("items")+"/requests")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	if want := []string{"01-get-items-id.json", "02-get-items.json", "03-post-items.json", "04-get-files-path.json", "05-post-items-id-touch.json"}; !slices.Equal(names, want) {
+		t.Fatalf("requests/ = %q, want %q", names, want)
+	}
+	raw, err = fsys.ReadFile(ctx, sources.SnapshotPath("items")+"/requests/03-post-items.json", 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var one sources.RequestDescriptor
+	if err := json.Unmarshal(raw, &one); err != nil {
+		t.Fatal(err)
+	}
+	if one.Source != "items" || one.Method != "POST" || !one.Vary.Body || one.Limits.TimeoutMs != 2000 ||
+		one.Example != "curl -s -X POST -H 'Content-Type: application/json' -d @body.json 'https://api.example.com/v1/items'" {
+		t.Fatalf("requests/03-post-items.json = %+v", one)
 	}
 }

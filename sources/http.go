@@ -3,6 +3,7 @@ package sources
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/url"
 	"regexp"
@@ -255,6 +256,18 @@ type DescribedRequest struct {
 	URL         string `json:"url"`
 	Vary        Vary   `json:"vary"`
 	Description string `json:"description,omitempty"`
+	// Example is a curl command line that sends it, with the parts the
+	// agent chooses in capitals.
+	Example string `json:"example"`
+}
+
+// RequestDescriptor is the Source Request descriptor of one request shape,
+// complete in itself: requests/NN-METHOD-PATH.json in the snapshot.
+type RequestDescriptor struct {
+	Source string `json:"source"`
+	DescribedRequest
+	Limits DescriptorLimits `json:"limits"`
+	Auth   string           `json:"credential,omitempty"`
 }
 
 // Vary is what the agent may choose in a request.
@@ -322,10 +335,47 @@ func (d Decl) Describe() Descriptor {
 				v.Path = append(v.Path, s.wild)
 			}
 		}
-		desc.Requests = append(desc.Requests, DescribedRequest{Method: r.Method, URL: base + r.Path, Vary: v, Description: r.Description})
+		desc.Requests = append(desc.Requests, DescribedRequest{Method: r.Method, URL: base + r.Path, Vary: v,
+			Description: r.Description, Example: example(r, base)})
 	}
 	return desc
 }
+
+// example is a curl command line for a request shape.
+func example(r RequestShape, base string) string {
+	u := base + wildInRE.ReplaceAllStringFunc(r.Path, func(w string) string {
+		return strings.ToUpper(wildInRE.FindStringSubmatch(w)[1])
+	})
+	if len(r.Query) > 0 {
+		u += "?" + url.QueryEscape(r.Query[0]) + "=VALUE"
+	}
+	cmd := "curl -s"
+	switch r.Method {
+	case "GET":
+	case "HEAD":
+		cmd += " -I"
+	default:
+		cmd += " -X " + r.Method
+	}
+	if r.Body {
+		cmd += " -H 'Content-Type: application/json' -d @body.json"
+	}
+	return cmd + " '" + u + "'"
+}
+
+// descriptorName is the file of request i's descriptor in the snapshot.
+func descriptorName(i int, r RequestShape) string {
+	slug := strings.Trim(nonAlnum.ReplaceAllString(strings.ToLower(r.Path), "-"), "-")
+	if slug == "" {
+		slug = "root"
+	}
+	return fmt.Sprintf("requests/%02d-%s-%s.json", i+1, strings.ToLower(r.Method), slug)
+}
+
+var (
+	nonAlnum = regexp.MustCompile(`[^a-z0-9]+`)
+	wildInRE = regexp.MustCompile(`\{([A-Za-z_][A-Za-z0-9_]*)(?:\.\.\.)?\}`)
+)
 
 func nonNil(s []string) []string {
 	if s == nil {
@@ -334,11 +384,22 @@ func nonNil(s []string) []string {
 	return s
 }
 
-// loadHTTP is an http source's snapshot: its descriptor.
+// loadHTTP is an http source's snapshot: the overview, requests.json, and
+// one Source Request descriptor per request shape under requests/.
 func (t *tree) loadHTTP(d Decl) error {
-	data, err := json.MarshalIndent(d.Describe(), "", "  ")
-	if err != nil {
-		return err
+	desc := d.Describe()
+	files := map[string]any{DescriptorFile: desc}
+	for i, r := range desc.Requests {
+		files[descriptorName(i, d.Requests[i])] = RequestDescriptor{Source: desc.Source, DescribedRequest: r, Limits: desc.Limits, Auth: desc.Auth}
 	}
-	return t.add(DescriptorFile, &entry{data: append(data, '\n')})
+	for _, name := range slices.Sorted(maps.Keys(files)) {
+		data, err := json.MarshalIndent(files[name], "", "  ")
+		if err != nil {
+			return err
+		}
+		if err := t.add(name, &entry{data: append(data, '\n')}); err != nil {
+			return err
+		}
+	}
+	return nil
 }

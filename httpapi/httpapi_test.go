@@ -416,6 +416,8 @@ func readTar(t *testing.T, data []byte) []entry {
 }
 
 func TestTarRoundTrip(t *testing.T) {
+	spools := t.TempDir()
+	t.Setenv("TMPDIR", spools) // where uploads spool
 	e := start(t, config{})
 	s := e.create(acmeToken, writer)
 	in := makeTar(t,
@@ -436,6 +438,12 @@ func TestTarRoundTrip(t *testing.T) {
 	}
 	if r := e.call(acmeToken, s.ID, "read", map[string]any{"path": "proj/src/link"}); r.StructuredContent["content"] != "package main\n" {
 		t.Fatalf("read through the uploaded link: %+v", r)
+	}
+	if left, _ := os.ReadDir(spools); len(left) != 0 {
+		t.Fatalf("the upload left %v in its spool directory", left)
+	}
+	if r := e.call(acmeToken, s.ID, "read", map[string]any{"path": "proj/README"}); r.StructuredContent["content"] != "hi\n" {
+		t.Fatalf("read of an uploaded file: %+v", r)
 	}
 
 	status, body, h := e.do(acmeToken, "GET", "/v1/sessions/"+s.ID+"/files/proj", nil)

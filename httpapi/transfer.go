@@ -8,6 +8,7 @@ import (
 	"io"
 	"io/fs"
 	"net/http"
+	"os"
 	"path"
 	"strings"
 	"time"
@@ -45,14 +46,19 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 	body := http.MaxBytesReader(w, r.Body, s.o.maxTransfer)
 	var res transferResult
 	err := sess.Do(r.Context(), "upload", func(ctx context.Context) (bool, error) {
-		entries, err := readTar(body, dir, sess.Root(), s.o.maxTransfer)
+		spool, err := newSpool()
+		if err != nil {
+			return false, err
+		}
+		defer spool.Close()
+		entries, err := readTar(body, dir, sess.Root(), s.o.maxTransfer, spool)
 		if err != nil {
 			return false, err
 		}
 		if err := checkTargets(ctx, sess.FS(), entries); err != nil {
 			return false, err
 		}
-		res, err = extract(ctx, sess.FS(), dir, entries)
+		res, err = extract(ctx, sess.FS(), dir, entries, spool)
 		return false, err
 	})
 	if err != nil {
@@ -103,8 +109,36 @@ type tarEntry struct {
 	name string
 	typ  byte // tar.TypeReg, tar.TypeDir or tar.TypeSymlink
 	mode fs.FileMode
-	data []byte
-	link string
+	// off and size place a file's contents in the upload's spool.
+	off, size int64
+	link      string
+}
+
+// newSpool is where an upload's file contents wait while the whole stream
+// is judged: a temporary file (in $TMPDIR), unlinked at once, so that an
+// upload holds one file's bytes in memory at a time, not the whole archive,
+// and nothing of it outlives the request. On a system that cannot unlink an
+// open file the name stays until Close removes it.
+func newSpool() (*spoolFile, error) {
+	f, err := os.CreateTemp("", "sandboxd-upload-*")
+	if err != nil {
+		return nil, fmt.Errorf("upload: spool: %w", err)
+	}
+	unlinked := os.Remove(f.Name()) == nil
+	return &spoolFile{File: f, unlinked: unlinked}, nil
+}
+
+type spoolFile struct {
+	*os.File
+	unlinked bool
+}
+
+func (s *spoolFile) Close() error {
+	err := s.File.Close()
+	if !s.unlinked {
+		os.Remove(s.Name())
+	}
+	return err
 }
 
 func refuse(name string, kind *workspace.Kind, why string) error {
@@ -112,7 +146,8 @@ func refuse(name string, kind *workspace.Kind, why string) error {
 }
 
 // readTar reads and judges a whole tar stream destined for dir.
-func readTar(r io.Reader, dir, root string, max int64) ([]tarEntry, error) {
+// File contents go to spool, whose size is bounded by max.
+func readTar(r io.Reader, dir, root string, max int64, spool io.Writer) ([]tarEntry, error) {
 	tr := tar.NewReader(r)
 	var entries []tarEntry
 	var total int64
@@ -162,10 +197,13 @@ func readTar(r io.Reader, dir, root string, max int64) ([]tarEntry, error) {
 			if hdr.Size > max-total {
 				return nil, tooLarge("the archive's files hold more than %d bytes", max)
 			}
-			if e.data, err = io.ReadAll(tr); err != nil {
+			e.off = total
+			if e.size, err = io.Copy(spool, io.LimitReader(tr, max-total+1)); err != nil {
 				return nil, err
 			}
-			total += int64(len(e.data))
+			if total += e.size; total > max {
+				return nil, tooLarge("the archive's files hold more than %d bytes", max)
+			}
 		case tar.TypeSymlink:
 			if rel == "." {
 				return nil, refuse(hdr.Name, workspace.ErrInvalidArgument, "a link cannot replace the upload directory")
@@ -277,7 +315,7 @@ func checkTargets(ctx context.Context, fsys workspace.FileSystem, entries []tarE
 }
 
 // extract writes judged entries.
-func extract(ctx context.Context, fsys workspace.FileSystem, dir string, entries []tarEntry) (transferResult, error) {
+func extract(ctx context.Context, fsys workspace.FileSystem, dir string, entries []tarEntry, spool io.ReaderAt) (transferResult, error) {
 	var res transferResult
 	if err := workspace.MkdirAll(ctx, fsys, dir, 0o755); err != nil {
 		return res, err
@@ -293,11 +331,15 @@ func extract(ctx context.Context, fsys workspace.FileSystem, dir string, entries
 			}
 			res.Dirs++
 		case tar.TypeReg:
-			if err := fsys.WriteFile(ctx, e.name, e.data, e.mode|0o600); err != nil {
+			data := make([]byte, e.size)
+			if _, err := spool.ReadAt(data, e.off); err != nil && !(errors.Is(err, io.EOF) && e.size == 0) {
+				return res, fmt.Errorf("upload: spool: %w", err)
+			}
+			if err := fsys.WriteFile(ctx, e.name, data, e.mode|0o600); err != nil {
 				return res, err
 			}
 			res.Files++
-			res.Bytes += int64(len(e.data))
+			res.Bytes += e.size
 		case tar.TypeSymlink:
 			if err := fsys.Remove(ctx, e.name); err != nil && !errors.Is(err, workspace.ErrNotFound) {
 				return res, err

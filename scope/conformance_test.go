@@ -15,12 +15,19 @@ import (
 // everything are rules that allow all, spelt out so that every check runs.
 var everything = scope.Rules{Visible: []string{"**"}, Commit: []string{"**"}}
 
-// walkingFS gives a FileSystem a WalkFS of its own (the generic walk over
-// it), so that the decorator's filtered fast path is taken.
+// walkingFS gives a FileSystem a WalkFS and a GrepFS of its own (the
+// generic walk and search over it), so that the decorator's filtered fast
+// paths are taken.
 type walkingFS struct{ workspace.SymlinkFS }
 
 func (w walkingFS) Walk(ctx context.Context, req workspace.WalkRequest) (workspace.WalkResult, error) {
 	return workspace.WalkGeneric(ctx, w.SymlinkFS, req)
+}
+
+// Grep gives it a GrepFS of its own too (the generic search over it), so
+// that the decorator's filtered search is taken.
+func (w walkingFS) Grep(ctx context.Context, req workspace.GrepRequest) (workspace.GrepResult, error) {
+	return workspace.GrepGeneric(ctx, w.SymlinkFS, req)
 }
 
 // TestConformance runs the kit over the decorator with rules that allow

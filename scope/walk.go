@@ -88,12 +88,66 @@ func (s *scopedFS) walkStart(ctx context.Context, start string) (target, bool) {
 }
 
 // Grep answers as workspace.GrepGeneric over the decorator does. With Visible
-// nil it is the inner workspace's search. Otherwise the files come from Walk
-// (so only files that are shown) and each is read with the inner ReadFile:
-// walked files are already judged, by name and by real name.
+// nil it is the inner workspace's search. Otherwise, when the inner workspace
+// is a GrepFS (the agent's, one round trip) and the start is a directory that
+// is shown, its search is asked and the lines of files the rules do not show
+// are left out, each file judged by its name and real name as Walk judges
+// entries. That answer is exact unless the search stopped at its Limit after
+// dropping a match — the matches it did not reach might be shown — and then,
+// as for every other start, the files come from Walk (so only files that are
+// shown) and each is read with the inner ReadFile.
 func (s *scopedFS) Grep(ctx context.Context, req workspace.GrepRequest) (workspace.GrepResult, error) {
 	if s.readsAll() {
 		return workspace.Grep(ctx, s.inner, req)
 	}
+	if g, ok := s.inner.(workspace.GrepFS); ok {
+		if res, ok, err := s.grepFiltered(ctx, g, req); ok || err != nil {
+			return res, err
+		}
+	}
 	return workspace.GrepWithReader(ctx, s, req, s.inner.ReadFile)
+}
+
+// grepFiltered is the inner search with what is not shown left out; ok is
+// false when that cannot answer exactly.
+func (s *scopedFS) grepFiltered(ctx context.Context, g workspace.GrepFS, req workspace.GrepRequest) (workspace.GrepResult, bool, error) {
+	start := req.Dir
+	if start == "" {
+		start = "."
+	}
+	t, ok := s.walkStart(ctx, start)
+	if !ok {
+		return workspace.GrepResult{}, false, nil
+	}
+	prefix := start + "/"
+	if start == "." {
+		prefix = ""
+	}
+	res, err := g.Grep(ctx, req)
+	if err != nil {
+		return workspace.GrepResult{}, false, err
+	}
+	out := workspace.GrepResult{Truncated: res.Truncated}
+	dropped, verdict := false, map[string]bool{}
+	for _, l := range res.Lines {
+		shown, seen := verdict[l.Path]
+		if !seen {
+			rel, ok := strings.CutPrefix(l.Path, prefix)
+			shown = ok && s.shown(l.Path, path.Join(t.real, rel), false)
+			verdict[l.Path] = shown
+		}
+		switch {
+		case shown:
+			out.Lines = append(out.Lines, l)
+			if l.Match {
+				out.Matches++
+			}
+		case l.Match:
+			dropped = true
+		}
+	}
+	if dropped && res.Truncated {
+		return workspace.GrepResult{}, false, nil
+	}
+	return out, true, nil
 }

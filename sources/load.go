@@ -202,6 +202,53 @@ func (t *tree) digest() string {
 	return "sha256:" + hex.EncodeToString(h.Sum(nil))
 }
 
+// Check says whether the source can be materialized now, without reading
+// it whole: the directory, the tar file or the repository is there and
+// readable (and a git source's commit is in it), an http source's
+// credential can be read. It does not look for hostile entries or sizes
+// over the limits: Materialize does, and refuses them then. Errors never
+// hold a credential.
+func (d Decl) Check(ctx context.Context) error {
+	if err := (Decls{d}).Validate(); err != nil {
+		return err
+	}
+	notThere := func(what string, err error) error {
+		return fmt.Errorf("%w: source %s: %s %s: %v", workspace.ErrUnavailable, d.Name, what, d.Path, err)
+	}
+	switch d.Kind {
+	case KindDir:
+		f, err := os.Open(d.Path)
+		if err != nil {
+			return notThere("directory", err)
+		}
+		defer f.Close()
+		if _, err := f.Readdirnames(1); err != nil && err != io.EOF {
+			return notThere("directory", err)
+		}
+	case KindTar:
+		f, err := os.Open(d.Path)
+		if err != nil {
+			return notThere("tar file", err)
+		}
+		defer f.Close()
+		r, err := decompressed(f)
+		if err != nil {
+			return notThere("tar file", err)
+		}
+		if _, err := tar.NewReader(r).Next(); err != nil && err != io.EOF {
+			return notThere("tar file", err)
+		}
+	case KindGit:
+		if _, err := git(ctx, d.Path, nil, "cat-file", "-e", d.Commit+"^{commit}"); err != nil {
+			return notThere("repository (commit "+d.Commit[:12]+")", err)
+		}
+	case KindHTTP:
+		_, err := NewGateway(Decls{d}, WithAudit(func(AuditRecord) {}))
+		return err
+	}
+	return nil
+}
+
 // load reads a declared source into memory and checks it.
 func load(ctx context.Context, d Decl, lim Limits) (*tree, error) {
 	t := newTree(d.Name, lim)
@@ -295,21 +342,23 @@ func (t *tree) readHostFile(root *os.Root, name string) ([]byte, bool, error) {
 	return data, info.Mode()&0o111 != 0, err
 }
 
+// decompressed is r, or what it holds when it is gzip-compressed.
+func decompressed(r io.Reader) (io.Reader, error) {
+	br := bufio.NewReader(r)
+	if magic, _ := br.Peek(2); bytes.Equal(magic, []byte{0x1f, 0x8b}) {
+		return gzip.NewReader(br)
+	}
+	return br, nil
+}
+
 // loadTar reads a tar archive, gzip-compressed or not. Names are taken as
 // relative to the snapshot: an absolute name or one with a ".." component
 // is refused, not cleaned. Only files, directories, symbolic links and hard
 // links to earlier files are accepted.
 func (t *tree) loadTar(ctx context.Context, r io.Reader) error {
-	br := bufio.NewReader(r)
-	if magic, _ := br.Peek(2); bytes.Equal(magic, []byte{0x1f, 0x8b}) {
-		zr, err := gzip.NewReader(br)
-		if err != nil {
-			return err
-		}
-		defer zr.Close()
-		r = zr
-	} else {
-		r = br
+	r, err := decompressed(r)
+	if err != nil {
+		return err
 	}
 	tr := tar.NewReader(r)
 	for {

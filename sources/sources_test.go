@@ -360,3 +360,40 @@ func TestValidateAndSelect(t *testing.T) {
 		}
 	}
 }
+
+// TestCheck says whether each kind of source can be materialized now,
+// without reading it whole.
+func TestCheck(t *testing.T) {
+	repo, commit := makeGit(t)
+	missing := filepath.Join(t.TempDir(), "missing")
+	notTar := filepath.Join(t.TempDir(), "not.tar")
+	os.WriteFile(notTar, []byte(strings.Repeat("not a tar archive ", 64)), 0o644)
+	http := func(env string) sources.Decl {
+		return sources.Decl{Name: "api", Kind: sources.KindHTTP, HTTPDecl: sources.HTTPDecl{URL: "https://api.example.com",
+			Requests: []sources.RequestShape{{Method: "GET", Path: "/x"}}, Credential: &sources.Credential{Header: "Authorization", Env: env}}}
+	}
+	t.Setenv("SANDBOXD_TEST_CHECK_TOKEN", "s3cret-for-check")
+	for _, tc := range []struct {
+		d    sources.Decl
+		want string // "" for no error
+	}{
+		{sources.Decl{Name: "d", Kind: sources.KindDir, Path: makeDir(t)}, ""},
+		{sources.Decl{Name: "d", Kind: sources.KindDir, Path: missing}, "directory " + missing},
+		{sources.Decl{Name: "t", Kind: sources.KindTar, Path: goodTar(t)}, ""},
+		{sources.Decl{Name: "t", Kind: sources.KindTar, Path: notTar}, "tar file"},
+		{sources.Decl{Name: "g", Kind: sources.KindGit, Path: repo, Commit: commit}, ""},
+		{sources.Decl{Name: "g", Kind: sources.KindGit, Path: repo, Commit: strings.Repeat("0", 40)}, "commit 000000000000"},
+		{http("SANDBOXD_TEST_CHECK_TOKEN"), ""},
+		{http("SANDBOXD_TEST_CHECK_UNSET"), "SANDBOXD_TEST_CHECK_UNSET is unset"},
+	} {
+		err := tc.d.Check(context.Background())
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%s %s: %v", tc.d.Kind, tc.d.Name, err)
+		case tc.want != "" && (!errors.Is(err, workspace.ErrUnavailable) || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%s %s: %v, want Unavailable saying %q", tc.d.Kind, tc.d.Name, err, tc.want)
+		case err != nil && strings.Contains(err.Error(), "s3cret"):
+			t.Errorf("the error holds the credential: %v", err)
+		}
+	}
+}

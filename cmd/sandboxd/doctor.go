@@ -6,6 +6,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/sandboxd/sandboxd/sources"
+	"github.com/sandboxd/sandboxd/tools"
 	"maps"
 	"os"
 	"path/filepath"
@@ -98,7 +100,7 @@ func printChecks(sio stdio, checks []check) {
 // needs no engine (the agent, disk for the image cache) is checked even
 // when Docker is unreachable; the engine's checks are then skipped.
 func diagnose(ctx context.Context, cfg serveConfig) []check {
-	checks := []check{checkAgent()}
+	checks := append([]check{checkAgent()}, checkSources(ctx, cfg)...)
 	cli, reach := checkDocker(ctx)
 	checks = append(checks, reach)
 	if cli == nil {
@@ -126,6 +128,47 @@ func diagnose(ctx context.Context, cfg serveConfig) []check {
 		engineDir = info.DockerRootDir // the engine is on this machine
 	}
 	return append(checks, checkDisk(&engineDir)...)
+}
+
+// checkSources checks each source the configuration declares (one line
+// "source:NAME" each): there and readable, and an http source's credential
+// where it says — never printing the credential.
+func checkSources(ctx context.Context, cfg serveConfig) []check {
+	if len(cfg.Tools) == 0 {
+		return nil
+	}
+	tc, err := tools.ParseConfig(cfg.Tools)
+	if err != nil {
+		return []check{{name: "tools", status: statusFail, detail: err.Error(), fix: "correct the \"tools\" section of the configuration"}}
+	}
+	var checks []check
+	for _, d := range tc.Sources {
+		c := check{name: "source:" + d.Name, status: statusOK}
+		switch d.Kind {
+		case sources.KindHTTP:
+			c.detail = fmt.Sprintf("%s, %d requests", d.URL, len(d.Requests))
+			if cr := d.Credential; cr != nil {
+				c.detail += ", credential from " + cmp.Or(cr.Env, cr.File)
+			}
+		case sources.KindGit:
+			c.detail = fmt.Sprintf("git %s at %s", d.Path, d.Commit[:12])
+		default:
+			c.detail = string(d.Kind) + " " + d.Path
+		}
+		if err := d.Check(ctx); err != nil {
+			c.status, c.detail = statusFail, err.Error()
+			c.fix = "make it readable by the daemon's user, or correct sources[] in the configuration"
+			switch cr := d.Credential; {
+			case d.Kind != sources.KindHTTP || cr == nil:
+			case cr.Env != "":
+				c.fix = "set " + cr.Env + " in the daemon's environment"
+			default:
+				c.fix = "put the credential in " + cr.File + ", readable by the daemon"
+			}
+		}
+		checks = append(checks, c)
+	}
+	return checks
 }
 
 func checkAgent() check {

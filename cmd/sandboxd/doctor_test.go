@@ -153,6 +153,34 @@ func TestDoctorUnreachable(t *testing.T) {
 	wantCheck(t, lines, "docker", "fail", "bogus://x")
 }
 
+// TestDoctorSources: each declared source gets a line, checked without the
+// engine; a missing credential fails with where to put it, never printed.
+func TestDoctorSources(t *testing.T) {
+	agentHere(t)
+	t.Setenv("DOCKER_HOST", "unix://"+filepath.Join(t.TempDir(), "no.sock"))
+	t.Setenv("SANDBOXD_DOCTOR_TOKEN", "doctor-s3cret")
+	docs := t.TempDir()
+	cfg := `{"tools": {"sources": [
+		{"name": "docs", "kind": "dir", "path": "` + docs + `"},
+		{"name": "gone", "kind": "dir", "path": "` + filepath.Join(docs, "gone") + `"},
+		{"name": "api", "kind": "http", "url": "https://api.example.com", "requests": [{"method": "GET", "path": "/x"}],
+		 "credential": {"header": "Authorization", "env": "SANDBOXD_DOCTOR_TOKEN"}},
+		{"name": "api2", "kind": "http", "url": "https://api.example.com/2", "requests": [{"method": "GET", "path": "/x"}],
+		 "credential": {"header": "Authorization", "env": "SANDBOXD_DOCTOR_UNSET"}}]}}`
+	file := filepath.Join(t.TempDir(), "sandboxd.json")
+	if err := os.WriteFile(file, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, lines, out := doctorLines(t, "--config", file)
+	wantCheck(t, lines, "source:docs", "ok", "dir "+docs)
+	wantCheck(t, lines, "source:gone", "fail", "no such file")
+	wantCheck(t, lines, "source:api", "ok", "credential from SANDBOXD_DOCTOR_TOKEN")
+	wantCheck(t, lines, "source:api2", "fail", "SANDBOXD_DOCTOR_UNSET is unset")
+	if !strings.Contains(out, "fix: set SANDBOXD_DOCTOR_UNSET in the daemon's environment") || strings.Contains(out, "doctor-s3cret") {
+		t.Errorf("doctor's report:\n%s", out)
+	}
+}
+
 func TestDoctorFakeEngine(t *testing.T) {
 	agentHere(t)
 	minimal, _ := images.Lookup("minimal")

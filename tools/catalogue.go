@@ -224,6 +224,14 @@ func (s *Set) EnvironmentSection() string {
 	if slices.ContainsFunc(c.Tools, func(t string) bool { return t == "write" || t == "edit" }) && len(c.Protect) > 0 {
 		fmt.Fprintf(&b, "- write and edit refuse %s.\n", strings.Join(c.Protect, ", "))
 	}
+	for _, r := range s.rules {
+		if r.Visible != nil {
+			fmt.Fprintf(&b, "- Only paths matching %s exist for this session; anything else is not found.\n", strings.Join(r.Visible, ", "))
+		}
+		if r.Commit != nil {
+			fmt.Fprintf(&b, "- Changes are allowed only to paths matching %s; others are refused as outside the commit scope.\n", strings.Join(r.Commit, ", "))
+		}
+	}
 	fmt.Fprintf(&b, "- find and grep never enter linked directories or %s.\n", excludeText(c.Exclude))
 	fmt.Fprintf(&b, "- read, find and grep show at most %d lines or %s; ls %d entries, find %d paths, grep %d matches.\n",
 		c.MaxLines, kb(int64(c.MaxBytes)), c.LsEntries, c.FindResults, c.GrepMatches)

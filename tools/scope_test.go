@@ -57,6 +57,10 @@ func TestRulesBindEveryTool(t *testing.T) {
 			t.Errorf("a scoped session was offered %s", tl.Name)
 		}
 	}
+	if sec := set.EnvironmentSection(); !strings.Contains(sec, "Only paths matching src/**, docs/**, .sandboxd/sources/** exist") ||
+		!strings.Contains(sec, "Changes are allowed only to paths matching src/**") {
+		t.Errorf("the environment section does not tell the rules:\n%s", sec)
+	}
 	// Nothing of secret/ is seen, by any tool, under any name.
 	for _, c := range []struct {
 		tool string

@@ -628,3 +628,16 @@ func TestSessionPicksSources(t *testing.T) {
 		t.Fatalf("an undeclared source: %v", err)
 	}
 }
+
+// TestMissingCredentialStopsStart: a daemon whose http source's credential
+// cannot be read does not start, and says where it looked.
+func TestMissingCredentialStopsStart(t *testing.T) {
+	cfg := tools.DefaultConfig()
+	cfg.Sources = sources.Decls{{Name: "api", Kind: sources.KindHTTP, HTTPDecl: sources.HTTPDecl{URL: "https://api.example.com",
+		Requests:   []sources.RequestShape{{Method: "GET", Path: "/x"}},
+		Credential: &sources.Credential{Header: "Authorization", Env: "SANDBOXD_TEST_NEVER_SET"}}}}
+	_, err := runner.New(context.Background(), runner.Memory{}, runner.WithTools(cfg))
+	if !errors.Is(err, workspace.ErrUnavailable) || !strings.Contains(err.Error(), "SANDBOXD_TEST_NEVER_SET") {
+		t.Fatalf("err = %v", err)
+	}
+}

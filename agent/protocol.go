@@ -47,7 +47,6 @@ package agent
 
 import (
 	"bufio"
-	"context"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -507,9 +506,4 @@ func validSignal(s string) bool {
 		}
 	}
 	return true
-}
-
-// isCanceled reports whether err is the end of a context.
-func isCanceled(err error) bool {
-	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
 }

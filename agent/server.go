@@ -107,12 +107,6 @@ type serverCall struct {
 	out    *creditGate
 }
 
-func (c *serverConn) writeErr() error {
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
-	return c.werr
-}
-
 // send writes one frame. After a failed write it fails at once and the
 // connection is being torn down.
 func (c *serverConn) send(typ, flags byte, id uint32, header, payload []byte) error {

@@ -189,7 +189,7 @@ func readTar(r io.Reader, dir, root string, max int64, spool io.Writer) ([]tarEn
 			if rel == "." {
 				continue
 			}
-		case tar.TypeReg, tar.TypeRegA:
+		case tar.TypeReg: // the reader reports the old TypeRegA as TypeReg
 			e.typ = tar.TypeReg
 			if rel == "." {
 				return nil, refuse(hdr.Name, workspace.ErrInvalidArgument, "a file cannot replace the upload directory")

@@ -136,12 +136,4 @@ func flock(ctx context.Context, file *os.File) error {
 	}
 }
 
-// keepOwner gives tmp the owner and group of the file it replaces, where the
-// process may; otherwise tmp keeps the process's.
-func keepOwner(tmp *os.File, info fs.FileInfo) {
-	if st, ok := info.Sys().(*syscall.Stat_t); ok {
-		tmp.Chown(int(st.Uid), int(st.Gid))
-	}
-}
-
 func userID() string { return strconv.Itoa(os.Getuid()) }

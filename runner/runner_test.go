@@ -31,7 +31,6 @@ type gateBackend struct {
 	gate            chan struct{}
 	opened, closed  atomic.Int64
 	warmed          atomic.Int64
-	mu              sync.Mutex
 	ids             map[string]bool // instances handed out, by ID
 	reapedWithLabel map[string]string
 }

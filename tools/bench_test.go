@@ -3,12 +3,12 @@ package tools_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -51,7 +51,12 @@ func benchTree(b *testing.B) string {
 		if benchErr != nil {
 			return
 		}
-		benchErr = copyTree(filepath.Join(runtime.GOROOT(), "src"), filepath.Join(benchDir, "src"))
+		goroot, err := exec.Command("go", "env", "GOROOT").Output()
+		if err != nil {
+			benchErr = fmt.Errorf("go env GOROOT: %w", err)
+			return
+		}
+		benchErr = copyTree(filepath.Join(strings.TrimSpace(string(goroot)), "src"), filepath.Join(benchDir, "src"))
 		syscall.Sync() // write the copy back now, not while the first benchmark runs
 	})
 	if benchErr != nil {

@@ -190,7 +190,7 @@ func checkAgent() check {
 func checkDocker(ctx context.Context) (*client.Client, check) {
 	host := cmp.Or(os.Getenv("DOCKER_HOST"), client.DefaultDockerHost)
 	c := check{name: "docker"}
-	cli, err := client.New(client.FromEnv, client.WithAPIVersionNegotiation())
+	cli, err := client.New(client.FromEnv)
 	if err != nil {
 		c.status, c.detail = statusFail, "DOCKER_HOST="+host+": "+err.Error()
 		c.fix = "set DOCKER_HOST to unix:///var/run/docker.sock, tcp://HOST:2376 or ssh://USER@HOST, or unset it"

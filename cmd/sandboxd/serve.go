@@ -341,7 +341,7 @@ func openBackend(ctx context.Context, sio stdio, cfg *serveConfig) (runner.Backe
 }
 
 func dockerClient(ctx context.Context) (*client.Client, error) {
-	cli, err := client.New(client.FromEnv, client.WithAPIVersionNegotiation())
+	cli, err := client.New(client.FromEnv)
 	if err != nil {
 		return nil, err
 	}

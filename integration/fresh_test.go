@@ -44,7 +44,7 @@ func TestServeOnFreshEngine(t *testing.T) {
 		engine.Process.Signal(os.Interrupt)
 		engine.Wait()
 	})
-	cli, err := client.New(client.WithHost("unix://"+sock))
+	cli, err := client.New(client.WithHost("unix://" + sock))
 	if err != nil {
 		t.Fatal(err)
 	}

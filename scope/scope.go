@@ -59,10 +59,11 @@ import (
 //     workspace.SymlinkFS exactly when fsys is one, and always a MkdirAllFS,
 //     RemoveAllFS, LockFS, WalkFS and GrepFS whose answers equal the generic
 //     helpers' over the decorator. With Visible nil, reads, walks and searches
-//     go straight to fsys (its fast paths included); otherwise a walk uses the
-//     adapter's WalkFS and filters its answer, and a search reads the walked
-//     files one by one, so a Grep limit counts visible matches only. Lock
-//     takes the adapter's lock for a name that is shown.
+//     go straight to fsys (its fast paths included); otherwise a walk and a
+//     search use the adapter's WalkFS and GrepFS and filter their answers (a
+//     search stopped at its limit after dropping a match is done again file
+//     by file), so a Grep limit counts visible matches only. Lock takes the
+//     adapter's lock for a name that is shown.
 //
 // What it does not guarantee:
 //

@@ -375,3 +375,48 @@ func TestHTTPSourceDescriptor(t *testing.T) {
 		t.Fatalf("requests/03-post-items.json = %+v", one)
 	}
 }
+
+// TestGatewayConcurrent: one gateway serves many sessions at once; every
+// request is answered as if alone, and audited once.
+func TestGatewayConcurrent(t *testing.T) {
+	srv := itemsAPI(t, "")
+	var mu sync.Mutex
+	audited := map[string]int{}
+	g, err := sources.NewGateway(sources.Decls{itemsSource(srv.URL)},
+		sources.WithLookupEnv(func(string) (string, bool) { return secret, true }),
+		sources.WithAudit(func(r sources.AuditRecord) {
+			mu.Lock()
+			audited[r.Outcome]++
+			mu.Unlock()
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 1000)
+	for i := range 40 {
+		wg.Go(func() {
+			for j := range 25 {
+				url := srv.URL + "/v1/items/42"
+				if (i+j)%5 == 0 {
+					url = srv.URL + "/v1/admin"
+				}
+				resp, err := g.Do(context.Background(), sources.HTTPRequest{Method: "GET", URL: url, Session: fmt.Sprint("s-", i)})
+				switch {
+				case strings.HasSuffix(url, "/admin") && !errors.Is(err, workspace.ErrForbidden):
+					errs <- fmt.Errorf("undeclared: %v", err)
+				case strings.HasSuffix(url, "/42") && (err != nil || !strings.Contains(string(resp.Body), "[redacted]")):
+					errs <- fmt.Errorf("declared: %v %+v", err, resp)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if audited["sent"] != 800 || audited["refused"] != 200 {
+		t.Errorf("audited %v, want 800 sent and 200 refused", audited)
+	}
+}

@@ -127,10 +127,6 @@ var (
 	_ workspace.GrepFS      = (*linkFS)(nil)
 )
 
-// maxLinkHops bounds the links one resolution follows, as the kernel does.
-const maxLinkHops = 40
-
-var errLinkLoop = fmt.Errorf("too many levels of symbolic links: %w", workspace.ErrInvalidArgument)
 
 // target is where a name leads.
 type target struct {
@@ -148,112 +144,38 @@ func (t target) isDir(creates bool) bool {
 }
 
 // resolve finds where name leads, following links on the way and, when
-// follow is set, a link at the end. It resolves as the kernel does: ".." in a
-// link target goes up from the directory the walk has reached. A missing
-// component ends the walk: the rest is kept as written, so real also tells
-// where a new entry would land, and info is nil; so it is when a file stands
-// on the way (the operation will fail). Everything passed on the way — links
-// followed, directories, a file — must be shown by the rules, or the name
-// fails with ErrNotFound.
+// follow is set, a link at the end, as the kernel does (workspace.NameWalk):
+// ".." in a link target goes up from the directory the walk has reached. A
+// missing component ends the walk: the rest is kept as written, so real also
+// tells where a new entry would land, and info is nil; so it is when a file
+// stands on the way (the operation will fail). Everything passed on the way —
+// links followed, directories, a file — must be shown by the rules, or the
+// name fails with ErrNotFound.
 func (s *scopedFS) resolve(ctx context.Context, op, name string, follow bool) (target, error) {
-	if !fs.ValidPath(name) {
-		return target{}, workspace.PathError(op, name, workspace.ErrInvalidArgument)
-	}
-	var done []string
-	todo := split(name)
-	var info fs.FileInfo
-	hops := 0
-	for len(todo) > 0 {
-		elem := todo[0]
-		todo = todo[1:]
-		switch elem {
-		case "", ".":
-			continue
-		case "..":
-			if len(done) == 0 {
-				return target{}, workspace.PathError(op, name, workspace.ErrOutsideWorkspace)
-			}
-			done, info = done[:len(done)-1], nil
-			continue
+	walk := workspace.NameWalk{Root: s.root, Follow: follow, Passing: func(n string, info fs.FileInfo) error {
+		shown := s.r.IsVisible(n) // a file in the way
+		if info.IsDir() || info.Mode()&fs.ModeSymlink != 0 {
+			// A directory not shown cannot be passed, even to come back
+			// by "..": that would tell whether it exists.
+			shown = s.r.seen(n, true)
 		}
-		next := join(done, elem)
-		fi, err := s.inner.Lstat(ctx, next)
-		if errors.Is(err, workspace.ErrNotFound) || errors.Is(err, workspace.ErrNotADirectory) {
-			if slices.Contains(todo, "..") { // "missing/..": the kernel stops here too
-				return target{}, workspace.PathError(op, name, workspace.ErrNotFound)
-			}
-			return target{real: path.Join(append([]string{next}, todo...)...)}, nil
+		if !shown {
+			return errHidden
 		}
-		if err != nil {
-			return target{}, reword(op, name, err)
-		}
-		last := len(todo) == 0
-		switch {
-		case fi.Mode()&fs.ModeSymlink != 0 && (follow || !last):
-			if hops++; hops > maxLinkHops {
-				return target{}, &fs.PathError{Op: op, Path: name, Err: errLinkLoop}
-			}
-			if !s.r.seen(next, true) || s.links == nil {
-				return target{}, workspace.PathError(op, name, workspace.ErrNotFound)
-			}
-			dest, err := s.links.Readlink(ctx, next)
-			if err != nil {
-				return target{}, reword(op, name, err)
-			}
-			if path.IsAbs(dest) {
-				rel, ok := workspace.RootRelative(s.root, dest)
-				if !ok {
-					return target{}, workspace.PathError(op, name, workspace.ErrOutsideWorkspace)
-				}
-				done, dest = done[:0], rel
-			}
-			todo = append(split(dest), todo...)
-			info = nil
-		case !last && !fi.IsDir():
-			if !s.r.IsVisible(next) {
-				return target{}, workspace.PathError(op, name, workspace.ErrNotFound)
-			}
-			return target{real: path.Join(append([]string{next}, todo...)...)}, nil
-		case !last && !s.r.seen(next, true):
-			// A directory not shown cannot be passed, even to come back by
-			// "..": that would tell whether it exists.
-			return target{}, workspace.PathError(op, name, workspace.ErrNotFound)
-		default:
-			done, info = append(done, elem), fi
-		}
-	}
-	real := join(done, "")
-	if info == nil { // the walk ended on a directory reached by ".." or a link
-		fi, err := s.inner.Lstat(ctx, real)
-		if err != nil {
-			return target{}, reword(op, name, err)
-		}
-		info = fi
+		return nil
+	}}
+	real, info, err := walk.Resolve(ctx, s.inner, name)
+	switch {
+	case errors.Is(err, errHidden):
+		return target{}, workspace.PathError(op, name, workspace.ErrNotFound)
+	case err != nil:
+		return target{}, reword(op, name, err)
 	}
 	return target{real: real, info: info}, nil
 }
 
-// split cuts a name or a link target into its elements.
-func split(name string) []string {
-	if name == "." || name == "" {
-		return nil
-	}
-	return strings.Split(name, "/")
-}
-
-// join names done/elem; join(done, "") names done ("." when empty).
-func join(done []string, elem string) string {
-	p := strings.Join(done, "/")
-	switch {
-	case elem == "" && p == "":
-		return "."
-	case elem == "":
-		return p
-	case p == "":
-		return elem
-	}
-	return p + "/" + elem
-}
+// errHidden stops a resolution at an entry the rules do not show.
+var errHidden = errors.New("hidden by the rules")
 
 // reword reports err, an inner failure on some path of the resolution, as
 // op's failure on name, so that no resolved (perhaps invisible) name leaks.

@@ -1,6 +1,7 @@
 package workspace
 
 import (
+	"fmt"
 	"context"
 	"errors"
 	"io/fs"
@@ -179,19 +180,52 @@ func RootRelative(root, target string) (string, bool) {
 // stale. Use it to apply checks by name (protect globs) — confinement itself is
 // the adapter's and does not depend on it.
 func RealPath(ctx context.Context, fsys FileSystem, root, name string) (string, error) {
-	sl, ok := fsys.(SymlinkFS)
-	if !ok {
+	if _, ok := fsys.(SymlinkFS); !ok {
 		return name, nil
 	}
+	real, _, err := NameWalk{Root: root, Follow: true}.Resolve(ctx, fsys, name)
+	return real, err
+}
+
+// NameWalk resolves workspace names through a FileSystem the way the kernel
+// resolves paths: a link's target is walked component by component from the
+// link's directory (or from Root, when absolute), and ".." leaves the
+// directory actually reached — never a lexical shortcut through a link. It is
+// what checks by name (RealPath, rules of what may be seen) are built on.
+type NameWalk struct {
+	// Root is the workspace root as an absolute path, as absolute link
+	// targets name it; a target under no other spelling of it is outside.
+	Root string
+	// Follow follows a link that ends the name; links before the end are
+	// always followed.
+	Follow bool
+	// Passing, when set, is shown each entry the walk passes through on its
+	// way, before it goes on: every link it follows, every directory it
+	// enters, and a file that stands where a directory should. It is not
+	// shown the entry the name ends at. An error from it ends the walk and is
+	// returned as it is.
+	Passing func(name string, info fs.FileInfo) error
+}
+
+// errLinkLoop is a name whose resolution follows too many links.
+var errLinkLoop = fmt.Errorf("too many levels of symbolic links: %w", ErrInvalidArgument)
+
+// Resolve returns the workspace name that name leads to, and what is there.
+// When a component is missing, or a file stands where a directory should,
+// the rest is kept as written and info is nil: the answer says where a new
+// entry would land (a "missing/.." fails with ErrNotFound, as the kernel's
+// walk would). A walk that leaves the root fails with ErrOutsideWorkspace;
+// more than 40 links, or a link that cannot be read on a FileSystem that is
+// not a SymlinkFS, fail too. Errors of the FileSystem are returned as they
+// are.
+func (w NameWalk) Resolve(ctx context.Context, fsys FileSystem, name string) (string, fs.FileInfo, error) {
 	if !fs.ValidPath(name) {
-		return "", PathError("realpath", name, ErrInvalidArgument)
+		return "", nil, PathError("resolve", name, ErrInvalidArgument)
 	}
-	// done is resolved (no link in it); todo are the components still to
-	// walk, taken as the kernel takes them: a link's target is walked
-	// component by component from the link's directory, and ".." leaves the
-	// directory actually reached — never a lexical shortcut through a link.
+	sl, _ := fsys.(SymlinkFS)
 	todo := strings.Split(name, "/")
-	done := "."
+	done := "." // resolved: no link in it
+	var info fs.FileInfo
 	hops := 0
 	for len(todo) > 0 {
 		elem := todo[0]
@@ -201,41 +235,65 @@ func RealPath(ctx context.Context, fsys FileSystem, root, name string) (string, 
 			continue
 		case "..":
 			if done == "." {
-				return "", PathError("realpath", name, ErrOutsideWorkspace)
+				return "", nil, PathError("resolve", name, ErrOutsideWorkspace)
 			}
-			done = path.Dir(done)
+			done, info = path.Dir(done), nil
 			continue
 		}
 		next := path.Join(done, elem)
-		info, err := fsys.Lstat(ctx, next)
-		if errors.Is(err, ErrNotFound) {
+		fi, err := fsys.Lstat(ctx, next)
+		if errors.Is(err, ErrNotFound) || errors.Is(err, ErrNotADirectory) {
 			if slices.Contains(todo, "..") { // the kernel stops at the missing directory
-				return "", PathError("realpath", name, ErrNotFound)
+				return "", nil, PathError("resolve", name, ErrNotFound)
 			}
-			return path.Join(append([]string{next}, todo...)...), nil
+			return path.Join(append([]string{next}, todo...)...), nil, nil
 		}
 		if err != nil {
-			return "", err
+			return "", nil, err
 		}
-		if info.Mode()&fs.ModeSymlink == 0 {
-			done = next
-			continue
+		last := len(todo) == 0
+		isLink := fi.Mode()&fs.ModeSymlink != 0
+		if last && (!isLink || !w.Follow) {
+			return next, fi, nil
 		}
-		if hops++; hops > maxLinkHops {
-			return "", PathError("realpath", name, ErrInvalidArgument)
-		}
-		target, err := sl.Readlink(ctx, next)
-		if err != nil {
-			return "", err
-		}
-		if path.IsAbs(target) {
-			rel, ok := RootRelative(root, target)
-			if !ok {
-				return "", PathError("realpath", name, ErrOutsideWorkspace)
+		if w.Passing != nil {
+			if err := w.Passing(next, fi); err != nil {
+				return "", nil, err
 			}
-			target, done = rel, "."
 		}
-		todo = append(strings.Split(target, "/"), todo...)
+		switch {
+		case isLink:
+			if hops++; hops > maxLinkHops {
+				return "", nil, &fs.PathError{Op: "resolve", Path: name, Err: errLinkLoop}
+			}
+			if sl == nil {
+				return "", nil, PathError("resolve", name, ErrNotFound)
+			}
+			target, err := sl.Readlink(ctx, next)
+			if err != nil {
+				return "", nil, err
+			}
+			if path.IsAbs(target) {
+				rel, ok := RootRelative(w.Root, target)
+				if !ok {
+					return "", nil, PathError("resolve", name, ErrOutsideWorkspace)
+				}
+				target, done = rel, "."
+			}
+			todo = append(strings.Split(target, "/"), todo...)
+			info = nil
+		case !fi.IsDir(): // a file where a directory should be: the operation will fail
+			return path.Join(append([]string{next}, todo...)...), nil, nil
+		default:
+			done, info = next, fi
+		}
 	}
-	return done, nil
+	if info == nil { // the walk ended on a directory reached by ".." or a link
+		fi, err := fsys.Lstat(ctx, done)
+		if err != nil {
+			return "", nil, err
+		}
+		info = fi
+	}
+	return done, info, nil
 }

@@ -127,7 +127,6 @@ var (
 	_ workspace.GrepFS      = (*linkFS)(nil)
 )
 
-
 // target is where a name leads.
 type target struct {
 	real string      // the workspace name it leads to, links resolved

@@ -1,9 +1,9 @@
 package workspace
 
 import (
-	"fmt"
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"path"
 	"slices"

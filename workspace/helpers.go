@@ -148,7 +148,7 @@ func (m *KeyedMutex[K]) lock(ctx context.Context, key K) (func(), error) {
 	}, nil
 }
 
-// maxLinkHops bounds how many links RealPath follows, as the kernel does.
+// maxLinkHops bounds how many links a NameWalk follows, as the kernel does.
 const maxLinkHops = 40
 
 // RootRelative returns an absolute link target relative to root with its

@@ -2,6 +2,7 @@ package workspaceshell
 
 import (
 	"context"
+	"maps"
 	"errors"
 	"fmt"
 	"net/http"
@@ -168,13 +169,7 @@ func cmdCurl(c *call) int {
 	}
 	if include || head {
 		c.printf("%s %d %s\r\n", resp.Proto, resp.Status, resp.StatusText)
-		for _, name := range slices.Sorted(func(yield func(string) bool) {
-			for k := range resp.Header {
-				if !yield(k) {
-					return
-				}
-			}
-		}) {
+		for _, name := range slices.Sorted(maps.Keys(resp.Header)) {
 			for _, v := range resp.Header[name] {
 				c.printf("%s: %s\r\n", name, v)
 			}

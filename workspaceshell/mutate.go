@@ -149,10 +149,7 @@ func CopyPath(ctx context.Context, env Env, req CopyPathRequest) (CopyPathResult
 	if err != nil {
 		return CopyPathResult{}, err
 	}
-	if err := m.checkClobber(ctx, from, to, req.Overwrite, true); err != nil {
-		return CopyPathResult{}, err
-	}
-	if err := workspace.MkdirAll(ctx, env.FS, path.Dir(to), 0o755); err != nil {
+	if err := m.destination(ctx, from, to, req.Overwrite, true); err != nil {
 		return CopyPathResult{}, err
 	}
 	n, err := m.copy(ctx, from, to, true)
@@ -190,10 +187,7 @@ func MovePath(ctx context.Context, env Env, req MovePathRequest) (MovePathResult
 	if err != nil {
 		return MovePathResult{}, err
 	}
-	if err := m.checkClobber(ctx, from, to, req.Overwrite, false); err != nil {
-		return MovePathResult{}, err
-	}
-	if err := workspace.MkdirAll(ctx, env.FS, path.Dir(to), 0o755); err != nil {
+	if err := m.destination(ctx, from, to, req.Overwrite, false); err != nil {
 		return MovePathResult{}, err
 	}
 	if err := m.move(ctx, from, to); err != nil {
@@ -304,6 +298,15 @@ func (m mutator) checkTree(ctx context.Context, name, to string) (int, error) {
 		}
 	}
 	return len(walk.Entries) + 1, nil
+}
+
+// destination readies to for a copy or move of from: checkClobber, then
+// to's missing parents made.
+func (m mutator) destination(ctx context.Context, from, to string, overwrite, follow bool) error {
+	if err := m.checkClobber(ctx, from, to, overwrite, follow); err != nil {
+		return err
+	}
+	return workspace.MkdirAll(ctx, m.fs, path.Dir(to), 0o755)
 }
 
 // checkClobber refuses copying or moving from onto an existing to, unless

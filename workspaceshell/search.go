@@ -276,6 +276,21 @@ type searcher struct {
 	printedGroup              bool // a group was printed: the next one is separated by "--"
 }
 
+// setCount applies a numeric option grep and rg share: -A, -B and -C (lines
+// of context after, before, around) and -m (the most matches per file).
+func (s *searcher) setCount(name string, n int64) {
+	switch name {
+	case "A":
+		s.after = int(n)
+	case "B":
+		s.before = int(n)
+	case "C":
+		s.before, s.after = int(n), int(n)
+	case "m":
+		s.maxCount = n
+	}
+}
+
 // search searches data (the input called name) and reports whether a line
 // was selected.
 func (s *searcher) search(c *call, name string, data []byte) bool {
@@ -514,16 +529,7 @@ func cmdGrep(c *call) int {
 			if err != nil || n < 0 {
 				return c.usage("invalid argument '%s' to -%s", f.val, f.name)
 			}
-			switch f.name {
-			case "A":
-				s.after = int(n)
-			case "B":
-				s.before = int(n)
-			case "C":
-				s.before, s.after = int(n), int(n)
-			case "m":
-				s.maxCount = n
-			}
+			s.setCount(f.name, n)
 		case "include":
 			include = append(include, f.val)
 		case "exclude":
@@ -802,17 +808,10 @@ func cmdRg(c *call) int {
 			if err != nil || n < 0 {
 				return c.usage("invalid value '%s' for -%s", f.val, f.name)
 			}
-			switch f.name {
-			case "A":
-				s.after = int(n)
-			case "B":
-				s.before = int(n)
-			case "C":
-				s.before, s.after = int(n), int(n)
-			case "m":
-				s.maxCount = n
-			case "d":
+			if f.name == "d" {
 				maxDepth = int(n)
+			} else {
+				s.setCount(f.name, n)
 			}
 		case "r":
 			v := f.val

@@ -2,9 +2,9 @@ package workspaceshell
 
 import (
 	"context"
-	"maps"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/url"
 	"slices"

@@ -77,11 +77,7 @@ func (m *Manager) newSession(id, tenant string, st Settings, cfg tools.Config, i
 		Scope:   st.Scope,
 	}
 	if m.gateway != nil && cfg.Sources.HTTP() {
-		var names []string
-		for _, d := range cfg.Sources {
-			names = append(names, d.Name)
-		}
-		env.Sources = m.gateway.Only(names...)
+		env.Sources = m.gateway.Only(cfg.Sources.Names()...)
 	}
 	set, err := tools.New(env, cfg)
 	if err != nil {

@@ -2,9 +2,11 @@ package runner
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"maps"
 	"slices"
 	"strings"
@@ -186,18 +188,16 @@ func toolsConfig(base tools.Config, s Settings, allowedGrants []string) (tools.C
 		cfg.Always = slices.Clone(s.Always)
 	}
 	if s.Sources != nil {
-		var names []string
-		for _, d := range cfg.Sources {
-			names = append(names, d.Name)
-		}
 		picked := sources.Decls{}
-		for _, n := range s.Sources {
-			i := slices.IndexFunc(cfg.Sources, func(d sources.Decl) bool { return d.Name == n })
-			if i < 0 {
-				return tools.Config{}, &SettingError{"sources", fmt.Sprintf("no source named %q (the operator declares %s)", n, orNone(names))}
-			}
-			if !slices.ContainsFunc(picked, func(d sources.Decl) bool { return d.Name == n }) {
-				picked = append(picked, cfg.Sources[i])
+		if len(s.Sources) > 0 {
+			var err error
+			if picked, err = cfg.Sources.Select(sources.Request{Names: s.Sources}); err != nil {
+				var pe *fs.PathError // Select names the first undeclared source
+				if !errors.As(err, &pe) {
+					return tools.Config{}, &SettingError{"sources", err.Error()}
+				}
+				return tools.Config{}, &SettingError{"sources", fmt.Sprintf("no source named %q (the operator declares %s)",
+					pe.Path, cmp.Or(strings.Join(cfg.Sources.Names(), ", "), "none"))}
 			}
 		}
 		cfg.Sources = picked
@@ -210,13 +210,6 @@ func toolsConfig(base tools.Config, s Settings, allowedGrants []string) (tools.C
 		return tools.Config{}, &SettingError{"options", err.Error()}
 	}
 	return cfg, nil
-}
-
-func orNone(names []string) string {
-	if len(names) == 0 {
-		return "none"
-	}
-	return strings.Join(names, ", ")
 }
 
 // bounded returns asked, or def when asked is zero; asked over max (when

@@ -136,6 +136,15 @@ func (ds Decls) Validate() error {
 	return nil
 }
 
+// Names are the sources' names, in declaration order.
+func (ds Decls) Names() []string {
+	names := make([]string, len(ds))
+	for i, d := range ds {
+		names[i] = d.Name
+	}
+	return names
+}
+
 // HTTP reports whether any of the sources is an http source.
 func (ds Decls) HTTP() bool {
 	for _, d := range ds {

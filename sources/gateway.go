@@ -2,6 +2,7 @@ package sources
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -142,15 +143,6 @@ func (g *Gateway) Only(names ...string) *Gateway {
 		}
 	}
 	return &v
-}
-
-// Sources names the gateway's sources, in declaration order.
-func (g *Gateway) Sources() []string {
-	names := make([]string, len(g.sources))
-	for i, s := range g.sources {
-		names[i] = s.Name
-	}
-	return names
 }
 
 // HTTPRequest is a request the agent asks the gateway to send.
@@ -524,7 +516,7 @@ func (s *httpSource) match(method string, u *url.URL) (*RequestShape, string) {
 				}
 				for name := range q {
 					if !slices.Contains(shape.Query, name) {
-						return nil, fmt.Sprintf("query parameter %q is not one %s %s takes (%s)", name, shape.Method, shape.Path, orNone(shape.Query))
+						return nil, fmt.Sprintf("query parameter %q is not one %s %s takes (%s)", name, shape.Method, shape.Path, cmp.Or(strings.Join(shape.Query, ", "), "none"))
 					}
 				}
 				return shape, ""
@@ -536,13 +528,6 @@ func (s *httpSource) match(method string, u *url.URL) (*RequestShape, string) {
 		return nil, fmt.Sprintf("method %s is not declared for this path (%s is)", method, strings.Join(methods, ", "))
 	}
 	return nil, "the path is not a declared request of the source"
-}
-
-func orNone(s []string) string {
-	if len(s) == 0 {
-		return "none"
-	}
-	return strings.Join(s, ", ")
 }
 
 // splitPath decodes a path's segments, refusing those a server could read

@@ -428,16 +428,12 @@ func (s *Set) materializeSources(ctx context.Context, args json.RawMessage, c *c
 	if err != nil {
 		return Result{}, err
 	}
-	var names []string
-	for _, d := range decls {
-		names = append(names, d.Name)
-	}
 	res, err := sources.Materialize(ctx, c.raw, decls, sources.Request{Path: name, Names: p.Sources,
 		Limits: sources.Limits{MaxFileBytes: s.cfg.MaxFileBytes}})
 	if err != nil {
 		var k *workspace.Kind // an undeclared name or a path no snapshot is at, not a host file
 		if errors.As(err, &k) && k == workspace.ErrNotFound {
-			return Result{}, newError(workspace.ErrNotFound, "%v (declared sources: %s, materialized under %s/)", err, strings.Join(names, ", "), path.Join(s.root, sources.SnapshotDir))
+			return Result{}, newError(workspace.ErrNotFound, "%v (declared sources: %s, materialized under %s/)", err, strings.Join(decls.Names(), ", "), path.Join(s.root, sources.SnapshotDir))
 		}
 		return Result{}, err
 	}

@@ -234,10 +234,11 @@ func (s *Set) recorded(ctx context.Context, d *toolDef, args json.RawMessage, c 
 	}
 	var res Result
 	commit, err := j.Record(ctx, commitMessage(d.name, args), func(fsys workspace.FileSystem) error {
-		if err := s.see(c, fsys); err != nil {
+		view, err := s.through(fsys)
+		if err != nil {
 			return err
 		}
-		var err error
+		c.raw, c.fsys = fsys, view
 		if res, err = d.run(s, ctx, args, c); err != nil {
 			return err
 		}

@@ -223,8 +223,9 @@ type Set struct {
 
 	// rules are the operator's rules (Config.Visible, Config.Commit) and
 	// the actor's scope (Env.Scope), each set applied in turn; none when
-	// the session is unscoped.
+	// the session is unscoped. view is Env.FS seen through them, made once.
 	rules []scope.Rules
+	view  workspace.FileSystem
 
 	mu      sync.Mutex
 	active  map[string]bool // skill name → active
@@ -259,13 +260,13 @@ func New(env Env, cfg Config) (*Set, error) {
 	}
 	s := &Set{env: env, cfg: cfg, root: path.Clean(root), active: map[string]bool{"workspace.read": true}, runs: map[string]int{}}
 	for _, r := range []scope.Rules{cfg.Rules(), env.Scope} {
-		if r.IsZero() {
-			continue
+		if !r.IsZero() {
+			s.rules = append(s.rules, r)
 		}
-		if _, err := scope.New(env.FS, s.root, r); err != nil {
-			return nil, fmt.Errorf("tools: %w", err)
-		}
-		s.rules = append(s.rules, r)
+	}
+	var err error
+	if s.view, err = s.through(env.FS); err != nil {
+		return nil, fmt.Errorf("tools: %w", err)
 	}
 	for _, a := range cfg.Always {
 		sk := skillByName(a)
@@ -339,16 +340,16 @@ func (s *Set) hidesPaths() bool {
 	return false
 }
 
-// see points the call at fsys, seen through the session's rules.
-func (s *Set) see(c *call, fsys workspace.FileSystem) error {
-	c.raw, c.fsys = fsys, fsys
+// through returns fsys seen through the session's rules (fsys itself when
+// it has none).
+func (s *Set) through(fsys workspace.FileSystem) (workspace.FileSystem, error) {
 	for _, r := range s.rules {
 		var err error
-		if c.fsys, err = scope.New(c.fsys, s.root, r); err != nil {
-			return err
+		if fsys, err = scope.New(fsys, s.root, r); err != nil {
+			return nil, err
 		}
 	}
-	return nil
+	return fsys, nil
 }
 
 // Config returns the set's configuration.
@@ -435,10 +436,7 @@ func (s *Set) EndRun(runID string) {
 // active and calls past maxCallsPerRun. Call never panics on bad input and
 // never returns a Go error: every failure is a Result with IsError set.
 func (s *Set) Call(ctx context.Context, name string, args json.RawMessage, opts CallOptions) Result {
-	c := &call{tool: name, runID: opts.RunID, opts: opts}
-	if err := s.see(c, s.env.FS); err != nil {
-		return errorResult(err)
-	}
+	c := &call{tool: name, runID: opts.RunID, opts: opts, fsys: s.view, raw: s.env.FS}
 	if c.runID == "" {
 		c.runID = s.env.Session.RunID
 	}

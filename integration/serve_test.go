@@ -465,10 +465,7 @@ func testMCP(t *testing.T, d *daemon) {
 // start reaps them, and new sessions work. A container killed from outside
 // makes its session's calls fail at once.
 func TestCrashThenRestart(t *testing.T) {
-	if !strings.Contains(strings.Join(backends(t), ","), "docker") {
-		t.Skip("needs Docker")
-	}
-	cli := dockertest.Client(t)
+	cli := dockertest.Client(t) // fails under CI without an engine; skips elsewhere
 	name := daemonName(t)
 	file := config(t, "docker", name)
 	d := start(t, file)

@@ -128,7 +128,7 @@ func TestTenants(t *testing.T) {
 // labelledContainers counts the engine's containers of tenant made by this
 // test binary.
 func labelledContainers(t *testing.T, tenant string) int {
-	out, err := exec.Command("docker", "ps", "-aq", "--filter", "label="+dockertest.LabelTest+"=adversarial", "--filter", "label=sandboxd.tenant="+tenant).Output()
+	out, err := exec.Command("docker", "ps", "-aq", "--filter", "label="+dockertest.LabelTest+"="+dockertest.Label(), "--filter", "label=sandboxd.tenant="+tenant).Output()
 	if err != nil {
 		t.Fatalf("docker ps: %v", err)
 	}

@@ -215,7 +215,7 @@ func TestStartFailureLeavesNothing(t *testing.T) {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
-	labels := map[string]string{dockertest.LabelTest: "dockerexec", "sandboxd.case": "failure"}
+	labels := map[string]string{dockertest.LabelTest: dockertest.Label(), "sandboxd.case": "failure"}
 	cases := []struct {
 		name, agent, runtime, want string
 	}{
@@ -236,7 +236,7 @@ func TestStartFailureLeavesNothing(t *testing.T) {
 			if !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("Start: %v; want it to mention %q", err, tc.want)
 			}
-			n, err := dockerexec.Reap(ctx, cli, map[string]string{"sandboxd.case": "failure"})
+			n, err := dockerexec.Reap(ctx, cli, map[string]string{dockertest.LabelTest: dockertest.Label(), "sandboxd.case": "failure"})
 			if err != nil || n != 0 {
 				t.Errorf("a failed Start left %d containers (%v)", n, err)
 			}
@@ -266,7 +266,7 @@ func TestReap(t *testing.T) {
 	if _, err := dockerexec.Reap(ctx, cli, nil); err == nil {
 		t.Error("Reap with no labels must refuse")
 	}
-	n, err = dockerexec.Reap(ctx, cli, map[string]string{policy.LabelSession: "dockerexec", dockertest.LabelTest: "dockerexec"})
+	n, err = dockerexec.Reap(ctx, cli, map[string]string{policy.LabelSession: "dockerexec", dockertest.LabelTest: dockertest.Label()})
 	if err != nil || n < 1 {
 		t.Fatalf("Reap = %d, %v", n, err)
 	}

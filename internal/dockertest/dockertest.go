@@ -12,8 +12,11 @@ package dockertest
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -27,8 +30,10 @@ import (
 	"github.com/sandboxd/sandboxd/policy"
 )
 
-// LabelTest marks every container and volume a test creates; its value names
-// the test package, so packages tested at once sweep only their own.
+// LabelTest marks every container and volume a test creates; its value
+// (Label) names the test package and the checkout it runs from, so packages
+// tested at once, and checkouts tested side by side on one engine, sweep only
+// their own.
 const LabelTest = "sandboxd.test"
 
 var (
@@ -77,23 +82,23 @@ func Unavailable(tb testing.TB, err error) {
 }
 
 // Main runs a package's tests: it disables Ryuk, sweeps every container and
-// volume labelled LabelTest=pkg before and after m runs, and removes the
+// volume labelled LabelTest=Label() before and after m runs, and removes the
 // agent binary agentbin built. It exits with m's code, or 1 when a sweep
 // fails.
 func Main(m *testing.M, pkg string) {
 	os.Setenv("TESTCONTAINERS_RYUK_DISABLED", "true")
-	testPkg = pkg
+	testPkg = pkg + "@" + checkout()
 	ctx := context.Background()
 	c, err := Connect(ctx)
 	if err == nil {
-		if err := Sweep(ctx, c, pkg); err != nil {
+		if err := Sweep(ctx, c, testPkg); err != nil {
 			fmt.Fprintf(os.Stderr, "dockertest: %v\n", err)
 			os.Exit(1)
 		}
 	}
 	code := m.Run()
 	if c != nil {
-		if err := Sweep(ctx, c, pkg); err != nil {
+		if err := Sweep(ctx, c, testPkg); err != nil {
 			fmt.Fprintf(os.Stderr, "dockertest: %v\n", err)
 			code = max(code, 1)
 		}
@@ -102,17 +107,42 @@ func Main(m *testing.M, pkg string) {
 	os.Exit(code)
 }
 
-// testPkg is the package name Main was given, the value of LabelTest.
+// testPkg is the value of LabelTest: the package name Main was given and
+// the checkout it runs from.
 var testPkg = "unknown"
+
+// Label returns the value of LabelTest on this test binary's containers and
+// volumes: "pkg@checkout", the checkout a short hash of the module's root.
+func Label() string { return testPkg }
 
 // Labels returns the labels that mark a test's containers and volumes.
 func Labels() map[string]string { return map[string]string{LabelTest: testPkg} }
 
 // Sweep removes, forcibly, every container and then every volume labelled
-// LabelTest=pkg.
-func Sweep(ctx context.Context, c *client.Client, pkg string) error {
-	_, err := dockerexec.Reap(ctx, c, map[string]string{LabelTest: pkg})
+// LabelTest=label.
+func Sweep(ctx context.Context, c *client.Client, label string) error {
+	_, err := dockerexec.Reap(ctx, c, map[string]string{LabelTest: label})
 	return err
+}
+
+// checkout names the module root the test runs from (the nearest directory
+// above the working directory holding go.mod) by a short hash of its path.
+func checkout() string {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "unknown"
+	}
+	for d := dir; ; d = filepath.Dir(d) {
+		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
+			dir = d
+			break
+		}
+		if filepath.Dir(d) == d {
+			break
+		}
+	}
+	sum := sha256.Sum256([]byte(dir))
+	return hex.EncodeToString(sum[:4])
 }
 
 var (

@@ -87,6 +87,7 @@ func Unavailable(tb testing.TB, err error) {
 // fails.
 func Main(m *testing.M, pkg string) {
 	os.Setenv("TESTCONTAINERS_RYUK_DISABLED", "true")
+	pkgName = pkg
 	testPkg = pkg + "@" + checkout()
 	ctx := context.Background()
 	c, err := Connect(ctx)
@@ -107,9 +108,9 @@ func Main(m *testing.M, pkg string) {
 	os.Exit(code)
 }
 
-// testPkg is the value of LabelTest: the package name Main was given and
-// the checkout it runs from.
-var testPkg = "unknown"
+// pkgName is the package name Main was given, the default session name of
+// a test's containers; testPkg, the value of LabelTest, adds the checkout.
+var pkgName, testPkg = "unknown", "unknown"
 
 // Label returns the value of LabelTest on this test binary's containers and
 // volumes: "pkg@checkout", the checkout a short hash of the module's root.
@@ -178,7 +179,7 @@ func Spec(tb testing.TB, spec dockerexec.Spec) dockerexec.Spec {
 		spec.Profile.Image = img
 	}
 	if spec.Profile.Session == "" {
-		spec.Profile.Session = testPkg
+		spec.Profile.Session = pkgName
 	}
 	if spec.Agent == "" {
 		p, err := agentbin.Path()

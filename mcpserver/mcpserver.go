@@ -98,6 +98,7 @@ func New(set *tools.Set, opts ...Option) *Server {
 		// Tools with list_changed, and nothing else: no logging capability.
 		Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{ListChanged: true}},
 	})
+	s.mcp.AddReceivingMiddleware(s.unserved)
 	s.sync()
 	return s
 }
@@ -135,6 +136,26 @@ func (s *Server) sync() {
 		s.mcp.RemoveTools(gone...)
 	}
 	s.served = active
+}
+
+// unserved answers a tools/call of a tool the server does not serve now —
+// one of a skill not loaded, or no tool at all — as the tool set does (a
+// tool failure that names the skill to load, or that there is no such
+// tool), where the SDK would answer a bare "unknown tool".
+func (s *Server) unserved(next mcp.MethodHandler) mcp.MethodHandler {
+	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		call, ok := req.(*mcp.CallToolRequest)
+		if !ok || call.Params == nil {
+			return next(ctx, method, req)
+		}
+		s.mu.Lock()
+		served := slices.Contains(s.served, call.Params.Name)
+		s.mu.Unlock()
+		if served {
+			return next(ctx, method, req)
+		}
+		return s.handler(call.Params.Name)(ctx, call)
+	}
 }
 
 func mcpTool(t tools.Tool) *mcp.Tool {

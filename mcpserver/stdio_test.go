@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+
 	"github.com/sandboxd/sandboxd/mcpserver"
 	"github.com/sandboxd/sandboxd/memfs"
 	"github.com/sandboxd/sandboxd/tools"
@@ -27,10 +29,7 @@ type rawClient struct {
 type answer struct {
 	ID     any             `json:"id"`
 	Result json.RawMessage `json:"result"`
-	Error  *struct {
-		Code    int64  `json:"code"`
-		Message string `json:"message"`
-	} `json:"error"`
+	Error  *jsonrpc.Error  `json:"error"`
 }
 
 func serveLines(t *testing.T, maxLine int) *rawClient {
@@ -71,11 +70,14 @@ func (c *rawClient) recv() string {
 	return line
 }
 
+// answer reads the next response, which must have an "id", null or not.
 func (c *rawClient) answer() answer {
 	c.t.Helper()
 	var a answer
-	if line := c.recv(); json.Unmarshal([]byte(line), &a) != nil {
-		c.t.Fatalf("not one JSON-RPC response: %s", line)
+	var keys map[string]json.RawMessage
+	line := c.recv()
+	if json.Unmarshal([]byte(line), &a) != nil || json.Unmarshal([]byte(line), &keys) != nil || keys["id"] == nil {
+		c.t.Fatalf("not one JSON-RPC response with an id: %s", line)
 	}
 	return a
 }

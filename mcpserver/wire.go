@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 )
@@ -30,15 +31,16 @@ func Refuse(id jsonrpc.ID, code int64, format string, args ...any) *FrameError {
 
 func (e *FrameError) Error() string { return e.Message }
 
-// Response is the JSON-RPC response that answers e.
-func (e *FrameError) Response() *jsonrpc.Response {
-	return &jsonrpc.Response{ID: e.ID, Error: &jsonrpc.Error{Code: e.Code, Message: e.Message}}
-}
-
-// Encode is e's response on the wire, without a trailing newline.
+// Encode is the JSON-RPC response that answers e, without a trailing
+// newline. Unlike the SDK's encoding, it has "id": null when the ID is not
+// known, as JSON-RPC 2.0 requires.
 func (e *FrameError) Encode() []byte {
-	data, err := jsonrpc.EncodeMessage(e.Response())
-	if err != nil { // an ID and a string: cannot fail
+	data, err := json.Marshal(struct {
+		JSONRPC string         `json:"jsonrpc"`
+		ID      any            `json:"id"`
+		Error   *jsonrpc.Error `json:"error"`
+	}{"2.0", e.ID.Raw(), &jsonrpc.Error{Code: e.Code, Message: e.Message}})
+	if err != nil { // an ID and two strings: cannot fail
 		panic(err)
 	}
 	return data
@@ -98,6 +100,10 @@ func decodeMessage(data []byte) (jsonrpc.Message, error) {
 	}
 	msg, err := jsonrpc.DecodeMessage(data)
 	if err != nil {
+		var m struct{ ID json.RawMessage }
+		if json.Unmarshal(data, &m) == nil && len(m.ID) > 0 && strings.IndexByte(`{[tf`, m.ID[0]) >= 0 {
+			return nil, Refuse(jsonrpc.ID{}, jsonrpc.CodeInvalidRequest, "invalid request: the id %s is not a string, a number or null", m.ID)
+		}
 		return nil, Refuse(IDOf(data), jsonrpc.CodeInvalidRequest, "invalid request: %v", err)
 	}
 	return msg, nil

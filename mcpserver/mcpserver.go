@@ -3,7 +3,7 @@
 //
 //	set, err := tools.New(tools.Env{FS: fsys, Bash: sh, Session: sess}, cfg)
 //	...
-//	err = mcpserver.New(set).Run(ctx, &mcp.StdioTransport{})
+//	err = mcpserver.New(set).Run(ctx, &mcpserver.LineTransport{Reader: os.Stdin, Writer: os.Stdout})
 //
 // What a client sees:
 //
@@ -19,6 +19,14 @@
 //     stream (named in _meta["sandboxd/stream"]), its progress the number of
 //     output bytes published so far.
 //   - The server's instructions are the set's environment section.
+//   - A tools/call of a tool not served now (its skill not loaded, or no
+//     such tool) is a tool failure that says so, as over HTTP, not the
+//     SDK's JSON-RPC error "unknown tool".
+//
+// Bad input. LineTransport, for stdio, answers a line that is not a valid
+// message with a JSON-RPC error and goes on, where the SDK's transports
+// end the session; Decode and FrameError are the same checks and answers
+// for other transports (httpapi's /mcp).
 //
 // Runs. The tool set caps calls per run (maxCallsPerRun). MCP has no notion
 // of an agent's turn, so a client that has one names it in the call's
@@ -108,7 +116,7 @@ func New(set *tools.Set, opts ...Option) *Server {
 func (s *Server) MCP() *mcp.Server { return s.mcp }
 
 // Run serves one client over t until the client disconnects or ctx ends;
-// over mcp.StdioTransport, until standard input closes.
+// over a LineTransport on standard input, until it closes.
 func (s *Server) Run(ctx context.Context, t mcp.Transport) error {
 	return s.mcp.Run(ctx, t)
 }

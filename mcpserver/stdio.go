@@ -185,11 +185,11 @@ func (c *lineConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 // answers it.
 func (c *lineConn) accept(l line) ([]jsonrpc.Message, error) {
 	if l.tooLong {
-		msg := "invalid request: the line is over the limit of %d bytes and was not read"
+		hint := ""
 		if c.hint != "" {
-			msg += "; " + c.hint
+			hint = "; " + c.hint
 		}
-		return nil, Refuse(IDOf(l.data), jsonrpc.CodeInvalidRequest, msg, c.limit)
+		return nil, Refuse(idOf(l.data), jsonrpc.CodeInvalidRequest, "invalid request: the line is over the limit of %d bytes and was not read%s", c.limit, hint)
 	}
 	msgs, isBatch, err := Decode(l.data)
 	if err != nil {

@@ -104,16 +104,16 @@ func decodeMessage(data []byte) (jsonrpc.Message, error) {
 		if json.Unmarshal(data, &m) == nil && len(m.ID) > 0 && strings.IndexByte(`{[tf`, m.ID[0]) >= 0 {
 			return nil, Refuse(jsonrpc.ID{}, jsonrpc.CodeInvalidRequest, "invalid request: the id %s is not a string, a number or null", m.ID)
 		}
-		return nil, Refuse(IDOf(data), jsonrpc.CodeInvalidRequest, "invalid request: %v", err)
+		return nil, Refuse(idOf(data), jsonrpc.CodeInvalidRequest, "invalid request: %v", err)
 	}
 	return msg, nil
 }
 
-// IDOf returns the ID a request names in frame — which may be cut short,
+// idOf returns the ID a request names in frame — which may be cut short,
 // or not valid JSON-RPC — when the ID comes before anything that stops the
 // reading, and is a string or a number; otherwise the null ID. It is how a
 // refusal finds the caller that waits for it.
-func IDOf(frame []byte) jsonrpc.ID {
+func idOf(frame []byte) jsonrpc.ID {
 	dec := json.NewDecoder(bytes.NewReader(frame))
 	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
 		return jsonrpc.ID{}

@@ -70,16 +70,22 @@ func (c *rawClient) recv() string {
 	return line
 }
 
-// answer reads the next response, which must have an "id", null or not.
+// answer reads the next response, which must have an "id", null or not,
+// skipping the server's notifications.
 func (c *rawClient) answer() answer {
 	c.t.Helper()
-	var a answer
-	var keys map[string]json.RawMessage
-	line := c.recv()
-	if json.Unmarshal([]byte(line), &a) != nil || json.Unmarshal([]byte(line), &keys) != nil || keys["id"] == nil {
-		c.t.Fatalf("not one JSON-RPC response with an id: %s", line)
+	for {
+		var a answer
+		var keys map[string]json.RawMessage
+		line := c.recv()
+		if json.Unmarshal([]byte(line), &keys) == nil && keys["method"] != nil && keys["id"] == nil {
+			continue
+		}
+		if json.Unmarshal([]byte(line), &a) != nil || keys["id"] == nil {
+			c.t.Fatalf("not one JSON-RPC response with an id: %s", line)
+		}
+		return a
 	}
-	return a
 }
 
 // alive checks that the session still answers a ping.
@@ -164,6 +170,12 @@ func TestBadLinesAreAnsweredAndTheSessionGoesOn(t *testing.T) {
 	c.send("")
 	c.send("  \r")
 	c.alive(201)
+	// A response to nothing the server asked, and a notification of a
+	// method there is not, are dropped.
+	c.send(`{"jsonrpc":"2.0","id":99,"result":{}}`)
+	c.send(`{"jsonrpc":"2.0","id":98,"error":{"code":1,"message":"x"}}`)
+	c.send(`{"jsonrpc":"2.0","method":"notifications/no_such"}`)
+	c.alive(202)
 }
 
 func (c *rawClient) lastTooLong(long string) string {
@@ -212,15 +224,26 @@ func TestInputClosedEndsTheSession(t *testing.T) {
 	}
 }
 
-// TestTextNotUTF8ReachesTheTool: bytes that are not UTF-8, and lone
-// surrogate escapes, pass the transport and the SDK as sent, so the tool
-// refuses them rather than writing U+FFFD.
-func TestTextNotUTF8ReachesTheTool(t *testing.T) {
+// TestArgumentsArriveAsSent: a line longer than the reader's buffer
+// arrives whole; bytes that are not UTF-8, and lone surrogate escapes, pass
+// the transport and the SDK as sent, so the tool refuses them rather than
+// writing U+FFFD.
+func TestArgumentsArriveAsSent(t *testing.T) {
 	c := serveLines(t, 0)
 	c.initialize("2025-06-18")
 	c.send(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"load_skill","arguments":{"skill":"workspace.edit"}}}`)
 	if a := c.answer(); a.Error != nil || strings.Contains(string(a.Result), `"isError":true`) {
 		t.Fatalf("load_skill: %s", a.Result)
+	}
+	big := strings.Repeat("0123456789abcdef", 300<<10/16)
+	for _, line := range []string{
+		`{"jsonrpc":"2.0","id":"big","method":"tools/call","params":{"name":"write","arguments":{"path":"big.txt","content":"` + big + `"}}}`,
+		`{"jsonrpc":"2.0","id":"read","method":"tools/call","params":{"name":"read","arguments":{"path":"big.txt"}}}`,
+	} {
+		c.send(line)
+		if a := c.answer(); a.Error != nil || strings.Contains(string(a.Result), `"isError":true`) || (a.ID == "read" && !strings.Contains(string(a.Result), big[:1000])) {
+			t.Fatalf("%v: %+v %.200s", a.ID, a.Error, a.Result)
+		}
 	}
 	for i, content := range []string{"ab\xffcd", `x\udc80`} {
 		c.send(fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"write","arguments":{"path":"a.txt","content":"%s"}}}`, 2+i, content))

@@ -152,6 +152,15 @@ func TestMCPBadRequestsInASession(t *testing.T) {
 			}
 		})
 	}
+	// Text that is not UTF-8 reaches the tool as sent, which refuses it.
+	e.t = t
+	for _, content := range []string{"\xff", `\udc80`} {
+		body := `{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"write","arguments":{"path":"u.txt","content":"` + content + `"}}}`
+		status, a, _ := e.mcpPost(sid, []byte(body), v...)
+		if status != http.StatusOK || a.Error != nil || !strings.Contains(string(a.Result), `"error":"InvalidArgument"`) {
+			t.Fatalf("a write of %q: %d %+v %s", content, status, a.Error, a.Result)
+		}
+	}
 }
 
 // TestMCPBodyLimit: /mcp takes a body up to the daemon's limit, as /v1

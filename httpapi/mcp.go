@@ -33,7 +33,7 @@ import (
 // error, with the request's ID where it has one: -32700 for a body that is
 // not JSON, -32600 for one that is not JSON-RPC messages, a POST without
 // Mcp-Session-Id that is not an initialize request, or a body over the limit
-// (413); -32601 for a method MCP does not have. Nothing is started for a
+// (413); -32601 for a method the server does not have. Nothing starts for a
 // POST until it is a valid initialize request.
 type mcpHandler struct {
 	s *Server

@@ -257,3 +257,30 @@ func TestArgumentsArriveAsSent(t *testing.T) {
 		}
 	}
 }
+
+// FuzzDecode: any frame is decoded or refused with -32700 or -32600, and a
+// refusal encodes as a JSON-RPC response with an "id".
+func FuzzDecode(f *testing.F) {
+	for _, s := range []string{"hello", `{"jsonrpc":"2.0","id":7,"method":"tools/li`, `{"jsonrpc":"2.0","id":{"a":1},"method":"ping"}`,
+		`[]`, `[{"jsonrpc":"2.0","id":1,"method":"ping"},{"jsonrpc":"2.0","id":1,"method":"ping"}]`, `42`, `{"id":9,"method":"ping"}`,
+		`{"jsonrpc":"2.0","id":3,"result":{}}`, `{"jsonrpc":"2.0","method":"x","params":[1]}`, "[[]]", `{"jsonrpc":"2.0","id":true}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, frame []byte) {
+		msgs, batch, err := mcpserver.Decode(frame)
+		if err == nil {
+			if len(msgs) == 0 || !batch && len(msgs) != 1 {
+				t.Fatalf("Decode(%q) = %d messages, batch %v", frame, len(msgs), batch)
+			}
+			return
+		}
+		fe, ok := err.(*mcpserver.FrameError)
+		if !ok || fe.Code != -32700 && fe.Code != -32600 || fe.Message == "" {
+			t.Fatalf("Decode(%q): %#v", frame, err)
+		}
+		var resp map[string]json.RawMessage
+		if json.Unmarshal(fe.Encode(), &resp) != nil || resp["id"] == nil || resp["error"] == nil || string(resp["jsonrpc"]) != `"2.0"` {
+			t.Fatalf("the refusal of %q: %s", frame, fe.Encode())
+		}
+	})
+}

@@ -3,9 +3,11 @@ package tools_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/sandboxd/sandboxd/tools"
 )
@@ -60,4 +62,47 @@ func TestTextNotUTF8IsRefused(t *testing.T) {
 			}
 		})
 	}
+}
+
+// FuzzWrittenTextIsExact: whatever the bytes of a write's content, sent
+// raw in the JSON (only quotes, backslashes and control bytes escaped), the
+// file holds exactly them when they are UTF-8, and the write is refused,
+// leaving nothing, when they are not.
+func FuzzWrittenTextIsExact(f *testing.F) {
+	for _, s := range []string{"plain", "héllo", "\xff", "a\xe2\x82", "\ud7ff\ue000", "\\udc80", "\"\\\n\t\x00", "😀\xf0\x9f"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, content string) {
+		var args strings.Builder
+		args.WriteString(`{"path":"f.txt","content":"`)
+		for i := 0; i < len(content); i++ {
+			switch b := content[i]; {
+			case b == '"' || b == '\\':
+				args.WriteByte('\\')
+				args.WriteByte(b)
+			case b < 0x20:
+				fmt.Fprintf(&args, `\u%04x`, b)
+			default:
+				args.WriteByte(b)
+			}
+		}
+		args.WriteString(`"}`)
+		f := newFixture(t, nil)
+		r := f.set.Call(context.Background(), "write", []byte(args.String()), tools.CallOptions{})
+		if !utf8.ValidString(content) {
+			if errKind(r) != "InvalidArgument" {
+				t.Fatalf("write of %q: %+v", content, r)
+			}
+			if _, err := f.fs.Stat(context.Background(), "f.txt"); !errors.Is(err, fs.ErrNotExist) {
+				t.Fatalf("a refused write left f.txt (%v)", err)
+			}
+			return
+		}
+		if r.IsError {
+			t.Fatalf("write of %q: %s", content, r.Text)
+		}
+		if got := f.file("f.txt"); got != content {
+			t.Fatalf("wrote %q, the file holds %q", content, got)
+		}
+	})
 }

@@ -39,6 +39,7 @@ type config struct {
 	runner  []runner.Option
 	api     []httpapi.Option
 	acmeCap int
+	backend runner.Backend // default: runner.Local in a temporary directory
 }
 
 // start serves a manager over the local backend (so bash runs) for two
@@ -49,7 +50,10 @@ func start(t *testing.T, c config) *env {
 	cfg := tools.DefaultConfig()
 	cfg.ProgressMs = 10
 	opts := append([]runner.Option{runner.WithTools(cfg), runner.WithObserver(metrics.Observe)}, c.runner...)
-	m, err := runner.New(context.Background(), &runner.Local{Dir: t.TempDir()}, opts...)
+	if c.backend == nil {
+		c.backend = &runner.Local{Dir: t.TempDir()}
+	}
+	m, err := runner.New(context.Background(), c.backend, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

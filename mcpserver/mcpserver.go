@@ -3,7 +3,7 @@
 //
 //	set, err := tools.New(tools.Env{FS: fsys, Bash: sh, Session: sess}, cfg)
 //	...
-//	err = mcpserver.New(set).Run(ctx, &mcp.StdioTransport{})
+//	err = mcpserver.New(set).Run(ctx, &mcpserver.LineTransport{Reader: os.Stdin, Writer: os.Stdout})
 //
 // What a client sees:
 //
@@ -19,6 +19,14 @@
 //     stream (named in _meta["sandboxd/stream"]), its progress the number of
 //     output bytes published so far.
 //   - The server's instructions are the set's environment section.
+//   - A tools/call of a tool not served now (its skill not loaded, or no
+//     such tool) is a tool failure that says so, as over HTTP, not the
+//     SDK's JSON-RPC error "unknown tool".
+//
+// Bad input. LineTransport, for stdio, answers a line that is not a valid
+// message with a JSON-RPC error and goes on, where the SDK's transports
+// end the session; Decode and FrameError are the same checks and answers
+// for other transports (httpapi's /mcp).
 //
 // Runs. The tool set caps calls per run (maxCallsPerRun). MCP has no notion
 // of an agent's turn, so a client that has one names it in the call's
@@ -98,6 +106,7 @@ func New(set *tools.Set, opts ...Option) *Server {
 		// Tools with list_changed, and nothing else: no logging capability.
 		Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{ListChanged: true}},
 	})
+	s.mcp.AddReceivingMiddleware(s.unserved)
 	s.sync()
 	return s
 }
@@ -107,7 +116,7 @@ func New(set *tools.Set, opts ...Option) *Server {
 func (s *Server) MCP() *mcp.Server { return s.mcp }
 
 // Run serves one client over t until the client disconnects or ctx ends;
-// over mcp.StdioTransport, until standard input closes.
+// over a LineTransport on standard input, until it closes.
 func (s *Server) Run(ctx context.Context, t mcp.Transport) error {
 	return s.mcp.Run(ctx, t)
 }
@@ -135,6 +144,26 @@ func (s *Server) sync() {
 		s.mcp.RemoveTools(gone...)
 	}
 	s.served = active
+}
+
+// unserved answers a tools/call of a tool the server does not serve now —
+// one of a skill not loaded, or no tool at all — as the tool set does (a
+// tool failure that names the skill to load, or that there is no such
+// tool), where the SDK would answer a bare "unknown tool".
+func (s *Server) unserved(next mcp.MethodHandler) mcp.MethodHandler {
+	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		call, ok := req.(*mcp.CallToolRequest)
+		if !ok || call.Params == nil {
+			return next(ctx, method, req)
+		}
+		s.mu.Lock()
+		served := slices.Contains(s.served, call.Params.Name)
+		s.mu.Unlock()
+		if served {
+			return next(ctx, method, req)
+		}
+		return s.handler(call.Params.Name)(ctx, call)
+	}
 }
 
 func mcpTool(t tools.Tool) *mcp.Tool {

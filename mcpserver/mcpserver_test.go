@@ -241,17 +241,22 @@ func TestFailureIsErrorWithKind(t *testing.T) {
 		tool string
 		args map[string]any
 		kind string
+		says string
 	}{
-		{"read", map[string]any{"path": "missing.txt"}, "NotFound"},
-		{"read", map[string]any{"path": "../etc/passwd"}, "OutsideWorkspace"},
-		{"read", map[string]any{"path": "a", "bogus": 1}, "InvalidArgument"},
-		{"load_skill", map[string]any{"skill": "workspace.edit"}, tools.KindCapabilityForbidden},
+		{"read", map[string]any{"path": "missing.txt"}, "NotFound", ""},
+		{"read", map[string]any{"path": "../etc/passwd"}, "OutsideWorkspace", ""},
+		{"read", map[string]any{"path": "a", "bogus": 1}, "InvalidArgument", ""},
+		{"load_skill", map[string]any{"skill": "workspace.edit"}, tools.KindCapabilityForbidden, "fs.write"},
+		// Tools the server does not list answer as over HTTP: a tool
+		// failure that says what to do, not the SDK's bare "unknown tool".
+		{"write", map[string]any{"path": "a", "content": "x"}, tools.KindToolUnavailable, `call load_skill with skill "workspace.edit"`},
+		{"no_such_tool", map[string]any{}, tools.KindToolUnavailable, `no tool named "no_such_tool"`},
 	} {
 		res := call(t, c, tc.tool, tc.args)
 		var e tools.ErrorResult
 		structured(t, res, &e)
-		if !res.IsError || e.Error != tc.kind || e.Message == "" {
-			t.Errorf("%s %v: isError %v, structured %+v; want kind %s", tc.tool, tc.args, res.IsError, e, tc.kind)
+		if !res.IsError || e.Error != tc.kind || e.Message == "" || !strings.Contains(e.Message, tc.says) {
+			t.Errorf("%s %v: isError %v, structured %+v; want kind %s saying %q", tc.tool, tc.args, res.IsError, e, tc.kind, tc.says)
 		}
 	}
 	select {

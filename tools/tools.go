@@ -23,10 +23,14 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"path"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"unicode/utf16"
+	"unicode/utf8"
 
 	"github.com/sandboxd/sandboxd/journal"
 	"github.com/sandboxd/sandboxd/scope"
@@ -467,11 +471,25 @@ func (s *Set) Call(ctx context.Context, name string, args json.RawMessage, opts 
 	return res
 }
 
-// decodeArgs decodes a call's arguments strictly into p.
+// decodeArgs decodes a call's arguments strictly into p. Text that is not
+// UTF-8 is refused (see badText), not replaced with U+FFFD as encoding/json
+// would, so no content or path changes without the caller being told.
 func decodeArgs(args json.RawMessage, p any) error {
 	args = bytes.TrimSpace(args)
 	if len(args) == 0 || string(args) == "null" {
 		args = []byte("{}")
+	}
+	if at, what := badText(args); at >= 0 {
+		where := "arguments"
+		var fields map[string]json.RawMessage
+		_ = json.Unmarshal(args, &fields)
+		for _, name := range slices.Sorted(maps.Keys(fields)) {
+			if at, what = badText(fields[name]); at >= 0 {
+				where = "argument " + name
+				break
+			}
+		}
+		return invalid("%s: not UTF-8 text (%s at byte %d of its JSON), and text is not changed silently; send it as UTF-8 (binary content: base64 it and decode it with bash)", where, what, at)
 	}
 	dec := json.NewDecoder(bytes.NewReader(args))
 	dec.DisallowUnknownFields()
@@ -492,6 +510,54 @@ func decodeArgs(args json.RawMessage, p any) error {
 		return invalid("arguments: more than one JSON value")
 	}
 	return nil
+}
+
+// badText finds, in JSON text, what encoding/json would silently replace
+// with U+FFFD: a byte sequence that is not UTF-8, or a \u escape of half a
+// UTF-16 surrogate pair. It returns the offset and what is there, or -1.
+func badText(data []byte) (int, string) {
+	if !utf8.Valid(data) {
+		for i := 0; i < len(data); {
+			r, n := utf8.DecodeRune(data[i:])
+			if r == utf8.RuneError && n == 1 {
+				return i, fmt.Sprintf("byte 0x%02x", data[i])
+			}
+			i += n
+		}
+	}
+	// Backslashes appear only in strings, each starting an escape.
+	for i := bytes.IndexByte(data, '\\'); i >= 0 && i+1 < len(data); {
+		next := i + 2
+		if data[i+1] == 'u' {
+			next = i + 6
+			r := hex4(data[i+2:])
+			switch {
+			case utf16.IsSurrogate(r) && r < 0xdc00 && bytes.HasPrefix(data[min(next, len(data)):], []byte(`\u`)) &&
+				utf16.DecodeRune(r, hex4(data[next+2:])) != utf8.RuneError:
+				next += 6 // a whole pair
+			case utf16.IsSurrogate(r):
+				return i, fmt.Sprintf(`the lone surrogate escape %s`, data[i:min(i+6, len(data))])
+			}
+		}
+		j := bytes.IndexByte(data[min(next, len(data)):], '\\')
+		if j < 0 {
+			break
+		}
+		i = next + j
+	}
+	return -1, ""
+}
+
+// hex4 is the value of the four hex digits b starts with, or -1.
+func hex4(b []byte) rune {
+	if len(b) < 4 {
+		return -1
+	}
+	v, err := strconv.ParseUint(string(b[:4]), 16, 16)
+	if err != nil {
+		return -1
+	}
+	return rune(v)
 }
 
 // toolError is a failure with a kind and a message written for the model.

@@ -341,9 +341,12 @@ func TestMCPLoadSkillListChangedAndBashProgress(t *testing.T) {
 
 	res, sc := c.call(t, "load_skill", map[string]any{"skill": "workspace.edit"})
 	wantError(t, "load_skill without its grant", res, sc, "capability.forbidden")
-	// A tool not listed is unknown to MCP: a protocol error, not a result.
-	if _, err := c.CallTool(t.Context(), &mcp.CallToolParams{Name: "bash", Arguments: map[string]any{"command": "true"}}); err == nil {
-		t.Error("bash before load_skill: no error")
+	// A tool not listed yet answers as over HTTP: a tool failure that
+	// names the skill to load.
+	res, sc = c.call(t, "bash", map[string]any{"command": "true"})
+	wantError(t, "bash before load_skill", res, sc, "ToolUnavailable")
+	if msg, _ := sc["message"].(string); !strings.Contains(msg, "load_skill") {
+		t.Errorf("bash before load_skill: %q does not say to call load_skill", msg)
 	}
 
 	res, sc = c.call(t, "load_skill", map[string]any{"skill": "workspace.shell"})

@@ -24,12 +24,13 @@ var cmdMCP = &command{
 // end or ctx ends.
 func serveMCP(ctx context.Context, sio stdio, s *session) error {
 	srv := mcpserver.New(s.set, mcpserver.WithImplementation("sandboxd", sandboxdVersion()))
-	t := &mcp.IOTransport{
-		Reader: io.NopCloser(sio.in),
-		Writer: nopWriteCloser{sio.out},
-		// A write's content arrives in one frame: let through a file of
+	t := &mcpserver.LineTransport{
+		Reader: sio.in,
+		Writer: sio.out,
+		// A write's content arrives in one line: let through a file of
 		// maxFileBytes even with JSON escaping.
-		MaxLineLength: int(max(mcp.DefaultMaxLineLength, 2*s.set.Config().MaxFileBytes+1<<20)),
+		MaxLineBytes: int(max(mcp.DefaultMaxLineLength, 2*s.set.Config().MaxFileBytes+1<<20)),
+		LimitHint:    "the limit is the larger of 16 MiB and 2×maxFileBytes+1 MiB: raise maxFileBytes (--config FILE) for larger writes",
 	}
 	err := srv.Run(ctx, t)
 	if errors.Is(err, context.Canceled) || errors.Is(err, io.EOF) {
@@ -37,7 +38,3 @@ func serveMCP(ctx context.Context, sio stdio, s *session) error {
 	}
 	return err
 }
-
-type nopWriteCloser struct{ io.Writer }
-
-func (nopWriteCloser) Close() error { return nil }

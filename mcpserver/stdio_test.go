@@ -1,0 +1,286 @@
+package mcpserver_test
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"testing"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+
+	"github.com/sandboxd/sandboxd/mcpserver"
+	"github.com/sandboxd/sandboxd/memfs"
+	"github.com/sandboxd/sandboxd/tools"
+	"github.com/sandboxd/sandboxd/workspace"
+)
+
+// rawClient speaks to a LineTransport with raw bytes, as a client that gets
+// the protocol wrong would.
+type rawClient struct {
+	t    *testing.T
+	in   *io.PipeWriter
+	out  *bufio.Reader
+	done chan error
+}
+
+// answer is a JSON-RPC response as it arrives.
+type answer struct {
+	ID     any             `json:"id"`
+	Result json.RawMessage `json:"result"`
+	Error  *jsonrpc.Error  `json:"error"`
+}
+
+func serveLines(t *testing.T, maxLine int) *rawClient {
+	t.Helper()
+	fsys := memfs.New()
+	cfg := tools.DefaultConfig()
+	cfg.Grants = []string{tools.GrantFSWrite}
+	set, err := tools.New(tools.Env{FS: fsys, Session: workspace.Session{ID: "s1", RunID: "s1", Root: "/workspace"}}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inR, inW := io.Pipe()
+	outR, outW := io.Pipe()
+	c := &rawClient{t: t, in: inW, out: bufio.NewReader(outR), done: make(chan error, 1)}
+	go func() {
+		err := mcpserver.New(set).Run(t.Context(), &mcpserver.LineTransport{Reader: inR, Writer: outW, MaxLineBytes: maxLine, LimitHint: "raise maxFileBytes"})
+		outW.Close()
+		c.done <- err
+	}()
+	t.Cleanup(func() { inW.Close(); <-c.done })
+	return c
+}
+
+func (c *rawClient) send(line string) {
+	c.t.Helper()
+	if _, err := io.WriteString(c.in, line+"\n"); err != nil {
+		c.t.Fatalf("send %.60q: %v", line, err)
+	}
+}
+
+// recv reads the next line the server writes.
+func (c *rawClient) recv() string {
+	c.t.Helper()
+	line, err := c.out.ReadString('\n')
+	if err != nil {
+		c.t.Fatalf("the server wrote no answer: %v (it returned %v)", err, <-c.done)
+	}
+	return line
+}
+
+// answer reads the next response, which must have an "id", null or not,
+// skipping the server's notifications.
+func (c *rawClient) answer() answer {
+	c.t.Helper()
+	for {
+		var a answer
+		var keys map[string]json.RawMessage
+		line := c.recv()
+		if json.Unmarshal([]byte(line), &keys) == nil && keys["method"] != nil && keys["id"] == nil {
+			continue
+		}
+		if json.Unmarshal([]byte(line), &a) != nil || keys["id"] == nil {
+			c.t.Fatalf("not one JSON-RPC response with an id: %s", line)
+		}
+		return a
+	}
+}
+
+// alive checks that the session still answers a ping.
+func (c *rawClient) alive(id int) {
+	c.t.Helper()
+	c.send(fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"ping"}`, id))
+	if a := c.answer(); a.ID != float64(id) || a.Error != nil {
+		c.t.Fatalf("ping %d after a bad line: %+v", id, a)
+	}
+}
+
+func (c *rawClient) initialize(version string) {
+	c.t.Helper()
+	c.send(`{"jsonrpc":"2.0","id":"init","method":"initialize","params":{"protocolVersion":"` + version + `","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}`)
+	if a := c.answer(); a.ID != "init" || a.Error != nil {
+		c.t.Fatalf("initialize: %+v", a)
+	}
+	c.send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+}
+
+// TestBadLinesAreAnsweredAndTheSessionGoesOn: each line that is not a valid
+// JSON-RPC message gets a JSON-RPC error — with the request's ID where it
+// can be found — and the next line is served.
+func TestBadLinesAreAnsweredAndTheSessionGoesOn(t *testing.T) {
+	c := serveLines(t, 4096)
+
+	// Before initialize: a request is refused with a JSON-RPC code (the SDK
+	// gives none), a bad line with the usual one.
+	c.send(`{"jsonrpc":"2.0","id":1,"method":"tools/list"}`)
+	if a := c.answer(); a.ID != float64(1) || a.Error == nil || a.Error.Code != -32600 || !strings.Contains(a.Error.Message, "initialization") {
+		t.Fatalf("tools/list before initialize: %+v", a.Error)
+	}
+	c.send(`not json`)
+	if a := c.answer(); a.ID != nil || a.Error == nil || a.Error.Code != -32700 {
+		t.Fatalf("garbage before initialize: %+v", a)
+	}
+	c.initialize("2025-06-18")
+
+	long := `{"jsonrpc":"2.0","id":77,"method":"tools/call","params":{"name":"write","arguments":{"path":"a","content":"` + strings.Repeat("x", 5000) + `"}}}`
+	for i, tc := range []struct {
+		name, line string
+		code       int64
+		id         any
+		says       string
+	}{
+		{"garbage", "hello there", -32700, nil, "parse error"},
+		{"binary", "\x00\x01\xff", -32700, nil, "parse error"},
+		{"cut short", `{"jsonrpc":"2.0","id":7,"method":"tools/li`, -32700, nil, "parse error"},
+		{"two values", `{"jsonrpc":"2.0","id":8,"method":"ping"} {}`, -32700, nil, "one JSON-RPC message a line"},
+		{"object id", `{"jsonrpc":"2.0","id":{"a":1},"method":"ping"}`, -32600, nil, "invalid request"},
+		{"array id", `{"jsonrpc":"2.0","id":[1],"method":"ping"}`, -32600, nil, "invalid request"},
+		{"no version", `{"id":9,"method":"ping"}`, -32600, float64(9), "invalid request"},
+		{"old version", `{"jsonrpc":"1.0","id":"v","method":"ping"}`, -32600, "v", "invalid request"},
+		{"a number", `42`, -32600, nil, "not a number"},
+		{"a string", `"ping"`, -32600, nil, "not a string"},
+		{"empty batch", `[]`, -32600, nil, "empty batch"},
+		{"batch after 2025-03-26", `[{"jsonrpc":"2.0","id":10,"method":"ping"}]`, -32600, nil, "2025-06-18 has no batches"},
+		{"too long", long, -32600, float64(77), "over the limit of 4096 bytes"},
+		{"unknown method", `{"jsonrpc":"2.0","id":11,"method":"no/such"}`, -32601, float64(11), ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c.t = t
+			c.send(tc.line)
+			a := c.answer()
+			if a.Error == nil || a.Error.Code != tc.code || a.ID != tc.id || !strings.Contains(a.Error.Message, tc.says) {
+				t.Fatalf("answer %+v %+v, want code %d, id %v, a message with %q", a, a.Error, tc.code, tc.id, tc.says)
+			}
+			c.alive(100 + i)
+		})
+	}
+	c.t = t
+	if !strings.Contains(c.lastTooLong(long), "raise maxFileBytes") {
+		t.Error("the too-long answer does not say how to raise the limit")
+	}
+	// A line whose ID comes after more than is kept of it.
+	c.send(`{"jsonrpc":"2.0","method":"ping","params":{"x":"` + strings.Repeat("x", 100<<10) + `"},"id":5}`)
+	if a := c.answer(); a.ID != nil || a.Error == nil || a.Error.Code != -32600 {
+		t.Fatalf("a long line without a visible ID: %+v", a)
+	}
+	c.alive(200)
+	// Blank lines are no messages.
+	c.send("")
+	c.send("  \r")
+	c.alive(201)
+	// A response to nothing the server asked, and a notification of a
+	// method there is not, are dropped.
+	c.send(`{"jsonrpc":"2.0","id":99,"result":{}}`)
+	c.send(`{"jsonrpc":"2.0","id":98,"error":{"code":1,"message":"x"}}`)
+	c.send(`{"jsonrpc":"2.0","method":"notifications/no_such"}`)
+	c.alive(202)
+}
+
+func (c *rawClient) lastTooLong(long string) string {
+	c.t.Helper()
+	c.send(long)
+	a := c.answer()
+	if a.Error == nil {
+		c.t.Fatalf("a long line: %+v", a)
+	}
+	return a.Error.Message
+}
+
+// TestBatchBefore20250618 is served, and answered in one array.
+func TestBatchBefore20250618(t *testing.T) {
+	c := serveLines(t, 0)
+	c.initialize("2025-03-26")
+	c.send(`[{"jsonrpc":"2.0","id":1,"method":"ping"},{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":"x","progress":1}},{"jsonrpc":"2.0","id":2,"method":"tools/list"}]`)
+	var batch []answer
+	if line := c.recv(); json.Unmarshal([]byte(line), &batch) != nil || len(batch) != 2 {
+		t.Fatalf("the batch's answer: %s", line)
+	}
+	if batch[0].ID != float64(1) || batch[1].ID != float64(2) || batch[0].Error != nil || batch[1].Error != nil {
+		t.Fatalf("the batch's answer: %+v", batch)
+	}
+	c.send(`[{"jsonrpc":"2.0","id":3,"method":"ping"},{"jsonrpc":"2.0","id":3,"method":"ping"}]`)
+	if a := c.answer(); a.Error == nil || a.Error.Code != -32600 || !strings.Contains(a.Error.Message, "twice") {
+		t.Fatalf("a batch with an ID twice: %+v", a)
+	}
+	c.alive(4)
+}
+
+// TestInputClosedEndsTheSession: the end of input, even in the middle of a
+// line, ends Run without an error of the session's.
+func TestInputClosedEndsTheSession(t *testing.T) {
+	c := serveLines(t, 0)
+	c.initialize("2025-06-18")
+	c.send(`{"jsonrpc":"2.0","id":1,"method":"ping"}`)
+	c.answer()
+	io.WriteString(c.in, `{"jsonrpc":"2.0","id":2,"meth`)
+	c.in.Close()
+	if a := c.answer(); a.Error == nil || a.Error.Code != -32700 {
+		t.Fatalf("a last line cut short: %+v", a)
+	}
+	if _, err := c.out.ReadString('\n'); err != io.EOF {
+		t.Fatalf("after input closed: %v", err)
+	}
+}
+
+// TestArgumentsArriveAsSent: a line longer than the reader's buffer
+// arrives whole; bytes that are not UTF-8, and lone surrogate escapes, pass
+// the transport and the SDK as sent, so the tool refuses them rather than
+// writing U+FFFD.
+func TestArgumentsArriveAsSent(t *testing.T) {
+	c := serveLines(t, 0)
+	c.initialize("2025-06-18")
+	c.send(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"load_skill","arguments":{"skill":"workspace.edit"}}}`)
+	if a := c.answer(); a.Error != nil || strings.Contains(string(a.Result), `"isError":true`) {
+		t.Fatalf("load_skill: %s", a.Result)
+	}
+	big := strings.Repeat("0123456789abcdef", 300<<10/16)
+	for _, line := range []string{
+		`{"jsonrpc":"2.0","id":"big","method":"tools/call","params":{"name":"write","arguments":{"path":"big.txt","content":"` + big + `"}}}`,
+		`{"jsonrpc":"2.0","id":"read","method":"tools/call","params":{"name":"read","arguments":{"path":"big.txt"}}}`,
+	} {
+		c.send(line)
+		if a := c.answer(); a.Error != nil || strings.Contains(string(a.Result), `"isError":true`) || (a.ID == "read" && !strings.Contains(string(a.Result), big[:1000])) {
+			t.Fatalf("%v: %+v %.200s", a.ID, a.Error, a.Result)
+		}
+	}
+	for i, content := range []string{"ab\xffcd", `x\udc80`} {
+		c.send(fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"write","arguments":{"path":"a.txt","content":"%s"}}}`, 2+i, content))
+		a := c.answer()
+		var res struct {
+			IsError           bool
+			StructuredContent tools.ErrorResult
+		}
+		if a.Error != nil || json.Unmarshal(a.Result, &res) != nil || !res.IsError || res.StructuredContent.Error != "InvalidArgument" {
+			t.Fatalf("write of %q: %s %+v", content, a.Result, a.Error)
+		}
+	}
+}
+
+// FuzzDecode: any frame is decoded or refused with -32700 or -32600, and a
+// refusal encodes as a JSON-RPC response with an "id".
+func FuzzDecode(f *testing.F) {
+	for _, s := range []string{"hello", `{"jsonrpc":"2.0","id":7,"method":"tools/li`, `{"jsonrpc":"2.0","id":{"a":1},"method":"ping"}`,
+		`[]`, `[{"jsonrpc":"2.0","id":1,"method":"ping"},{"jsonrpc":"2.0","id":1,"method":"ping"}]`, `42`, `{"id":9,"method":"ping"}`,
+		`{"jsonrpc":"2.0","id":3,"result":{}}`, `{"jsonrpc":"2.0","method":"x","params":[1]}`, "[[]]", `{"jsonrpc":"2.0","id":true}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, frame []byte) {
+		msgs, batch, err := mcpserver.Decode(frame)
+		if err == nil {
+			if len(msgs) == 0 || !batch && len(msgs) != 1 {
+				t.Fatalf("Decode(%q) = %d messages, batch %v", frame, len(msgs), batch)
+			}
+			return
+		}
+		fe, ok := err.(*mcpserver.FrameError)
+		if !ok || fe.Code != -32700 && fe.Code != -32600 || fe.Message == "" {
+			t.Fatalf("Decode(%q): %#v", frame, err)
+		}
+		var resp map[string]json.RawMessage
+		if json.Unmarshal(fe.Encode(), &resp) != nil || resp["id"] == nil || resp["error"] == nil || string(resp["jsonrpc"]) != `"2.0"` {
+			t.Fatalf("the refusal of %q: %s", frame, fe.Encode())
+		}
+	})
+}

@@ -241,18 +241,27 @@ type Policy struct {
 	TmpfsBytes int64
 }
 
-// DeniedError says which setting a request asked for beyond its Policy.
+// DeniedError says which setting a session asked for beyond its operator's
+// word: a Policy, or (from other packages) the operator's grants and tool
+// options, which a session may narrow and never widen.
 type DeniedError struct {
 	// Setting names the setting: "privileged", "host mount", "network",
 	// "capability", "image", "runtime", "writable rootfs", "root user",
-	// "pids limit", "memory", "cpu quota".
+	// "pids limit", "memory", "cpu quota"; "grant", "options.protect", …
+	// elsewhere.
 	Setting string
 	// Value is what was asked for.
 	Value string
+	// Limit, when set, says what the operator allows instead, naming its
+	// value ("it may be at most the operator's 1073741824 (policy.maxMemory)").
+	Limit string
 }
 
 func (e *DeniedError) Error() string {
-	if e.Value == "" {
+	switch {
+	case e.Limit != "":
+		return fmt.Sprintf("policy: session may not ask for %s %s: %s", e.Setting, e.Value, e.Limit)
+	case e.Value == "":
 		return "policy: session may not ask for " + e.Setting
 	}
 	return fmt.Sprintf("policy: session may not ask for %s %q", e.Setting, e.Value)
@@ -325,24 +334,25 @@ func (p Policy) Apply(req Request) (Profile, error) {
 	}
 
 	limits := []struct {
-		setting            string
+		setting, maxKey    string
 		dst                *int64
 		asked, def, max, d int64
 	}{
-		{"pids limit", &prof.PidsLimit, req.PidsLimit, p.Pids, p.MaxPids, DefaultPidsLimit},
-		{"memory", &prof.MemoryBytes, req.MemoryBytes, p.Memory, p.MaxMemory, DefaultMemoryBytes},
-		{"cpu quota", &prof.NanoCPUs, req.NanoCPUs, p.NanoCPUs, p.MaxNanoCPUs, DefaultNanoCPUs},
+		{"pids limit", "maxPids", &prof.PidsLimit, req.PidsLimit, p.Pids, p.MaxPids, DefaultPidsLimit},
+		{"memory", "maxMemory", &prof.MemoryBytes, req.MemoryBytes, p.Memory, p.MaxMemory, DefaultMemoryBytes},
+		{"cpu quota", "maxNanoCPUs", &prof.NanoCPUs, req.NanoCPUs, p.NanoCPUs, p.MaxNanoCPUs, DefaultNanoCPUs},
 	}
 	for _, l := range limits {
 		def := cmp.Or(l.def, l.d)
 		ceiling := cmp.Or(l.max, def)
 		switch {
 		case l.asked < 0:
-			return Profile{}, &DeniedError{Setting: l.setting, Value: fmt.Sprint(l.asked)}
+			return Profile{}, &DeniedError{Setting: l.setting, Value: fmt.Sprint(l.asked), Limit: "it must not be negative"}
 		case l.asked == 0:
 			*l.dst = def
 		case l.asked > ceiling:
-			return Profile{}, &DeniedError{Setting: l.setting, Value: fmt.Sprint(l.asked)}
+			return Profile{}, &DeniedError{Setting: l.setting, Value: fmt.Sprint(l.asked),
+				Limit: fmt.Sprintf("it may be at most the operator's %d (policy.%s)", ceiling, l.maxKey)}
 		default:
 			*l.dst = l.asked
 		}

@@ -142,43 +142,34 @@ var sessionOnlyOptions = map[string]string{
 	"commit":         "the operator's rule; narrow it with the scope setting",
 }
 
-// toolsConfig is the tool configuration a session gets: base with the
-// session's options, grants and always-on skills.
+// toolsConfig is the tool configuration a session gets: base, the
+// operator's, with the session's options, grants, always-on skills and
+// sources. The result is judged against base field by field
+// (tools.Config.Within): a session may narrow every option and widen none,
+// and holds only the grants of base and those allowedGrants lets it ask for
+// (nil: any).
 func toolsConfig(base tools.Config, s Settings, allowedGrants []string) (tools.Config, error) {
-	// A deep copy through JSON: decoding options over base must not write
-	// into base's slices and maps, which every session shares.
-	raw, err := json.Marshal(base)
+	opts := bytes.TrimSpace(s.Options)
+	if len(opts) == 0 || string(opts) == "null" {
+		opts = []byte("{}")
+	}
+	var keys map[string]json.RawMessage
+	if err := json.Unmarshal(opts, &keys); err != nil {
+		return tools.Config{}, &SettingError{"options", "want a JSON object of tool options"}
+	}
+	for _, k := range slices.Sorted(maps.Keys(keys)) {
+		if why, ok := sessionOnlyOptions[k]; ok {
+			return tools.Config{}, &SettingError{"options." + k, "a session may not set it: " + why}
+		}
+	}
+	cfg, err := base.With(opts) // a copy: base's slices and maps are every session's
 	if err != nil {
-		return tools.Config{}, err
-	}
-	var cfg tools.Config
-	if err := json.Unmarshal(raw, &cfg); err != nil {
-		return tools.Config{}, err
-	}
-	if opts := bytes.TrimSpace(s.Options); len(opts) > 0 && string(opts) != "null" {
-		var keys map[string]json.RawMessage
-		if err := json.Unmarshal(opts, &keys); err != nil {
-			return tools.Config{}, &SettingError{"options", "want a JSON object of tool options"}
-		}
-		for _, k := range slices.Sorted(maps.Keys(keys)) {
-			if why, ok := sessionOnlyOptions[k]; ok {
-				return tools.Config{}, &SettingError{"options." + k, "a session may not set it: " + why}
-			}
-		}
-		dec := json.NewDecoder(bytes.NewReader(opts))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&cfg); err != nil {
-			msg := strings.TrimPrefix(err.Error(), "json: ")
-			var te *json.UnmarshalTypeError
-			if errors.As(err, &te) && te.Field != "" {
-				msg = fmt.Sprintf("option %s: want %s, got JSON %s", te.Field, te.Type, te.Value)
-			}
-			return tools.Config{}, &SettingError{"options", msg}
-		}
+		return tools.Config{}, &SettingError{"options", err.Error()}
 	}
 	for _, g := range s.Grants {
 		if allowedGrants != nil && !slices.Contains(allowedGrants, g) {
-			return tools.Config{}, &policy.DeniedError{Setting: "grant", Value: g}
+			return tools.Config{}, &policy.DeniedError{Setting: "grant", Value: g,
+				Limit: fmt.Sprintf("the operator lets sessions ask for %s (grants in the daemon's configuration)", cmp.Or(strings.Join(allowedGrants, ", "), "no grant"))}
 		}
 		if !slices.Contains(cfg.Grants, g) {
 			cfg.Grants = append(cfg.Grants, g)
@@ -208,6 +199,14 @@ func toolsConfig(base tools.Config, s Settings, allowedGrants []string) (tools.C
 			return tools.Config{}, &SettingError{oe.Option, oe.Reason}
 		}
 		return tools.Config{}, &SettingError{"options", err.Error()}
+	}
+	ceiling := base
+	if allowedGrants == nil {
+		allowedGrants = tools.AllGrants
+	}
+	ceiling.Grants = slices.Concat(base.Grants, allowedGrants)
+	if err := cfg.Within(ceiling); err != nil {
+		return tools.Config{}, err
 	}
 	return cfg, nil
 }

@@ -56,7 +56,10 @@ type Settings struct {
 	// (package scope). A scoped session is offered no bash; workspace_exec
 	// runs only when it is scoped by commit rules alone.
 	Scope scope.Rules `json:"scope,omitzero"`
-	// Vars are added to every command's environment.
+	// Vars are added to every command's environment. One that changes
+	// which programs or code a command runs (LD_PRELOAD, PATH, GIT_SSH, …)
+	// needs the shell.exec grant: without it, commands are only
+	// workspace_exec's allowlisted ones.
 	Vars map[string]string `json:"vars,omitempty"`
 	// Lifetime ends the session that long after it was created, and
 	// IdleTimeout when no call was made for that long; zero is the
@@ -208,19 +211,26 @@ func toolsConfig(base tools.Config, s Settings, allowedGrants []string) (tools.C
 	if err := cfg.Within(ceiling); err != nil {
 		return tools.Config{}, err
 	}
+	if k, why := tools.ExecEnv(s.Vars, cfg.Grants); why != "" {
+		return tools.Config{}, &policy.DeniedError{Setting: "vars", Value: k, Limit: why}
+	}
 	return cfg, nil
 }
 
 // bounded returns asked, or def when asked is zero; asked over max (when
-// max is positive) is refused naming setting.
+// max is positive) is refused naming setting. A positive max bounds the
+// default too: a def of zero (none) or above max is max.
 func bounded(setting string, asked, def, max Duration) (time.Duration, error) {
+	if max > 0 && (def == 0 || def > max) {
+		def = max
+	}
 	switch {
 	case asked < 0:
 		return 0, &SettingError{setting, "must not be negative"}
 	case asked == 0:
 		return time.Duration(def), nil
 	case max > 0 && asked > max:
-		return 0, &SettingError{setting, fmt.Sprintf("%v is over the operator's maximum of %v", time.Duration(asked), time.Duration(max))}
+		return 0, &SettingError{setting, fmt.Sprintf("%v is over the operator's maximum of %v (ask for less, or for none to get %v)", time.Duration(asked), time.Duration(max), time.Duration(def))}
 	}
 	return time.Duration(asked), nil
 }

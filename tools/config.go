@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path"
 	"slices"
@@ -523,6 +524,11 @@ var ceilings = []struct {
 				return s.BashEnv, fmt.Sprintf("it may add variables to the operator's %s, not change or remove them", jsonText(op.BashEnv))
 			}
 		}
+		added := maps.Clone(s.BashEnv)
+		maps.DeleteFunc(added, func(k, _ string) bool { _, ok := op.BashEnv[k]; return ok })
+		if k, why := ExecEnv(added, s.Grants); why != "" {
+			return map[string]string{k: added[k]}, why
+		}
 		return nil, ""
 	}},
 	{"bashInheritEnv", onlyOff(func(c Config) bool { return c.BashInheritEnv })},
@@ -577,6 +583,23 @@ func workspaceShellWithin(op, s Config) (any, string) {
 		return w.TimeoutMS(), fmt.Sprintf("its timeout may be at most the operator's %d ms", o.TimeoutMS())
 	}
 	return nil, ""
+}
+
+// ExecEnv returns the first variable of env (by name) that only a session
+// holding shell.exec may set, and why: one that changes which programs or
+// code a command runs (workspaceshell.DeniedEnv), which would let an
+// allowlisted workspace_exec command run any program. It returns "", ""
+// when grants hold shell.exec or env has none.
+func ExecEnv(env map[string]string, grants []string) (key, why string) {
+	if slices.Contains(grants, GrantShellExec) {
+		return "", ""
+	}
+	for _, k := range slices.Sorted(maps.Keys(env)) {
+		if why := workspaceshell.DeniedEnv(k); why != "" {
+			return k, why + ", so a session sets it only with the shell.exec grant, which the operator's grants did not give it"
+		}
+	}
+	return "", ""
 }
 
 // commandsWithin says whether the commands s allow are among those of op.

@@ -67,7 +67,7 @@ func ceilingCases(t *testing.T) []ceilingCase {
 		{option: "bashTimeoutMs", widen: []string{opt("bashTimeoutMs", 600_001)}, narrow: []string{opt("bashTimeoutMs", 1000), opt("bashTimeoutMs", 600_000)}},
 		{option: "bashMaxTimeoutMs", widen: []string{opt("bashMaxTimeoutMs", 600_001)}, narrow: []string{opt("bashMaxTimeoutMs", 1000)}},
 		{option: "bashEnv", op: func(c *tools.Config) { c.BashEnv = map[string]string{"HTTPS_PROXY": "http://proxy:3128"} },
-			widen:  []string{opt("bashEnv", map[string]string{"HTTPS_PROXY": ""})},
+			widen:  []string{opt("bashEnv", map[string]string{"HTTPS_PROXY": ""}), opt("bashEnv", map[string]string{"LD_PRELOAD": "/workspace/x.so"})},
 			narrow: []string{opt("bashEnv", map[string]string{"GOFLAGS": "-mod=mod"})}},
 		{option: "bashInheritEnv", widen: []string{opt("bashInheritEnv", true)}, narrow: []string{opt("bashInheritEnv", false)}},
 		{option: "bashEnvAllow", widen: []string{opt("bashEnvAllow", []string{"*"}), opt("bashEnvAllow", []string{"PATH", "AWS_*"})},

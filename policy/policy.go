@@ -17,6 +17,7 @@ package policy
 
 import (
 	"cmp"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"path"
@@ -250,21 +251,26 @@ type DeniedError struct {
 	// "pids limit", "memory", "cpu quota"; "grant", "options.protect", …
 	// elsewhere.
 	Setting string
-	// Value is what was asked for.
+	// Value is what was asked for: a plain string, or JSON.
 	Value string
 	// Limit, when set, says what the operator allows instead, naming its
-	// value ("it may be at most the operator's 1073741824 (policy.maxMemory)").
+	// value and the session's setting ("limits.memoryBytes may be at most
+	// the operator's 1073741824").
 	Limit string
 }
 
 func (e *DeniedError) Error() string {
+	msg := "policy: session may not ask for " + e.Setting
 	switch {
-	case e.Limit != "":
-		return fmt.Sprintf("policy: session may not ask for %s %s: %s", e.Setting, e.Value, e.Limit)
-	case e.Value == "":
-		return "policy: session may not ask for " + e.Setting
+	case json.Valid([]byte(e.Value)): // a number, a list, a quoted string
+		msg += " " + e.Value
+	case e.Value != "":
+		msg += fmt.Sprintf(" %q", e.Value)
 	}
-	return fmt.Sprintf("policy: session may not ask for %s %q", e.Setting, e.Value)
+	if e.Limit != "" {
+		msg += ": " + e.Limit
+	}
+	return msg
 }
 
 // Apply returns the profile a request gets under p: the hardened defaults,
@@ -279,7 +285,8 @@ func (p Policy) Apply(req Request) (Profile, error) {
 		return Profile{}, &DeniedError{Setting: "image", Value: ""}
 	}
 	if image != p.DefaultImage && !matchAny(p.Images, image) {
-		return Profile{}, &DeniedError{Setting: "image", Value: image}
+		return Profile{}, &DeniedError{Setting: "image", Value: image,
+			Limit: fmt.Sprintf("the operator's policy allows %s and policy.images %q", p.DefaultImage, p.Images)}
 	}
 	prof := DefaultProfile(image)
 	prof.Session, prof.Tenant = req.Session, req.Tenant
@@ -291,68 +298,72 @@ func (p Policy) Apply(req Request) (Profile, error) {
 	defRuntime := cmp.Or(p.DefaultRuntime, RuntimeRunc)
 	prof.Runtime = cmp.Or(req.Runtime, defRuntime)
 	if prof.Runtime != defRuntime && !slices.Contains(p.Runtimes, prof.Runtime) {
-		return Profile{}, &DeniedError{Setting: "runtime", Value: prof.Runtime}
+		return Profile{}, &DeniedError{Setting: "runtime", Value: prof.Runtime,
+			Limit: fmt.Sprintf("the operator's policy allows %s and policy.runtimes %q", defRuntime, p.Runtimes)}
 	}
 
 	if req.Network != "" && req.Network != NetworkNone {
 		if !slices.Contains(p.Networks, req.Network) {
-			return Profile{}, &DeniedError{Setting: "network", Value: req.Network}
+			return Profile{}, &DeniedError{Setting: "network", Value: req.Network,
+				Limit: fmt.Sprintf("the operator's policy allows none and policy.networks %q", p.Networks)}
 		}
 		prof.NetworkMode = req.Network
 	}
 	if req.Privileged {
 		if !p.Privileged {
-			return Profile{}, &DeniedError{Setting: "privileged"}
+			return Profile{}, &DeniedError{Setting: "privileged", Limit: "the operator's policy.privileged is false"}
 		}
 		prof.Privileged = true
 	}
 	for _, c := range req.CapAdd {
 		name := capName(c)
 		if !slices.ContainsFunc(p.Capabilities, func(a string) bool { return capName(a) == name }) {
-			return Profile{}, &DeniedError{Setting: "capability", Value: name}
+			return Profile{}, &DeniedError{Setting: "capability", Value: name,
+				Limit: fmt.Sprintf("capAdd may name only the operator's policy.capabilities %q", p.Capabilities)}
 		}
 		prof.CapAdd = append(prof.CapAdd, name)
 	}
 	for _, m := range req.HostMounts {
 		if !p.hostPathAllowed(m.Source) {
-			return Profile{}, &DeniedError{Setting: "host mount", Value: m.Source}
+			return Profile{}, &DeniedError{Setting: "host mount", Value: m.Source,
+				Limit: fmt.Sprintf("hostMounts may name only the operator's policy.hostPaths %q, never the Docker socket", p.HostPaths)}
 		}
 		m.Source, m.Target = path.Clean(m.Source), path.Clean(m.Target)
 		prof.HostMounts = append(prof.HostMounts, m)
 	}
 	if req.WritableRootfs {
 		if !p.WritableRootfs {
-			return Profile{}, &DeniedError{Setting: "writable rootfs"}
+			return Profile{}, &DeniedError{Setting: "writable rootfs", Limit: "the operator's policy.writableRootfs is false"}
 		}
 		prof.ReadonlyRootfs = false
 	}
 	if req.RootUser {
 		if !p.RootUser {
-			return Profile{}, &DeniedError{Setting: "root user"}
+			return Profile{}, &DeniedError{Setting: "root user", Limit: "the operator's policy.rootUser is false"}
 		}
 		prof.User = "0:0"
 	}
 
 	limits := []struct {
-		setting, maxKey    string
-		dst                *int64
-		asked, def, max, d int64
+		setting, key, maxKey string
+		dst                  *int64
+		asked, def, max, d   int64
 	}{
-		{"pids limit", "maxPids", &prof.PidsLimit, req.PidsLimit, p.Pids, p.MaxPids, DefaultPidsLimit},
-		{"memory", "maxMemory", &prof.MemoryBytes, req.MemoryBytes, p.Memory, p.MaxMemory, DefaultMemoryBytes},
-		{"cpu quota", "maxNanoCPUs", &prof.NanoCPUs, req.NanoCPUs, p.NanoCPUs, p.MaxNanoCPUs, DefaultNanoCPUs},
+		{"pids limit", "limits.pids", "maxPids", &prof.PidsLimit, req.PidsLimit, p.Pids, p.MaxPids, DefaultPidsLimit},
+		{"memory", "limits.memoryBytes", "maxMemory", &prof.MemoryBytes, req.MemoryBytes, p.Memory, p.MaxMemory, DefaultMemoryBytes},
+		{"cpu quota", "limits.nanoCpus", "maxNanoCPUs", &prof.NanoCPUs, req.NanoCPUs, p.NanoCPUs, p.MaxNanoCPUs, DefaultNanoCPUs},
 	}
 	for _, l := range limits {
 		def := cmp.Or(l.def, l.d)
 		ceiling := cmp.Or(l.max, def)
 		switch {
 		case l.asked < 0:
-			return Profile{}, &DeniedError{Setting: l.setting, Value: fmt.Sprint(l.asked), Limit: "it must not be negative"}
+			return Profile{}, &DeniedError{Setting: l.setting, Value: fmt.Sprint(l.asked), Limit: l.key + " must not be negative"}
 		case l.asked == 0:
 			*l.dst = def
 		case l.asked > ceiling:
 			return Profile{}, &DeniedError{Setting: l.setting, Value: fmt.Sprint(l.asked),
-				Limit: fmt.Sprintf("it may be at most the operator's %d (policy.%s)", ceiling, l.maxKey)}
+				Limit: fmt.Sprintf("%s may be at most the operator's %d (policy.%s)", l.key, ceiling, l.maxKey)}
 		default:
 			*l.dst = l.asked
 		}

@@ -95,7 +95,7 @@ func TestCeilings(t *testing.T) {
 				narrow: []any{map[string]any{"memoryBytes": 256 << 20, "pids": 64, "nanoCpus": int64(5e8)}}},
 			"grants":  {widen: []any{[]string{tools.GrantShellExec}}, narrow: []any{[]string{tools.GrantFSWrite}, []string{}}},
 			"always":  {widen: []any{[]string{"shell"}}, narrow: []any{[]string{"read"}}}, // a skill needs its grant
-			"options": {},                                                                    // walked by Options
+			"options": {},                                                                 // walked by Options
 			"sources": {widen: []any{[]string{"etc"}}, narrow: []any{[]string{"docs"}, []string{}}},
 			"scope":   {narrow: []any{map[string]any{"visible": []string{"src/**"}, "commit": []string{"src/**"}}}}, // it only narrows
 			"vars": {widen: []any{map[string]string{"LD_PRELOAD": "/workspace/x.so"}, map[string]string{"PATH": "/workspace/bin"}, map[string]string{"GIT_SSH_COMMAND": "sh"}},

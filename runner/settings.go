@@ -19,8 +19,8 @@ import (
 )
 
 // Settings are what a session asks for when it is created. Zero fields
-// take the operator's defaults; anything beyond the operator's policy is
-// refused, naming the setting.
+// take the operator's defaults; the operator's word is a ceiling: anything
+// beyond it is refused, naming the setting and the operator's value.
 type Settings struct {
 	// Image is the container image; "" is the policy's default.
 	Image string `json:"image,omitempty"`
@@ -43,8 +43,11 @@ type Settings struct {
 	// operator's.
 	Always []string `json:"always,omitempty"`
 	// Options are tool options (maxLines, bashTimeoutMs, …) over the
-	// operator's. The host-facing ones (bashInheritEnv, bashEnvAllow) and
-	// those with settings of their own (grants, always) are refused here.
+	// operator's, each of which they may narrow and none widen
+	// (tools.Config.Within: a limit at most the operator's, protect only
+	// added to, …). The host-facing ones (bashInheritEnv, bashEnvAllow),
+	// the operator's rules and sources, and those with settings of their
+	// own (grants, always) are refused here.
 	Options json.RawMessage `json:"options,omitempty"`
 	// Sources names the operator's declared sources this session gets
 	// (materialize_sources, the shell's curl); nil: all of them, an empty

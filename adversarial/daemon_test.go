@@ -20,6 +20,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/httpapi"
 	"github.com/sandboxd/sandboxd/internal/dockertest"
+	"github.com/sandboxd/sandboxd/runner"
 )
 
 // daemonBackends runs f per backend of the daemon: memory always, docker
@@ -299,7 +300,7 @@ func serveProcess(t *testing.T) (url string) {
 	bin := sandboxdBinary(t)
 	dir := t.TempDir()
 	cfg := map[string]any{"listen": "127.0.0.1:0", "backend": "memory", "daemon": "adv-serve",
-		"tenants": []httpapi.Tenant{{Name: "acme", Tokens: []string{httpapi.HashToken(acmeToken)}}},
+		"tenants": []httpapi.Tenant{{Name: "acme", Tokens: []string{httpapi.HashToken(acmeToken)}}, {Name: "bolt", Tokens: []string{httpapi.HashToken(boltToken)}}},
 		// Short bounds, so the slow-client attacks below end within seconds.
 		"http": map[string]any{"headerTimeout": "3s", "idleTimeout": "2s", "minBodyRate": 1024, "bodyGrace": "2s"}}
 	raw, _ := json.Marshal(cfg)
@@ -398,6 +399,44 @@ func TestServeProcess(t *testing.T) {
 			}
 		})
 	}
+	// A daemon configured with no ceilings has them: a session's lifetime
+	// and idle timeout are bounded, and so are a tenant's sessions.
+	t.Run("DefaultCeilings", func(t *testing.T) {
+		t.Parallel()
+		for _, s := range []map[string]any{{"lifetime": "87600h"}, {"idleTimeout": "87600h"}} {
+			if code, body := d.do(t, boltToken, "POST", "/v1/sessions", s); code != http.StatusBadRequest || !strings.Contains(string(body), "maximum") {
+				t.Errorf("%v: %d %s", s, code, body)
+			}
+		}
+		var ids []string
+		defer func() {
+			for _, id := range ids {
+				d.do(t, boltToken, "DELETE", "/v1/sessions/"+id, nil)
+			}
+		}()
+		for len(ids) <= 1000 {
+			code, body := d.do(t, boltToken, "POST", "/v1/sessions", map[string]any{})
+			if code == http.StatusTooManyRequests {
+				break
+			}
+			var info struct {
+				ID          string
+				Created     time.Time
+				ExpiresAt   *time.Time
+				IdleTimeout runner.Duration
+			}
+			if code != http.StatusCreated || json.Unmarshal(body, &info) != nil {
+				t.Fatalf("create: %d %s", code, body)
+			}
+			ids = append(ids, info.ID)
+			if info.ExpiresAt == nil || info.ExpiresAt.Sub(info.Created) > 24*time.Hour || info.IdleTimeout <= 0 || time.Duration(info.IdleTimeout) > 4*time.Hour {
+				t.Fatalf("a session asking for nothing: %s", body)
+			}
+		}
+		if len(ids) != 32 {
+			t.Errorf("bolt got %d sessions before 429, want the default cap of 32", len(ids))
+		}
+	})
 	t.Run("HostSecretNotInCommands", func(t *testing.T) {
 		t.Parallel()
 		id := d.create(t, acmeToken, map[string]any{"grants": []string{"shell.exec"}, "always": []string{"shell"}})

@@ -248,6 +248,8 @@ type daemonConfig struct {
 	maxBody     int64
 	maxTransfer int64
 	pool        int
+	tools       *tools.Config   // the operator's tool options (default: DefaultConfig, no call cap)
+	options     []runner.Option // more of the operator's settings
 }
 
 func newDaemon(t testing.TB, c daemonConfig) *daemon {
@@ -267,6 +269,9 @@ func newDaemon(t testing.TB, c daemonConfig) *daemon {
 	}
 	cfg := tools.DefaultConfig()
 	cfg.MaxCallsPerRun = 0
+	if c.tools != nil {
+		cfg = *c.tools
+	}
 	opts := []runner.Option{
 		runner.WithPolicy(pol), runner.WithTools(cfg), runner.WithMaxSessions(c.maxSessions),
 		runner.WithDaemonName(fmt.Sprintf("adv-%d", time.Now().UnixNano())),
@@ -275,6 +280,7 @@ func newDaemon(t testing.TB, c daemonConfig) *daemon {
 	if c.pool > 0 {
 		opts = append(opts, runner.WithPool(runner.PoolConfig{Size: c.pool}))
 	}
+	opts = append(opts, c.options...)
 	m, err := runner.New(context.Background(), backend, opts...)
 	if err != nil {
 		t.Fatal(err)

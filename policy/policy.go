@@ -17,6 +17,7 @@ package policy
 
 import (
 	"cmp"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"path"
@@ -241,21 +242,35 @@ type Policy struct {
 	TmpfsBytes int64
 }
 
-// DeniedError says which setting a request asked for beyond its Policy.
+// DeniedError says which setting a session asked for beyond its operator's
+// word: a Policy, or (from other packages) the operator's grants and tool
+// options, which a session may narrow and never widen.
 type DeniedError struct {
 	// Setting names the setting: "privileged", "host mount", "network",
 	// "capability", "image", "runtime", "writable rootfs", "root user",
-	// "pids limit", "memory", "cpu quota".
+	// "pids limit", "memory", "cpu quota"; "grant", "options.protect", …
+	// elsewhere.
 	Setting string
-	// Value is what was asked for.
+	// Value is what was asked for: a plain string, or JSON.
 	Value string
+	// Limit, when set, says what the operator allows instead, naming its
+	// value and the session's setting ("limits.memoryBytes may be at most
+	// the operator's 1073741824").
+	Limit string
 }
 
 func (e *DeniedError) Error() string {
-	if e.Value == "" {
-		return "policy: session may not ask for " + e.Setting
+	msg := "policy: session may not ask for " + e.Setting
+	switch {
+	case json.Valid([]byte(e.Value)): // a number, a list, a quoted string
+		msg += " " + e.Value
+	case e.Value != "":
+		msg += fmt.Sprintf(" %q", e.Value)
 	}
-	return fmt.Sprintf("policy: session may not ask for %s %q", e.Setting, e.Value)
+	if e.Limit != "" {
+		msg += ": " + e.Limit
+	}
+	return msg
 }
 
 // Apply returns the profile a request gets under p: the hardened defaults,
@@ -270,7 +285,8 @@ func (p Policy) Apply(req Request) (Profile, error) {
 		return Profile{}, &DeniedError{Setting: "image", Value: ""}
 	}
 	if image != p.DefaultImage && !matchAny(p.Images, image) {
-		return Profile{}, &DeniedError{Setting: "image", Value: image}
+		return Profile{}, &DeniedError{Setting: "image", Value: image,
+			Limit: fmt.Sprintf("the operator's policy allows %s and policy.images %q", p.DefaultImage, p.Images)}
 	}
 	prof := DefaultProfile(image)
 	prof.Session, prof.Tenant = req.Session, req.Tenant
@@ -282,67 +298,72 @@ func (p Policy) Apply(req Request) (Profile, error) {
 	defRuntime := cmp.Or(p.DefaultRuntime, RuntimeRunc)
 	prof.Runtime = cmp.Or(req.Runtime, defRuntime)
 	if prof.Runtime != defRuntime && !slices.Contains(p.Runtimes, prof.Runtime) {
-		return Profile{}, &DeniedError{Setting: "runtime", Value: prof.Runtime}
+		return Profile{}, &DeniedError{Setting: "runtime", Value: prof.Runtime,
+			Limit: fmt.Sprintf("the operator's policy allows %s and policy.runtimes %q", defRuntime, p.Runtimes)}
 	}
 
 	if req.Network != "" && req.Network != NetworkNone {
 		if !slices.Contains(p.Networks, req.Network) {
-			return Profile{}, &DeniedError{Setting: "network", Value: req.Network}
+			return Profile{}, &DeniedError{Setting: "network", Value: req.Network,
+				Limit: fmt.Sprintf("the operator's policy allows none and policy.networks %q", p.Networks)}
 		}
 		prof.NetworkMode = req.Network
 	}
 	if req.Privileged {
 		if !p.Privileged {
-			return Profile{}, &DeniedError{Setting: "privileged"}
+			return Profile{}, &DeniedError{Setting: "privileged", Limit: "the operator's policy.privileged is false"}
 		}
 		prof.Privileged = true
 	}
 	for _, c := range req.CapAdd {
 		name := capName(c)
 		if !slices.ContainsFunc(p.Capabilities, func(a string) bool { return capName(a) == name }) {
-			return Profile{}, &DeniedError{Setting: "capability", Value: name}
+			return Profile{}, &DeniedError{Setting: "capability", Value: name,
+				Limit: fmt.Sprintf("capAdd may name only the operator's policy.capabilities %q", p.Capabilities)}
 		}
 		prof.CapAdd = append(prof.CapAdd, name)
 	}
 	for _, m := range req.HostMounts {
 		if !p.hostPathAllowed(m.Source) {
-			return Profile{}, &DeniedError{Setting: "host mount", Value: m.Source}
+			return Profile{}, &DeniedError{Setting: "host mount", Value: m.Source,
+				Limit: fmt.Sprintf("hostMounts may name only the operator's policy.hostPaths %q, never the Docker socket", p.HostPaths)}
 		}
 		m.Source, m.Target = path.Clean(m.Source), path.Clean(m.Target)
 		prof.HostMounts = append(prof.HostMounts, m)
 	}
 	if req.WritableRootfs {
 		if !p.WritableRootfs {
-			return Profile{}, &DeniedError{Setting: "writable rootfs"}
+			return Profile{}, &DeniedError{Setting: "writable rootfs", Limit: "the operator's policy.writableRootfs is false"}
 		}
 		prof.ReadonlyRootfs = false
 	}
 	if req.RootUser {
 		if !p.RootUser {
-			return Profile{}, &DeniedError{Setting: "root user"}
+			return Profile{}, &DeniedError{Setting: "root user", Limit: "the operator's policy.rootUser is false"}
 		}
 		prof.User = "0:0"
 	}
 
 	limits := []struct {
-		setting            string
-		dst                *int64
-		asked, def, max, d int64
+		setting, key, maxKey string
+		dst                  *int64
+		asked, def, max, d   int64
 	}{
-		{"pids limit", &prof.PidsLimit, req.PidsLimit, p.Pids, p.MaxPids, DefaultPidsLimit},
-		{"memory", &prof.MemoryBytes, req.MemoryBytes, p.Memory, p.MaxMemory, DefaultMemoryBytes},
-		{"cpu quota", &prof.NanoCPUs, req.NanoCPUs, p.NanoCPUs, p.MaxNanoCPUs, DefaultNanoCPUs},
+		{"pids limit", "limits.pids", "maxPids", &prof.PidsLimit, req.PidsLimit, p.Pids, p.MaxPids, DefaultPidsLimit},
+		{"memory", "limits.memoryBytes", "maxMemory", &prof.MemoryBytes, req.MemoryBytes, p.Memory, p.MaxMemory, DefaultMemoryBytes},
+		{"cpu quota", "limits.nanoCpus", "maxNanoCPUs", &prof.NanoCPUs, req.NanoCPUs, p.NanoCPUs, p.MaxNanoCPUs, DefaultNanoCPUs},
 	}
 	for _, l := range limits {
 		def := cmp.Or(l.def, l.d)
 		ceiling := cmp.Or(l.max, def)
 		switch {
 		case l.asked < 0:
-			return Profile{}, &DeniedError{Setting: l.setting, Value: fmt.Sprint(l.asked)}
+			return Profile{}, &DeniedError{Setting: l.setting, Value: fmt.Sprint(l.asked), Limit: l.key + " must not be negative"}
 		case l.asked == 0:
 			*l.dst = def
 		case l.asked > ceiling:
-			return Profile{}, &DeniedError{Setting: l.setting, Value: fmt.Sprint(l.asked)}
+			return Profile{}, &DeniedError{Setting: l.setting, Value: fmt.Sprint(l.asked),
+				Limit: fmt.Sprintf("%s may be at most the operator's %d (policy.%s)", l.key, ceiling, l.maxKey)}
 		default:
 			*l.dst = l.asked
 		}

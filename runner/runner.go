@@ -111,13 +111,14 @@ func WithMaxSessions(n int) Option { return func(o *options) { o.maxSessions = n
 func WithMaxCallsInFlight(n int) Option { return func(o *options) { o.maxCalls = n } }
 
 // WithLifetime sets a session's default lifetime and the most it may ask
-// for (zero: none).
+// for (zero: none). A maximum bounds the default too: with a maximum, a
+// default of zero or above it is the maximum.
 func WithLifetime(def, max time.Duration) Option {
 	return func(o *options) { o.lifetime, o.maxLifetime = Duration(def), Duration(max) }
 }
 
 // WithIdleTimeout sets a session's default idle timeout and the most it may
-// ask for (zero: none).
+// ask for (zero: none), the default bounded as WithLifetime's.
 func WithIdleTimeout(def, max time.Duration) Option {
 	return func(o *options) { o.idle, o.maxIdle = Duration(def), Duration(max) }
 }

@@ -425,6 +425,11 @@ func TestSettingsRefused(t *testing.T) {
 		{"bad scope", runner.Settings{Scope: scope.Rules{Commit: []string{"src/[a"}}}, "scope", false},
 		{"unknown option", runner.Settings{Options: json.RawMessage(`{"maxLinez":3}`)}, "options", false},
 		{"bad option", runner.Settings{Options: json.RawMessage(`{"maxLines":-1}`)}, "maxLines", false},
+		{"a variable that runs code, without shell.exec", runner.Settings{Vars: map[string]string{"LD_PRELOAD": "/workspace/x.so"}}, "vars", true},
+		{"protect widened", runner.Settings{Options: json.RawMessage(`{"protect":[]}`)}, "options.protect", true},
+		{"a file read past the operator's cap", runner.Settings{Options: json.RawMessage(`{"maxFileBytes":943718400}`)}, "options.maxFileBytes", true},
+		{"programs without shell.exec", runner.Settings{Grants: []string{tools.GrantFSWrite},
+			Options: json.RawMessage(`{"profile":"workspace-shell","driver":"provider","workspaceShell":{"mode":"write","commands":"all"}}`)}, "options.profile", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := m.Create(context.Background(), runner.CreateRequest{Tenant: "acme", Settings: tc.settings})

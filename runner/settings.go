@@ -19,8 +19,8 @@ import (
 )
 
 // Settings are what a session asks for when it is created. Zero fields
-// take the operator's defaults; anything beyond the operator's policy is
-// refused, naming the setting.
+// take the operator's defaults; the operator's word is a ceiling: anything
+// beyond it is refused, naming the setting and the operator's value.
 type Settings struct {
 	// Image is the container image; "" is the policy's default.
 	Image string `json:"image,omitempty"`
@@ -43,8 +43,11 @@ type Settings struct {
 	// operator's.
 	Always []string `json:"always,omitempty"`
 	// Options are tool options (maxLines, bashTimeoutMs, …) over the
-	// operator's. The host-facing ones (bashInheritEnv, bashEnvAllow) and
-	// those with settings of their own (grants, always) are refused here.
+	// operator's, each of which they may narrow and none widen
+	// (tools.Config.Within: a limit at most the operator's, protect only
+	// added to, …). The host-facing ones (bashInheritEnv, bashEnvAllow),
+	// the operator's rules and sources, and those with settings of their
+	// own (grants, always) are refused here.
 	Options json.RawMessage `json:"options,omitempty"`
 	// Sources names the operator's declared sources this session gets
 	// (materialize_sources, the shell's curl); nil: all of them, an empty
@@ -56,7 +59,10 @@ type Settings struct {
 	// (package scope). A scoped session is offered no bash; workspace_exec
 	// runs only when it is scoped by commit rules alone.
 	Scope scope.Rules `json:"scope,omitzero"`
-	// Vars are added to every command's environment.
+	// Vars are added to every command's environment. One that changes
+	// which programs or code a command runs (LD_PRELOAD, PATH, GIT_SSH, …)
+	// needs the shell.exec grant: without it, commands are only
+	// workspace_exec's allowlisted ones.
 	Vars map[string]string `json:"vars,omitempty"`
 	// Lifetime ends the session that long after it was created, and
 	// IdleTimeout when no call was made for that long; zero is the
@@ -142,43 +148,34 @@ var sessionOnlyOptions = map[string]string{
 	"commit":         "the operator's rule; narrow it with the scope setting",
 }
 
-// toolsConfig is the tool configuration a session gets: base with the
-// session's options, grants and always-on skills.
+// toolsConfig is the tool configuration a session gets: base, the
+// operator's, with the session's options, grants, always-on skills and
+// sources. The result is judged against base field by field
+// (tools.Config.Within): a session may narrow every option and widen none,
+// and holds only the grants of base and those allowedGrants lets it ask for
+// (nil: any).
 func toolsConfig(base tools.Config, s Settings, allowedGrants []string) (tools.Config, error) {
-	// A deep copy through JSON: decoding options over base must not write
-	// into base's slices and maps, which every session shares.
-	raw, err := json.Marshal(base)
+	opts := bytes.TrimSpace(s.Options)
+	if len(opts) == 0 || string(opts) == "null" {
+		opts = []byte("{}")
+	}
+	var keys map[string]json.RawMessage
+	if err := json.Unmarshal(opts, &keys); err != nil {
+		return tools.Config{}, &SettingError{"options", "want a JSON object of tool options"}
+	}
+	for _, k := range slices.Sorted(maps.Keys(keys)) {
+		if why, ok := sessionOnlyOptions[k]; ok {
+			return tools.Config{}, &SettingError{"options." + k, "a session may not set it: " + why}
+		}
+	}
+	cfg, err := base.With(opts) // a copy: base's slices and maps are every session's
 	if err != nil {
-		return tools.Config{}, err
-	}
-	var cfg tools.Config
-	if err := json.Unmarshal(raw, &cfg); err != nil {
-		return tools.Config{}, err
-	}
-	if opts := bytes.TrimSpace(s.Options); len(opts) > 0 && string(opts) != "null" {
-		var keys map[string]json.RawMessage
-		if err := json.Unmarshal(opts, &keys); err != nil {
-			return tools.Config{}, &SettingError{"options", "want a JSON object of tool options"}
-		}
-		for _, k := range slices.Sorted(maps.Keys(keys)) {
-			if why, ok := sessionOnlyOptions[k]; ok {
-				return tools.Config{}, &SettingError{"options." + k, "a session may not set it: " + why}
-			}
-		}
-		dec := json.NewDecoder(bytes.NewReader(opts))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&cfg); err != nil {
-			msg := strings.TrimPrefix(err.Error(), "json: ")
-			var te *json.UnmarshalTypeError
-			if errors.As(err, &te) && te.Field != "" {
-				msg = fmt.Sprintf("option %s: want %s, got JSON %s", te.Field, te.Type, te.Value)
-			}
-			return tools.Config{}, &SettingError{"options", msg}
-		}
+		return tools.Config{}, &SettingError{"options", err.Error()}
 	}
 	for _, g := range s.Grants {
 		if allowedGrants != nil && !slices.Contains(allowedGrants, g) {
-			return tools.Config{}, &policy.DeniedError{Setting: "grant", Value: g}
+			return tools.Config{}, &policy.DeniedError{Setting: "grant", Value: g,
+				Limit: fmt.Sprintf("the operator lets sessions ask for %s (grants in the daemon's configuration)", cmp.Or(strings.Join(allowedGrants, ", "), "no grant"))}
 		}
 		if !slices.Contains(cfg.Grants, g) {
 			cfg.Grants = append(cfg.Grants, g)
@@ -209,19 +206,34 @@ func toolsConfig(base tools.Config, s Settings, allowedGrants []string) (tools.C
 		}
 		return tools.Config{}, &SettingError{"options", err.Error()}
 	}
+	ceiling := base
+	if allowedGrants == nil {
+		allowedGrants = tools.AllGrants
+	}
+	ceiling.Grants = slices.Concat(base.Grants, allowedGrants)
+	if err := cfg.Within(ceiling); err != nil {
+		return tools.Config{}, err
+	}
+	if k, why := tools.ExecEnv(s.Vars, cfg.Grants); why != "" {
+		return tools.Config{}, &policy.DeniedError{Setting: "vars", Value: k, Limit: why}
+	}
 	return cfg, nil
 }
 
 // bounded returns asked, or def when asked is zero; asked over max (when
-// max is positive) is refused naming setting.
+// max is positive) is refused naming setting. A positive max bounds the
+// default too: a def of zero (none) or above max is max.
 func bounded(setting string, asked, def, max Duration) (time.Duration, error) {
+	if max > 0 && (def == 0 || def > max) {
+		def = max
+	}
 	switch {
 	case asked < 0:
 		return 0, &SettingError{setting, "must not be negative"}
 	case asked == 0:
 		return time.Duration(def), nil
 	case max > 0 && asked > max:
-		return 0, &SettingError{setting, fmt.Sprintf("%v is over the operator's maximum of %v", time.Duration(asked), time.Duration(max))}
+		return 0, &SettingError{setting, fmt.Sprintf("%v is over the operator's maximum of %v (ask for less, or for none to get %v)", time.Duration(asked), time.Duration(max), time.Duration(def))}
 	}
 	return time.Duration(asked), nil
 }

@@ -106,6 +106,17 @@ func loadServeConfig(file string) (serveConfig, error) {
 
 const defaultListen = "127.0.0.1:7878"
 
+// The daemon's ceilings when its configuration sets none: no tenant's
+// session lives or idles for ever, and no tenant holds sessions without
+// bound (a tenant's maxSessions, limits.sessionsPerTenant,
+// sessions.maxLifetime and sessions.maxIdleTimeout raise or lower them).
+const (
+	defaultSessionsPerTenant = 32
+	defaultMaxLifetime       = 24 * time.Hour
+	defaultIdleTimeout       = 30 * time.Minute
+	defaultMaxIdleTimeout    = 4 * time.Hour
+)
+
 var cmdServe = &command{
 	name:    "serve",
 	args:    "[--listen ADDR] [--config FILE] [--backend docker|local|memory]",
@@ -157,9 +168,9 @@ func serve(ctx context.Context, sio stdio, cfg serveConfig, dev bool) error {
 	metrics := httpapi.NewMetrics()
 	opts := []runner.Option{
 		runner.WithPolicy(cfg.Policy), runner.WithTools(toolCfg), runner.WithLogger(logger),
-		runner.WithObserver(metrics.Observe), runner.WithMaxSessions(cfg.Limits.SessionsPerTenant),
-		runner.WithLifetime(time.Duration(cfg.Sessions.Lifetime), time.Duration(cfg.Sessions.MaxLifetime)),
-		runner.WithIdleTimeout(time.Duration(cmp.Or(cfg.Sessions.IdleTimeout, runner.Duration(30*time.Minute))), time.Duration(cfg.Sessions.MaxIdleTimeout)),
+		runner.WithObserver(metrics.Observe), runner.WithMaxSessions(cmp.Or(cfg.Limits.SessionsPerTenant, defaultSessionsPerTenant)),
+		runner.WithLifetime(time.Duration(cfg.Sessions.Lifetime), cmp.Or(time.Duration(cfg.Sessions.MaxLifetime), defaultMaxLifetime)),
+		runner.WithIdleTimeout(cmp.Or(time.Duration(cfg.Sessions.IdleTimeout), defaultIdleTimeout), cmp.Or(time.Duration(cfg.Sessions.MaxIdleTimeout), defaultMaxIdleTimeout)),
 		runner.WithWorkspaceBytes(cmp.Or(cfg.Limits.WorkspaceBytes, 1<<30)),
 		runner.WithDaemonName(cmp.Or(cfg.Daemon, "sandboxd")),
 	}

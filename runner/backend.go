@@ -29,10 +29,24 @@ type Backend interface {
 	// Open starts a workspace for the session spec names. On failure it
 	// leaves nothing behind.
 	Open(ctx context.Context, spec Spec) (*Instance, error)
-	// Reap removes what an earlier run of this daemon left behind — found by
-	// spec.Labels, which carry the daemon's name — and reports how many
-	// workspaces it removed. It runs once, before the first Open.
+	// Reap removes what earlier runs of this daemon left behind — found by
+	// labels, which carry the daemon's name — and reports how many
+	// workspaces it removed. A backend that keeps the owner's labels
+	// (Owner) removes only what an owner that has ended left; one without
+	// labels takes every run's leftovers as dead. It runs once, before the
+	// first Open.
 	Reap(ctx context.Context, labels map[string]string) (int, error)
+}
+
+// Claimer is a Backend that several daemons may share (a Docker engine).
+// Claim makes this run the only live one of the daemon spec.Labels name
+// (LabelDaemon) on it, until release: it fails with ErrDaemonRunning,
+// naming the other, while another run of that daemon may live, and takes
+// the place of one that has ended. The Manager claims before it reaps, so
+// that reaping never races a living run of its own name.
+type Claimer interface {
+	Backend
+	Claim(ctx context.Context, spec Spec) (release func(context.Context) error, err error)
 }
 
 // Warmer is a Backend whose workspaces do not depend on the session they
@@ -95,6 +109,25 @@ type Instance struct {
 	ID string
 	// Close releases everything the instance holds. It is called once.
 	Close func(ctx context.Context) error
+	// Done, when not nil, is closed once the workspace is unusable — ended
+	// by itself (a container killed from outside) or closed; Err then says
+	// why. A pool never hands out such a workspace, and a session whose
+	// workspace ends by itself ends with ErrWorkspaceEnded.
+	Done <-chan struct{}
+	Err  func() error
+}
+
+// ended reports whether the workspace is unusable (Done is closed).
+func (inst *Instance) ended() bool {
+	if inst.Done == nil {
+		return false
+	}
+	select {
+	case <-inst.Done:
+		return true
+	default:
+		return false
+	}
 }
 
 func randomID(prefix string) string {

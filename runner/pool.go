@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 )
@@ -21,9 +22,10 @@ type PoolConfig struct {
 type PoolStats struct {
 	Image string
 	// Size is the target; Ready how many wait now; Claimed how many went to
-	// sessions so far.
-	Size, Ready int
-	Claimed     uint64
+	// sessions so far; Lost how many ended while they waited (a container
+	// killed from outside), and were replaced.
+	Size, Ready   int
+	Claimed, Lost uint64
 }
 
 // pool keeps ready workspaces of one spec. claim hands each to exactly one
@@ -44,6 +46,7 @@ type pool struct {
 	mu      sync.Mutex
 	ready   []*Instance
 	claimed uint64
+	lost    uint64 // ready workspaces that ended before a claim
 }
 
 func (m *Manager) newPool(pc PoolConfig) (*pool, error) {
@@ -82,21 +85,70 @@ func (m *Manager) claim(spec Spec) (*Instance, bool) {
 	return nil, false
 }
 
+// claim hands out a ready workspace that has not ended (Instance.Done);
+// those that have are dropped on the way.
 func (p *pool) claim() *Instance {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if len(p.ready) == 0 {
-		return nil
+	defer p.refill()
+	for len(p.ready) > 0 {
+		inst := p.ready[0]
+		p.ready[0] = nil
+		p.ready = p.ready[1:]
+		if inst.ended() {
+			p.discard(inst)
+			continue
+		}
+		p.claimed++
+		return inst
 	}
-	inst := p.ready[0]
-	p.ready[0] = nil
-	p.ready = p.ready[1:]
-	p.claimed++
+	return nil
+}
+
+// refill wakes the filling loop.
+func (p *pool) refill() {
 	select {
 	case p.wake <- struct{}{}:
 	default:
 	}
-	return inst
+}
+
+// watch drops inst from the ready workspaces if it ends while it waits
+// there, and starts another.
+func (p *pool) watch(inst *Instance) {
+	if inst.Done == nil {
+		return
+	}
+	go func() {
+		select {
+		case <-inst.Done:
+		case <-p.ctx.Done():
+			return
+		}
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if i := slices.Index(p.ready, inst); i >= 0 {
+			p.ready = slices.Delete(p.ready, i, i+1)
+			p.discard(inst)
+			p.refill()
+		}
+	}()
+}
+
+// discard removes a ready workspace that ended, in the background; p.mu is
+// held.
+func (p *pool) discard(inst *Instance) {
+	p.lost++
+	why := "no cause given"
+	if inst.Err != nil && inst.Err() != nil {
+		why = inst.Err().Error()
+	}
+	p.m.o.logger.Warn("warm pool: a ready workspace ended; starting another", "image", p.image, "workspace", inst.ID, "cause", why)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), removeTimeout)
+		defer cancel()
+		inst.Close(ctx)
+	}()
 }
 
 // fill starts workspaces until the pool is full, then waits for a claim.
@@ -134,13 +186,14 @@ func (p *pool) fill() {
 		p.mu.Lock()
 		p.ready = append(p.ready, inst)
 		p.mu.Unlock()
+		p.watch(inst)
 	}
 }
 
 func (p *pool) stats() PoolStats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return PoolStats{Image: p.image, Size: p.size, Ready: len(p.ready), Claimed: p.claimed}
+	return PoolStats{Image: p.image, Size: p.size, Ready: len(p.ready), Claimed: p.claimed, Lost: p.lost}
 }
 
 // closePools stops the pools filling and removes their ready workspaces.

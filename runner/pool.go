@@ -70,14 +70,14 @@ func (m *Manager) newPool(pc PoolConfig) (*pool, error) {
 }
 
 // claim takes a ready workspace for spec from a matching pool, if any.
-func (m *Manager) claim(spec Spec) (*Instance, bool) {
+func (m *Manager) claim(ctx context.Context, spec Spec) (*Instance, bool) {
 	if len(m.pools) == 0 {
 		return nil, false
 	}
 	key := spec.poolKey()
 	for _, p := range m.pools {
 		if p.key == key {
-			if inst := p.claim(); inst != nil {
+			if inst := p.claim(ctx); inst != nil {
 				return inst, true
 			}
 		}
@@ -85,24 +85,45 @@ func (m *Manager) claim(spec Spec) (*Instance, bool) {
 	return nil, false
 }
 
-// claim hands out a ready workspace that has not ended (Instance.Done);
-// those that have are dropped on the way.
-func (p *pool) claim() *Instance {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+// checkTimeout bounds the check of a pooled workspace before a claim.
+const checkTimeout = 10 * time.Second
+
+// claim hands out a ready workspace that still answers: it has not ended
+// (Instance.Done) and a Stat of its root succeeds, so a container that died
+// while it waited is never handed out, even before its end is noticed.
+// Those that fail are dropped on the way.
+func (p *pool) claim(ctx context.Context) *Instance {
 	defer p.refill()
-	for len(p.ready) > 0 {
+	for {
+		p.mu.Lock()
+		if len(p.ready) == 0 {
+			p.mu.Unlock()
+			return nil
+		}
 		inst := p.ready[0]
 		p.ready[0] = nil
 		p.ready = p.ready[1:]
-		if inst.ended() {
-			p.discard(inst)
-			continue
+		p.mu.Unlock()
+		err := errors.New("it ended")
+		if !inst.ended() {
+			cctx, cancel := context.WithTimeout(ctx, checkTimeout)
+			_, err = inst.FS.Stat(cctx, ".")
+			cancel()
 		}
-		p.claimed++
-		return inst
+		p.mu.Lock()
+		switch {
+		case err == nil:
+			p.claimed++
+			p.mu.Unlock()
+			return inst
+		case ctx.Err() != nil: // the caller left: the check proved nothing
+			p.ready = slices.Insert(p.ready, 0, inst)
+			p.mu.Unlock()
+			return nil
+		}
+		p.discard(inst, err)
+		p.mu.Unlock()
 	}
-	return nil
 }
 
 // refill wakes the filling loop.
@@ -129,21 +150,20 @@ func (p *pool) watch(inst *Instance) {
 		defer p.mu.Unlock()
 		if i := slices.Index(p.ready, inst); i >= 0 {
 			p.ready = slices.Delete(p.ready, i, i+1)
-			p.discard(inst)
+			p.discard(inst, errors.New("it ended"))
 			p.refill()
 		}
 	}()
 }
 
-// discard removes a ready workspace that ended, in the background; p.mu is
-// held.
-func (p *pool) discard(inst *Instance) {
+// discard removes a ready workspace that failed its check (err), in the
+// background; p.mu is held.
+func (p *pool) discard(inst *Instance, err error) {
 	p.lost++
-	why := "no cause given"
 	if inst.Err != nil && inst.Err() != nil {
-		why = inst.Err().Error()
+		err = inst.Err()
 	}
-	p.m.o.logger.Warn("warm pool: a ready workspace ended; starting another", "image", p.image, "workspace", inst.ID, "cause", why)
+	p.m.o.logger.Warn("warm pool: a ready workspace failed its check; starting another", "image", p.image, "workspace", inst.ID, "error", err)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), removeTimeout)
 		defer cancel()

@@ -355,7 +355,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Session, erro
 	}
 	spec := m.spec(prof, cfg)
 	spec.Session, spec.Tenant, spec.Source = id, req.Tenant, req.Source
-	inst, pooled := m.claim(spec)
+	inst, pooled := m.claim(ctx, spec)
 	if inst == nil {
 		if inst, err = m.backend.Open(ctx, spec); err != nil {
 			m.release(req.Tenant)

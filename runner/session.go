@@ -212,6 +212,9 @@ func (s *Session) begin() error {
 	defer s.mu.Unlock()
 	switch max := s.m.o.maxCalls; {
 	case s.closing:
+		if cause := context.Cause(s.ctx); cause != nil {
+			return fmt.Errorf("%w (session %s)", cause, s.id)
+		}
 		return fmt.Errorf("%w: %s", ErrClosed, s.id)
 	case max > 0 && s.inflight >= max:
 		return fmt.Errorf("%w (%d)", ErrBusy, max)

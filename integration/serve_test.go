@@ -522,7 +522,9 @@ func daemonContainers(t *testing.T, cli *client.Client, name string, except int)
 		t.Fatal(err)
 	}
 	var left []string
-	mine := func(labels map[string]string) bool { return except != 0 && labels[runner.LabelOwnerPID] == fmt.Sprint(except) }
+	mine := func(labels map[string]string) bool {
+		return except != 0 && labels[runner.LabelOwnerPID] == fmt.Sprint(except)
+	}
 	for _, c := range list.Items {
 		if !mine(c.Labels) {
 			left = append(left, "container "+c.ID[:12]+" "+strings.Join(c.Names, ","))

@@ -201,8 +201,9 @@ type Manager struct {
 
 // lostSession is a session whose workspace ended by itself.
 type lostSession struct {
-	tenant string
-	cause  error
+	tenant  string
+	cause   error
+	removed chan struct{} // closed once its workspace is removed
 }
 
 // maxEnded bounds how many lost sessions a manager remembers.
@@ -464,7 +465,8 @@ func (m *Manager) lose(s *Session) {
 			break
 		}
 	}
-	m.ended[s.id] = lostSession{tenant: s.tenant, cause: cause}
+	removed := make(chan struct{})
+	m.ended[s.id] = lostSession{tenant: s.tenant, cause: cause, removed: removed}
 	m.lost++
 	m.deleting.Add(1) // under mu, as in Delete
 	m.mu.Unlock()
@@ -475,6 +477,7 @@ func (m *Manager) lose(s *Session) {
 	m.o.logger.Warn("session's workspace ended", "tenant", s.tenant, "session", s.id, "workspace", s.inst.ID, "cause", why)
 	go func() {
 		defer m.deleting.Done()
+		defer close(removed)
 		ctx, cancel := context.WithTimeout(context.Background(), removeTimeout)
 		defer cancel()
 		if err := s.close(ctx, cause, false); err != nil {
@@ -501,13 +504,25 @@ func (m *Manager) List(tenant string) []*Session {
 
 // Delete ends the tenant's session id: calls in flight are cancelled (their
 // commands killed), and the workspace is removed. It fails as Get does for
-// a session the tenant does not have.
+// a session the tenant does not have; for one whose workspace ended by
+// itself it returns once that workspace is removed, and forgets the session.
 func (m *Manager) Delete(ctx context.Context, tenant, id string) error {
 	m.mu.Lock()
 	s := m.sessions[id]
 	if s == nil || s.tenant != tenant {
 		err := m.gone(tenant, id)
+		l, lost := m.ended[id]
+		lost = lost && l.tenant == tenant
+		if lost {
+			delete(m.ended, id)
+		}
 		m.mu.Unlock()
+		if lost {
+			select { // its workspace is removed when Delete returns
+			case <-l.removed:
+			case <-ctx.Done():
+			}
+		}
 		return err
 	}
 	delete(m.sessions, id)

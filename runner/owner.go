@@ -35,7 +35,9 @@ type Owner struct {
 }
 
 // Self is this process.
-var Self = sync.OnceValue(func() Owner {
+func Self() Owner { return self() }
+
+var self = sync.OnceValue(func() Owner {
 	host, _ := os.Hostname()
 	if boot, err := os.ReadFile("/proc/sys/kernel/random/boot_id"); err == nil {
 		host += "/" + strings.TrimSpace(string(boot))
@@ -70,13 +72,13 @@ func (o Owner) String() string {
 // but that started when the owner did, may be alive: Gone is false, so a
 // mistake leaves a workspace behind rather than removing a living one.
 func (o Owner) Gone() bool {
-	self := Self()
-	if o.Host != self.Host {
+	me := Self()
+	if o.Host != me.Host {
 		name, boot, _ := strings.Cut(o.Host, "/")
-		selfName, selfBoot, _ := strings.Cut(self.Host, "/")
-		return name == selfName && boot != "" && selfBoot != "" && boot != selfBoot
+		myName, myBoot, _ := strings.Cut(me.Host, "/")
+		return name == myName && boot != "" && myBoot != "" && boot != myBoot
 	}
-	if o == self {
+	if o == me {
 		return false
 	}
 	if errors.Is(syscall.Kill(o.PID, 0), syscall.ESRCH) {

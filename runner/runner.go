@@ -423,8 +423,9 @@ func (m *Manager) release(tenant string) {
 }
 
 // Get returns the tenant's session id. It fails with the cause, wrapping
-// ErrWorkspaceEnded, for a session whose workspace ended by itself (of the
-// last 1024 such), and with ErrNotFound for any other it does not have.
+// ErrWorkspaceEnded, for a session whose workspace ended by itself (up to
+// 1024 such are remembered), and with ErrNotFound for any other it does not
+// have.
 func (m *Manager) Get(tenant, id string) (*Session, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()

@@ -132,14 +132,17 @@ func (d *Docker) Claim(ctx context.Context, spec Spec) (release func(context.Con
 			}
 			continue
 		}
-		who := "a run that names no owner"
+		who, fix := "a run that names no owner", ""
 		if ok {
 			who = owner.String()
 		}
+		if !ok || owner.Host != Self().Host {
+			// Only its own host can tell whether that process lives.
+			fix = fmt.Sprintf("; once that daemon is gone for sure, remove its marker with 'docker rm %s'", name)
+		}
 		return nil, fmt.Errorf("%w: daemon %q runs on this engine (%s, since %s; its marker is the container %s): "+
-			"stop it, or give this daemon another name (\"daemon\" in the configuration); "+
-			"if that process is gone for sure, remove the marker with 'docker rm %s'",
-			ErrDaemonRunning, daemon, who, held.Container.Created, name, name)
+			"stop it, or give this daemon another name (\"daemon\" in the configuration)%s",
+			ErrDaemonRunning, daemon, who, held.Container.Created, name, fix)
 	}
 	return nil, fmt.Errorf("docker backend: the daemon's marker %s changed hands while it was claimed; try again", name)
 }

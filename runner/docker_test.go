@@ -169,6 +169,16 @@ func TestDockerReapAfterCrash(t *testing.T) {
 		t.Fatal("another daemon reaped crashy's container")
 	}
 
+	// A run on another host sharing the engine cannot be judged from here:
+	// it is refused too, and the error says how to free the name.
+	remote, _ := dockerManager(t, runner.WithDaemonName(name+"-remote"), runner.WithLabels(runner.Owner{Host: "elsewhere/boot", PID: 1}.Labels()))
+	defer remote.Shutdown(context.Background())
+	_, err = runner.New(context.Background(), crashed.Backend(), runner.WithLabels(dockertest.Labels()),
+		runner.WithPolicy(policy.Policy{DefaultImage: dockertest.Image(t)}), runner.WithDaemonName(name+"-remote"))
+	if !errors.Is(err, runner.ErrDaemonRunning) || !strings.Contains(err.Error(), "host elsewhere") || !strings.Contains(err.Error(), "docker rm sandboxd-daemon-"+name+"-remote") {
+		t.Fatalf("a second run of a daemon living on another host: %v", err)
+	}
+
 	// The crashed run's owner ends: its PID now names a later process.
 	ended := runner.Owner{Host: self.Host, PID: self.PID, Start: "1"}
 	dead, _ := dockerManager(t, runner.WithDaemonName(name+"-ended"), runner.WithLabels(ended.Labels()))

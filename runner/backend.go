@@ -190,9 +190,14 @@ func (Memory) Reap(context.Context, map[string]string) (int, error) { return 0, 
 // isolation beyond path confinement. For development only.
 type Local struct {
 	// Dir holds the session directories. It belongs to sandboxd: Reap
-	// removes every workspace directory in it.
+	// removes the workspace directories in it whose owner has ended.
 	Dir string
 }
+
+// ownerSuffix names the file beside a workspace directory that records its
+// owner (Owner.Labels, as JSON): outside the workspace, where no command
+// of the session sees or changes it.
+const ownerSuffix = ".owner"
 
 var _ Warmer = (*Local)(nil)
 
@@ -220,6 +225,13 @@ func (l *Local) Warm(_ context.Context, spec Spec) (*Instance, error) {
 	if err != nil {
 		return nil, fmt.Errorf("local backend: %w", err)
 	}
+	if owner, ok := OwnerOf(spec.Labels); ok {
+		data, _ := json.Marshal(owner.Labels())
+		if err := os.WriteFile(dir+ownerSuffix, data, 0o600); err != nil {
+			os.RemoveAll(dir)
+			return nil, fmt.Errorf("local backend: %w", err)
+		}
+	}
 	fsys, err := localfs.New(dir)
 	if err != nil {
 		os.RemoveAll(dir)
@@ -233,11 +245,20 @@ func (l *Local) Warm(_ context.Context, spec Spec) (*Instance, error) {
 	}
 	return &Instance{
 		FS: fsys, Bash: sh, Root: filepath.ToSlash(dir), ID: dir,
-		Close: func(context.Context) error { return errors.Join(fsys.Close(), os.RemoveAll(dir)) },
+		Close: func(context.Context) error { return errors.Join(fsys.Close(), os.RemoveAll(dir), removeOwner(dir)) },
 	}, nil
 }
 
-// Reap removes the workspace directories under Dir that an earlier run left.
+func removeOwner(dir string) error {
+	if err := os.Remove(dir + ownerSuffix); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// Reap removes the workspace directories under Dir that earlier runs left:
+// those whose owner has ended (Owner.Gone), or that record none. Another
+// daemon's living workspaces in the same Dir are left alone.
 func (l *Local) Reap(context.Context, map[string]string) (int, error) {
 	entries, err := os.ReadDir(l.Dir)
 	if errors.Is(err, os.ErrNotExist) {
@@ -252,7 +273,14 @@ func (l *Local) Reap(context.Context, map[string]string) (int, error) {
 		if !e.IsDir() || !strings.HasPrefix(e.Name(), localPrefix) {
 			continue
 		}
-		if err := os.RemoveAll(filepath.Join(l.Dir, e.Name())); err != nil {
+		dir := filepath.Join(l.Dir, e.Name())
+		var labels map[string]string
+		if data, err := os.ReadFile(dir + ownerSuffix); err == nil && json.Unmarshal(data, &labels) == nil {
+			if o, ok := OwnerOf(labels); ok && !o.Gone() {
+				continue
+			}
+		}
+		if err := errors.Join(os.RemoveAll(dir), removeOwner(dir)); err != nil {
 			errs = append(errs, err)
 			continue
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io/fs"
+	"os"
 	"os/exec"
 	"strings"
 	"sync"
@@ -21,10 +22,6 @@ func TestOwnerGone(t *testing.T) {
 	if self.PID <= 0 || self.Host == "" {
 		t.Fatalf("Self() = %+v", self)
 	}
-	exited := exec.Command("true")
-	if err := exited.Run(); err != nil {
-		t.Fatal(err)
-	}
 	name, boot, hasBoot := strings.Cut(self.Host, "/")
 	tests := []struct {
 		name  string
@@ -32,7 +29,7 @@ func TestOwnerGone(t *testing.T) {
 		gone  bool
 	}{
 		{"this process", self, false},
-		{"a process that exited", runner.Owner{Host: self.Host, PID: exited.Process.Pid}, true},
+		{"a process that exited", runner.Owner{Host: self.Host, PID: exitedPID(t)}, true},
 		{"this PID, reused by a process that started later", runner.Owner{Host: self.Host, PID: self.PID, Start: "1"}, self.Start != ""},
 		{"another host: may be alive", runner.Owner{Host: "elsewhere/" + boot, PID: 1}, false},
 		{"this host in an earlier boot", runner.Owner{Host: name + "/an-earlier-boot", PID: self.PID, Start: self.Start}, hasBoot},
@@ -210,4 +207,41 @@ func TestPoolDropsDeadWorkspaces(t *testing.T) {
 	if st := m.Stats().Pools[0]; st.Lost != 2 {
 		t.Errorf("pool stats %+v, want two lost", st)
 	}
+}
+
+// TestLocalReapLeavesLivingOwners: two daemons sharing a local Dir — the
+// second one's start removes only what an ended owner left, never the
+// first one's living workspaces.
+func TestLocalReapLeavesLivingOwners(t *testing.T) {
+	dir := t.TempDir()
+	self := runner.Self()
+	first := newManager(t, &runner.Local{Dir: dir}, runner.WithDaemonName("first"))
+	living := create(t, first, "acme", runner.Settings{})
+	ended := runner.Owner{Host: self.Host, PID: self.PID, Start: "1"}
+	if self.Start == "" {
+		ended = runner.Owner{Host: self.Host, PID: exitedPID(t)}
+	}
+	crashed := newManager(t, &runner.Local{Dir: dir}, runner.WithDaemonName("crashed"), runner.WithLabels(ended.Labels()))
+	dead := create(t, crashed, "acme", runner.Settings{})
+
+	newManager(t, &runner.Local{Dir: dir}, runner.WithDaemonName("second"))
+	if _, err := os.Stat(living.Root()); err != nil {
+		t.Errorf("the living daemon's workspace was reaped: %v", err)
+	}
+	if _, err := os.Stat(dead.Root()); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the ended owner's workspace was left: %v", err)
+	}
+	if _, err := os.Stat(dead.Root() + ".owner"); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the ended owner's record was left: %v", err)
+	}
+}
+
+// exitedPID is the PID of a process that has exited.
+func exitedPID(t *testing.T) int {
+	t.Helper()
+	cmd := exec.Command("true")
+	if err := cmd.Run(); err != nil {
+		t.Fatal(err)
+	}
+	return cmd.Process.Pid
 }

@@ -10,10 +10,15 @@
 // The Manager owns the lifecycle: it creates sessions within the operator's
 // policy (package policy) and per-tenant cap, ends them after their lifetime
 // or idle timeout, caps the calls in flight of each, and at shutdown drains
-// the calls in flight and removes every workspace it made. At start it asks
-// the backend to reap what an earlier run left behind, so a crash leaks
-// nothing past the next start. A warm pool per image and profile keeps
-// workspaces started ahead of demand when the backend can (Warmer).
+// the calls in flight and removes every workspace it made. Everything it
+// makes carries its owner (Owner: host, boot, PID and the PID's start
+// time). At start it claims the daemon's name on a shared backend
+// (Claimer), refusing to start while another run of it lives, and asks the
+// backend to reap what ended runs left behind, so a crash leaks nothing past
+// the next start and no living run loses anything. A session whose
+// workspace dies ends with it (ErrWorkspaceEnded). A warm pool per image
+// and profile keeps workspaces started ahead of demand when the backend can
+// (Warmer), and checks each before it hands it out.
 //
 // Tenants see only their own sessions: Get, List and Delete of another
 // tenant's session answer ErrNotFound, as if it did not exist.
@@ -144,7 +149,8 @@ func WithGrants(grants ...string) Option {
 func WithPool(p PoolConfig) Option { return func(o *options) { o.pools = append(o.pools, p) } }
 
 // WithDaemonName names this daemon in the labels of what it makes (default
-// "sandboxd"). Two daemons sharing one Docker engine need different names.
+// "sandboxd"). Two daemons sharing one Docker engine need different names:
+// New refuses a second run of a name while the first lives (Claimer).
 func WithDaemonName(name string) Option { return func(o *options) { o.daemon = name } }
 
 // WithLabels adds labels to everything the backend makes (and to what
@@ -230,9 +236,11 @@ func auditTo(logger *slog.Logger) func(sources.AuditRecord) {
 	}
 }
 
-// New returns a Manager over backend. Before it returns it reaps what an
-// earlier run of the same daemon left behind (an error there fails New), and
-// it starts the warm pools filling in the background.
+// New returns a Manager over backend. Before it returns it claims the
+// daemon's name when the backend is a Claimer (failing with
+// ErrDaemonRunning while another run of it lives), reaps what ended runs of
+// the same daemon left behind (an error there fails New), and starts the
+// warm pools filling in the background.
 func New(ctx context.Context, backend Backend, opts ...Option) (*Manager, error) {
 	o := options{tools: tools.DefaultConfig(), maxCalls: 8, daemon: "sandboxd", sweep: time.Second}
 	for _, opt := range opts {

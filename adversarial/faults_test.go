@@ -53,11 +53,11 @@ func (d *daemon) endsClean(t *testing.T, id string) {
 }
 
 // brokenSessionFails checks that a session whose container or agent died
-// answers every call with Unavailable at once, and ends without a leak.
+// ends at once — every call answers 410 SessionEnded — and without a leak.
 func (d *daemon) brokenSessionFails(t *testing.T, id string) {
 	for tool, args := range map[string]any{"bash": map[string]any{"command": "echo hi"}, "read": map[string]any{"path": "x"}} {
 		code, body := d.callWithin(t, 15*time.Second, id, tool, args)
-		if code == http.StatusOK && !bytes.Contains(body, []byte(`"isError":true`)) || !bytes.Contains(body, []byte("Unavailable")) {
+		if code != http.StatusGone || !bytes.Contains(body, []byte(`"SessionEnded"`)) {
 			t.Errorf("%s after the kill: %d %s", tool, code, body)
 		}
 		// File calls as well as commands say how the container ended.
@@ -117,7 +117,7 @@ func TestFaults(t *testing.T) {
 		code, body := d.callWithin(t, 30*time.Second, id, "bash", map[string]any{"command": `printf '\000\000\000\030\003\000\000\000\000\000\000\001\000\000\000\010{"x":1}garbage-frames-from-a-command' > /proc/1/fd/1; sleep 2; echo done`})
 		t.Logf("the forging command: %d %.300s", code, body)
 		code, body = d.callWithin(t, 15*time.Second, id, "read", map[string]any{"path": "x"})
-		if !bytes.Contains(body, []byte("Unavailable")) && !bytes.Contains(body, []byte("NotFound")) {
+		if !bytes.Contains(body, []byte("Unavailable")) && !bytes.Contains(body, []byte("NotFound")) && !bytes.Contains(body, []byte("SessionEnded")) {
 			t.Errorf("after the forged frames: %d %s", code, body)
 		}
 		d.endsClean(t, id)
@@ -190,10 +190,10 @@ func TestFaults(t *testing.T) {
 			t.Fatalf("%s: %v %s", restart, err, out)
 		}
 		// The running session's container died with the engine (no
-		// live-restore) or survived it (live-restore): either its calls
-		// fail at once with Unavailable, or they work.
+		// live-restore) or survived it (live-restore): either the session
+		// ended with it (410 SessionEnded), or its calls work.
 		code, body := d.callWithin(t, 30*time.Second, id, "bash", map[string]any{"command": "echo alive"})
-		if !bytes.Contains(body, []byte("alive")) && !bytes.Contains(body, []byte("Unavailable")) {
+		if !bytes.Contains(body, []byte("alive")) && !bytes.Contains(body, []byte("SessionEnded")) {
 			t.Errorf("after the restart: %d %s", code, body)
 		}
 		d.endsClean(t, id)

@@ -328,8 +328,18 @@ func (c *Container) paused(ctx context.Context, f func() error) error {
 // labels — those a crashed earlier run left behind, say — and reports how
 // many containers it removed. Labels must not be empty.
 func Reap(ctx context.Context, cli client.APIClient, labels map[string]string) (int, error) {
+	return ReapWhere(ctx, cli, labels, nil)
+}
+
+// ReapWhere is Reap of only the containers and volumes whose labels gone
+// accepts (all of them when gone is nil): those whose owner has ended, say.
+// What it leaves is never touched.
+func ReapWhere(ctx context.Context, cli client.APIClient, labels map[string]string, gone func(labels map[string]string) bool) (int, error) {
 	if len(labels) == 0 {
 		return 0, errors.New("dockerexec: Reap needs at least one label")
+	}
+	if gone == nil {
+		gone = func(map[string]string) bool { return true }
 	}
 	f := make(client.Filters)
 	for _, k := range slices.Sorted(maps.Keys(labels)) {
@@ -342,6 +352,9 @@ func Reap(ctx context.Context, cli client.APIClient, labels map[string]string) (
 	var errs []error
 	n := 0
 	for _, ct := range list.Items {
+		if !gone(ct.Labels) {
+			continue
+		}
 		_, err := cli.ContainerRemove(ctx, ct.ID, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true})
 		if err != nil && !cerrdefs.IsNotFound(err) {
 			errs = append(errs, err)
@@ -354,6 +367,9 @@ func Reap(ctx context.Context, cli client.APIClient, labels map[string]string) (
 		return n, errors.Join(append(errs, err)...)
 	}
 	for _, v := range vols.Items {
+		if !gone(v.Labels) {
+			continue
+		}
 		if _, err := cli.VolumeRemove(ctx, v.Name, client.VolumeRemoveOptions{Force: true}); err != nil && !cerrdefs.IsNotFound(err) {
 			errs = append(errs, err)
 		}

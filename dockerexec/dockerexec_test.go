@@ -266,7 +266,16 @@ func TestReap(t *testing.T) {
 	if _, err := dockerexec.Reap(ctx, cli, nil); err == nil {
 		t.Error("Reap with no labels must refuse")
 	}
-	n, err = dockerexec.Reap(ctx, cli, map[string]string{policy.LabelSession: "dockerexec", dockertest.LabelTest: dockertest.Label()})
+	mine := map[string]string{policy.LabelSession: dockertest.Label(), dockertest.LabelTest: dockertest.Label()}
+	// ReapWhere leaves what its judge keeps (a living owner's).
+	n, err = dockerexec.ReapWhere(ctx, cli, mine, func(labels map[string]string) bool { return labels[policy.LabelSession] != dockertest.Label() })
+	if err != nil || n != 0 {
+		t.Fatalf("ReapWhere that keeps the container = %d, %v", n, err)
+	}
+	if _, err := c.Bash().Run(ctx, workspace.Command{Script: "true"}); err != nil {
+		t.Fatalf("the container kept by ReapWhere: %v", err)
+	}
+	n, err = dockerexec.Reap(ctx, cli, mine)
 	if err != nil || n < 1 {
 		t.Fatalf("Reap = %d, %v", n, err)
 	}

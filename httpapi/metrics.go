@@ -17,9 +17,11 @@ import (
 // Metrics counts tool calls for /metrics, in the Prometheus text format:
 //
 //	sandboxd_sessions                        live sessions
+//	sandboxd_sessions_lost_total             sessions ended because their workspace died
 //	sandboxd_pool_ready{image}               ready workspaces of each warm pool
 //	sandboxd_pool_size{image}                each pool's target size
 //	sandboxd_pool_claimed_total{image}       workspaces sessions took from it
+//	sandboxd_pool_lost_total{image}          ready workspaces that died and were replaced
 //	sandboxd_tool_calls_total{tool,outcome}  calls by tool and outcome
 //	sandboxd_tool_call_duration_seconds{tool} a histogram of call latency
 //
@@ -82,6 +84,8 @@ func (m *Metrics) write(w io.Writer, st runner.Stats) {
 	}
 	family("sandboxd_sessions", "gauge", "Live sessions.")
 	fmt.Fprintf(&b, "sandboxd_sessions %d\n", total)
+	family("sandboxd_sessions_lost_total", "counter", "Sessions ended because their workspace died (a container killed or removed from outside).")
+	fmt.Fprintf(&b, "sandboxd_sessions_lost_total %d\n", st.Lost)
 	family("sandboxd_pool_ready", "gauge", "Ready workspaces waiting in each warm pool.")
 	for _, p := range st.Pools {
 		fmt.Fprintf(&b, "sandboxd_pool_ready{image=%s} %d\n", quote(p.Image), p.Ready)
@@ -93,6 +97,10 @@ func (m *Metrics) write(w io.Writer, st runner.Stats) {
 	family("sandboxd_pool_claimed_total", "counter", "Workspaces sessions took from each warm pool.")
 	for _, p := range st.Pools {
 		fmt.Fprintf(&b, "sandboxd_pool_claimed_total{image=%s} %d\n", quote(p.Image), p.Claimed)
+	}
+	family("sandboxd_pool_lost_total", "counter", "Ready workspaces of each warm pool that died before a claim, and were replaced.")
+	for _, p := range st.Pools {
+		fmt.Fprintf(&b, "sandboxd_pool_lost_total{image=%s} %d\n", quote(p.Image), p.Lost)
 	}
 
 	m.mu.Lock()

@@ -264,7 +264,7 @@ func TestServe(t *testing.T) {
 			}
 			if backend == "docker" {
 				d.stop()
-				if left := daemonContainers(t, dockertest.Client(t), name); len(left) != 0 {
+				if left := daemonContainers(t, dockertest.Client(t), name, 0); len(left) != 0 {
 					t.Errorf("left after SIGTERM: %v", left)
 				}
 			}
@@ -474,12 +474,12 @@ func TestCrashThenRestart(t *testing.T) {
 	go d.request(acmeToken, "POST", "/v1/sessions/"+s.ID+"/tools/bash", strings.NewReader(`{"arguments":{"command":"sleep 30"}}`))
 	time.Sleep(500 * time.Millisecond)
 	d.kill()
-	if n := len(daemonContainers(t, cli, name)); n == 0 {
+	if n := len(daemonContainers(t, cli, name, 0)); n == 0 {
 		t.Fatal("no container left by the killed daemon: the test proves nothing")
 	}
 
 	d2 := start(t, file)
-	if left := daemonContainers(t, cli, name); len(left) != 0 {
+	if left := daemonContainers(t, cli, name, d2.cmd.Process.Pid); len(left) != 0 {
 		t.Fatalf("containers of the killed run left after the restart: %v", left)
 	}
 	var s2 runner.Info
@@ -490,20 +490,30 @@ func TestCrashThenRestart(t *testing.T) {
 	if _, err := cli.ContainerKill(context.Background(), s2.Workspace, client.ContainerKillOptions{Signal: "KILL"}); err != nil {
 		t.Fatal(err)
 	}
-	begin := time.Now()
-	r := d2.call(acmeToken, s2.ID, "bash", map[string]any{"command": "echo never"})
-	if !r.IsError || r.StructuredContent["error"] != "Unavailable" || time.Since(begin) > 10*time.Second {
-		t.Fatalf("call into a killed container (%v): %+v", time.Since(begin), r)
+	// The session ends with its container: 410 SessionEnded, with the
+	// cause, for its calls and its lookups alike, and it is counted.
+	var e struct{ Error, Message string }
+	d2.do(acmeToken, "POST", "/v1/sessions/"+s2.ID+"/tools/bash", map[string]any{"arguments": map[string]any{"command": "echo never"}}, http.StatusGone, &e)
+	if e.Error != "SessionEnded" || !strings.Contains(e.Message, "exit code 137") {
+		t.Fatalf("call into a killed container: %+v", e)
+	}
+	d2.do(acmeToken, "GET", "/v1/sessions/"+s2.ID, nil, http.StatusGone, &e)
+	if !strings.Contains(e.Message, "exit code 137") {
+		t.Fatalf("the session of a killed container: %+v", e)
+	}
+	if metrics := string(d2.do(acmeToken, "GET", "/metrics", nil, http.StatusOK, nil)); !strings.Contains(metrics, "\nsandboxd_sessions_lost_total 1\n") || !strings.Contains(metrics, "\nsandboxd_sessions 0\n") {
+		t.Fatalf("metrics after the container died:\n%s", metrics)
 	}
 	d2.stop()
-	if left := daemonContainers(t, cli, name); len(left) != 0 {
+	if left := daemonContainers(t, cli, name, 0); len(left) != 0 {
 		t.Fatalf("containers left after SIGTERM: %v", left)
 	}
 }
 
 // daemonContainers lists what a daemon named name left in the engine: its
-// containers, and its volumes (a session's workspace, the agent's).
-func daemonContainers(t *testing.T, cli *client.Client, name string) []string {
+// containers (its marker among them), and its volumes (a session's
+// workspace, the agent's); all but those of the run whose PID is except.
+func daemonContainers(t *testing.T, cli *client.Client, name string, except int) []string {
 	t.Helper()
 	f := make(client.Filters)
 	f.Add("label", runner.LabelDaemon+"="+name)
@@ -512,15 +522,22 @@ func daemonContainers(t *testing.T, cli *client.Client, name string) []string {
 		t.Fatal(err)
 	}
 	var left []string
+	mine := func(labels map[string]string) bool {
+		return except != 0 && labels[runner.LabelOwnerPID] == fmt.Sprint(except)
+	}
 	for _, c := range list.Items {
-		left = append(left, "container "+c.ID[:12])
+		if !mine(c.Labels) {
+			left = append(left, "container "+c.ID[:12]+" "+strings.Join(c.Names, ","))
+		}
 	}
 	vols, err := cli.VolumeList(context.Background(), client.VolumeListOptions{Filters: f})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, v := range vols.Items {
-		left = append(left, "volume "+v.Name)
+		if !mine(v.Labels) {
+			left = append(left, "volume "+v.Name)
+		}
 	}
 	return left
 }

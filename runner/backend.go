@@ -29,10 +29,24 @@ type Backend interface {
 	// Open starts a workspace for the session spec names. On failure it
 	// leaves nothing behind.
 	Open(ctx context.Context, spec Spec) (*Instance, error)
-	// Reap removes what an earlier run of this daemon left behind — found by
-	// spec.Labels, which carry the daemon's name — and reports how many
-	// workspaces it removed. It runs once, before the first Open.
+	// Reap removes what earlier runs of this daemon left behind — found by
+	// labels, which carry the daemon's name — and reports how many
+	// workspaces it removed. A backend that keeps the owner's labels
+	// (Owner) removes only what an owner that has ended left; one without
+	// labels takes every run's leftovers as dead. It runs once, before the
+	// first Open.
 	Reap(ctx context.Context, labels map[string]string) (int, error)
+}
+
+// Claimer is a Backend that several daemons may share (a Docker engine).
+// Claim makes this run the only live one of the daemon spec.Labels name
+// (LabelDaemon) on it, until release: it fails with ErrDaemonRunning,
+// naming the other, while another run of that daemon may live, and takes
+// the place of one that has ended. The Manager claims before it reaps, so
+// that reaping never races a living run of its own name.
+type Claimer interface {
+	Backend
+	Claim(ctx context.Context, spec Spec) (release func(context.Context) error, err error)
 }
 
 // Warmer is a Backend whose workspaces do not depend on the session they
@@ -95,6 +109,25 @@ type Instance struct {
 	ID string
 	// Close releases everything the instance holds. It is called once.
 	Close func(ctx context.Context) error
+	// Done, when not nil, is closed once the workspace is unusable — ended
+	// by itself (a container killed from outside) or closed; Err then says
+	// why. A pool never hands out such a workspace, and a session whose
+	// workspace ends by itself ends with ErrWorkspaceEnded.
+	Done <-chan struct{}
+	Err  func() error
+}
+
+// ended reports whether the workspace is unusable (Done is closed).
+func (inst *Instance) ended() bool {
+	if inst.Done == nil {
+		return false
+	}
+	select {
+	case <-inst.Done:
+		return true
+	default:
+		return false
+	}
 }
 
 func randomID(prefix string) string {
@@ -157,9 +190,14 @@ func (Memory) Reap(context.Context, map[string]string) (int, error) { return 0, 
 // isolation beyond path confinement. For development only.
 type Local struct {
 	// Dir holds the session directories. It belongs to sandboxd: Reap
-	// removes every workspace directory in it.
+	// removes the workspace directories in it whose owner has ended.
 	Dir string
 }
+
+// ownerSuffix names the file beside a workspace directory that records its
+// owner (Owner.Labels, as JSON): outside the workspace, where no command
+// of the session sees or changes it.
+const ownerSuffix = ".owner"
 
 var _ Warmer = (*Local)(nil)
 
@@ -187,6 +225,13 @@ func (l *Local) Warm(_ context.Context, spec Spec) (*Instance, error) {
 	if err != nil {
 		return nil, fmt.Errorf("local backend: %w", err)
 	}
+	if owner, ok := OwnerOf(spec.Labels); ok {
+		data, _ := json.Marshal(owner.Labels())
+		if err := os.WriteFile(dir+ownerSuffix, data, 0o600); err != nil {
+			os.RemoveAll(dir)
+			return nil, fmt.Errorf("local backend: %w", err)
+		}
+	}
 	fsys, err := localfs.New(dir)
 	if err != nil {
 		os.RemoveAll(dir)
@@ -200,11 +245,20 @@ func (l *Local) Warm(_ context.Context, spec Spec) (*Instance, error) {
 	}
 	return &Instance{
 		FS: fsys, Bash: sh, Root: filepath.ToSlash(dir), ID: dir,
-		Close: func(context.Context) error { return errors.Join(fsys.Close(), os.RemoveAll(dir)) },
+		Close: func(context.Context) error { return errors.Join(fsys.Close(), os.RemoveAll(dir), removeOwner(dir)) },
 	}, nil
 }
 
-// Reap removes the workspace directories under Dir that an earlier run left.
+func removeOwner(dir string) error {
+	if err := os.Remove(dir + ownerSuffix); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// Reap removes the workspace directories under Dir that earlier runs left:
+// those whose owner has ended (Owner.Gone), or that record none. Another
+// daemon's living workspaces in the same Dir are left alone.
 func (l *Local) Reap(context.Context, map[string]string) (int, error) {
 	entries, err := os.ReadDir(l.Dir)
 	if errors.Is(err, os.ErrNotExist) {
@@ -219,7 +273,14 @@ func (l *Local) Reap(context.Context, map[string]string) (int, error) {
 		if !e.IsDir() || !strings.HasPrefix(e.Name(), localPrefix) {
 			continue
 		}
-		if err := os.RemoveAll(filepath.Join(l.Dir, e.Name())); err != nil {
+		dir := filepath.Join(l.Dir, e.Name())
+		var labels map[string]string
+		if data, err := os.ReadFile(dir + ownerSuffix); err == nil && json.Unmarshal(data, &labels) == nil {
+			if o, ok := OwnerOf(labels); ok && !o.Gone() {
+				continue
+			}
+		}
+		if err := errors.Join(os.RemoveAll(dir), removeOwner(dir)); err != nil {
 			errs = append(errs, err)
 			continue
 		}

@@ -3,7 +3,11 @@ package runner
 import (
 	"context"
 	"fmt"
+	"regexp"
+	"strings"
 
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/client"
 
 	"github.com/sandboxd/sandboxd/dockerexec"
@@ -15,7 +19,8 @@ import (
 // session, made from the session's profile (package dockerexec), its files
 // and commands served by the sandboxd agent running as the container's
 // PID 1 (packages dockerfs and dockerexec). A container killed from outside
-// makes the session's calls fail with workspace.ErrUnavailable at once.
+// ends its session (ErrWorkspaceEnded, with the container's exit code) at
+// once.
 type Docker struct {
 	// Client talks to the engine. Required.
 	Client client.APIClient
@@ -23,7 +28,10 @@ type Docker struct {
 	Agent string
 }
 
-var _ Warmer = (*Docker)(nil)
+var (
+	_ Warmer  = (*Docker)(nil)
+	_ Claimer = (*Docker)(nil)
+)
 
 // Name returns "docker".
 func (*Docker) Name() string { return "docker" }
@@ -49,11 +57,94 @@ func (d *Docker) start(ctx context.Context, spec Spec, prof policy.Profile) (*In
 	if err != nil {
 		return nil, fmt.Errorf("docker backend: %w", err)
 	}
-	return &Instance{FS: dockerfs.New(c), Bash: c.Bash(), Root: policy.WorkspaceDir, ID: c.Name(), Close: c.Close}, nil
+	return &Instance{
+		FS: dockerfs.New(c), Bash: c.Bash(), Root: policy.WorkspaceDir, ID: c.Name(), Close: c.Close,
+		Done: c.Agent().Done(), Err: c.Agent().Err,
+	}, nil
 }
 
-// Reap removes every container and volume carrying labels: those of an
-// earlier run of the same daemon.
+// Reap removes the containers and volumes carrying labels whose owner has
+// ended (Owner.Gone), and those an earlier version made without an owner:
+// what dead runs of the daemon left. What a run that may live holds is left
+// alone.
 func (d *Docker) Reap(ctx context.Context, labels map[string]string) (int, error) {
-	return dockerexec.Reap(ctx, d.Client, labels)
+	return dockerexec.ReapWhere(ctx, d.Client, labels, ownerGone)
 }
+
+// ownerGone reports whether the owner labels name has ended, or none is named.
+func ownerGone(labels map[string]string) bool {
+	o, ok := OwnerOf(labels)
+	return !ok || o.Gone()
+}
+
+// markerPrefix starts the name of a daemon's marker container (Claim).
+const markerPrefix = "sandboxd-daemon-"
+
+// Claim makes this run the only live one of its daemon (spec.Labels'
+// LabelDaemon) on the engine: it creates a container named after the
+// daemon, from spec.Profile.Image and never started, that carries
+// spec.Labels and so its owner. The engine refuses a second container of a
+// name, so of two runs only one holds the marker. A marker whose owner has
+// ended (Owner.Gone) is removed, by its ID, and taken. While its owner may
+// live, Claim fails with ErrDaemonRunning naming it. release removes the
+// marker.
+func (d *Docker) Claim(ctx context.Context, spec Spec) (release func(context.Context) error, err error) {
+	daemon := spec.Labels[LabelDaemon]
+	name := markerPrefix + strings.Trim(markerUnsafe.ReplaceAllString(daemon, "-"), "-.")
+	for range 3 {
+		created, err := d.Client.ContainerCreate(ctx, client.ContainerCreateOptions{
+			Name: name,
+			Config: &container.Config{
+				Image: spec.Profile.Image, Entrypoint: []string{"/.sandboxd-never-started"}, Cmd: []string{},
+				NetworkDisabled: true, Labels: spec.Labels,
+			},
+			HostConfig: &container.HostConfig{NetworkMode: "none"},
+		})
+		if err == nil {
+			return func(ctx context.Context) error {
+				_, err := d.Client.ContainerRemove(context.WithoutCancel(ctx), created.ID, client.ContainerRemoveOptions{Force: true})
+				if err != nil && !cerrdefs.IsNotFound(err) {
+					return fmt.Errorf("docker backend: removing the daemon's marker %s: %w", name, err)
+				}
+				return nil
+			}, nil
+		}
+		if !cerrdefs.IsConflict(err) {
+			return nil, fmt.Errorf("docker backend: creating the daemon's marker %s from image %s: %w", name, spec.Profile.Image, err)
+		}
+		held, err := d.Client.ContainerInspect(ctx, name, client.ContainerInspectOptions{})
+		if cerrdefs.IsNotFound(err) {
+			continue // its holder just removed it
+		}
+		if err != nil {
+			return nil, fmt.Errorf("docker backend: the daemon's marker %s: %w", name, err)
+		}
+		var labels map[string]string
+		if held.Container.Config != nil {
+			labels = held.Container.Config.Labels
+		}
+		owner, ok := OwnerOf(labels)
+		if ok && owner.Gone() {
+			// By ID: a run that took the name meanwhile keeps it.
+			_, err := d.Client.ContainerRemove(ctx, held.Container.ID, client.ContainerRemoveOptions{Force: true})
+			if err != nil && !cerrdefs.IsNotFound(err) {
+				return nil, fmt.Errorf("docker backend: removing the marker %s of an ended run: %w", name, err)
+			}
+			continue
+		}
+		who, fix := "a run that names no owner", ""
+		if ok {
+			who = owner.String()
+		}
+		if !ok || owner.Host != Self().Host {
+			// Only its own host can tell whether that process lives.
+			fix = fmt.Sprintf("; once that daemon is gone for sure, remove its marker with 'docker rm %s'", name)
+		}
+		return nil, fmt.Errorf("%w: daemon %q runs on this engine (%s, since %s; its marker is the container %s): "+
+			"stop it, or give this daemon another name (\"daemon\" in the configuration)%s",
+			ErrDaemonRunning, daemon, who, held.Container.Created, name, fix)
+	}
+	return nil, fmt.Errorf("docker backend: the daemon's marker %s changed hands while it was claimed; try again", name)
+}
+
+var markerUnsafe = regexp.MustCompile(`[^a-zA-Z0-9_.-]+`)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 )
@@ -21,9 +22,10 @@ type PoolConfig struct {
 type PoolStats struct {
 	Image string
 	// Size is the target; Ready how many wait now; Claimed how many went to
-	// sessions so far.
-	Size, Ready int
-	Claimed     uint64
+	// sessions so far; Lost how many ended while they waited (a container
+	// killed from outside), and were replaced.
+	Size, Ready   int
+	Claimed, Lost uint64
 }
 
 // pool keeps ready workspaces of one spec. claim hands each to exactly one
@@ -44,6 +46,7 @@ type pool struct {
 	mu      sync.Mutex
 	ready   []*Instance
 	claimed uint64
+	lost    uint64 // ready workspaces that ended before a claim
 }
 
 func (m *Manager) newPool(pc PoolConfig) (*pool, error) {
@@ -67,14 +70,14 @@ func (m *Manager) newPool(pc PoolConfig) (*pool, error) {
 }
 
 // claim takes a ready workspace for spec from a matching pool, if any.
-func (m *Manager) claim(spec Spec) (*Instance, bool) {
+func (m *Manager) claim(ctx context.Context, spec Spec) (*Instance, bool) {
 	if len(m.pools) == 0 {
 		return nil, false
 	}
 	key := spec.poolKey()
 	for _, p := range m.pools {
 		if p.key == key {
-			if inst := p.claim(); inst != nil {
+			if inst := p.claim(ctx); inst != nil {
 				return inst, true
 			}
 		}
@@ -82,21 +85,90 @@ func (m *Manager) claim(spec Spec) (*Instance, bool) {
 	return nil, false
 }
 
-func (p *pool) claim() *Instance {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if len(p.ready) == 0 {
-		return nil
+// checkTimeout bounds the check of a pooled workspace before a claim.
+const checkTimeout = 10 * time.Second
+
+// claim hands out a ready workspace that still answers: it has not ended
+// (Instance.Done) and a Stat of its root succeeds, so a container that died
+// while it waited is never handed out, even before its end is noticed.
+// Those that fail are dropped on the way.
+func (p *pool) claim(ctx context.Context) *Instance {
+	defer p.refill()
+	for {
+		p.mu.Lock()
+		if len(p.ready) == 0 {
+			p.mu.Unlock()
+			return nil
+		}
+		inst := p.ready[0]
+		p.ready[0] = nil
+		p.ready = p.ready[1:]
+		p.mu.Unlock()
+		err := errors.New("it ended")
+		if !inst.ended() {
+			cctx, cancel := context.WithTimeout(ctx, checkTimeout)
+			_, err = inst.FS.Stat(cctx, ".")
+			cancel()
+		}
+		p.mu.Lock()
+		switch {
+		case err == nil:
+			p.claimed++
+			p.mu.Unlock()
+			return inst
+		case ctx.Err() != nil: // the caller left: the check proved nothing
+			p.ready = slices.Insert(p.ready, 0, inst)
+			p.mu.Unlock()
+			return nil
+		}
+		p.discard(inst, err)
+		p.mu.Unlock()
 	}
-	inst := p.ready[0]
-	p.ready[0] = nil
-	p.ready = p.ready[1:]
-	p.claimed++
+}
+
+// refill wakes the filling loop.
+func (p *pool) refill() {
 	select {
 	case p.wake <- struct{}{}:
 	default:
 	}
-	return inst
+}
+
+// watch drops inst from the ready workspaces if it ends while it waits
+// there, and starts another.
+func (p *pool) watch(inst *Instance) {
+	if inst.Done == nil {
+		return
+	}
+	go func() {
+		select {
+		case <-inst.Done:
+		case <-p.ctx.Done():
+			return
+		}
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if i := slices.Index(p.ready, inst); i >= 0 {
+			p.ready = slices.Delete(p.ready, i, i+1)
+			p.discard(inst, errors.New("it ended"))
+			p.refill()
+		}
+	}()
+}
+
+// discard removes a ready workspace that failed its check (err), in the
+// background; p.mu is held.
+func (p *pool) discard(inst *Instance, err error) {
+	p.lost++
+	if inst.Err != nil && inst.Err() != nil {
+		err = inst.Err()
+	}
+	p.m.o.logger.Warn("warm pool: a ready workspace failed its check; starting another", "image", p.image, "workspace", inst.ID, "error", err)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), removeTimeout)
+		defer cancel()
+		inst.Close(ctx)
+	}()
 }
 
 // fill starts workspaces until the pool is full, then waits for a claim.
@@ -134,13 +206,14 @@ func (p *pool) fill() {
 		p.mu.Lock()
 		p.ready = append(p.ready, inst)
 		p.mu.Unlock()
+		p.watch(inst)
 	}
 }
 
 func (p *pool) stats() PoolStats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return PoolStats{Image: p.image, Size: p.size, Ready: len(p.ready), Claimed: p.claimed}
+	return PoolStats{Image: p.image, Size: p.size, Ready: len(p.ready), Claimed: p.claimed, Lost: p.lost}
 }
 
 // closePools stops the pools filling and removes their ready workspaces.

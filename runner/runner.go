@@ -10,10 +10,15 @@
 // The Manager owns the lifecycle: it creates sessions within the operator's
 // policy (package policy) and per-tenant cap, ends them after their lifetime
 // or idle timeout, caps the calls in flight of each, and at shutdown drains
-// the calls in flight and removes every workspace it made. At start it asks
-// the backend to reap what an earlier run left behind, so a crash leaks
-// nothing past the next start. A warm pool per image and profile keeps
-// workspaces started ahead of demand when the backend can (Warmer).
+// the calls in flight and removes every workspace it made. Everything it
+// makes carries its owner (Owner: host, boot, PID and the PID's start
+// time). At start it claims the daemon's name on a shared backend
+// (Claimer), refusing to start while another run of it lives, and asks the
+// backend to reap what ended runs left behind, so a crash leaks nothing past
+// the next start and no living run loses anything. A session whose
+// workspace dies ends with it (ErrWorkspaceEnded). A warm pool per image
+// and profile keeps workspaces started ahead of demand when the backend can
+// (Warmer), and checks each before it hands it out.
 //
 // Tenants see only their own sessions: Get, List and Delete of another
 // tenant's session answer ErrNotFound, as if it did not exist.
@@ -47,6 +52,13 @@ var (
 	ErrClosed = errors.New("the session has ended")
 	// ErrShuttingDown: the manager takes no new sessions.
 	ErrShuttingDown = errors.New("the daemon is shutting down")
+	// ErrWorkspaceEnded: the session's workspace ended by itself (its
+	// container was killed or removed from outside), and the session with
+	// it. It wraps ErrClosed.
+	ErrWorkspaceEnded = fmt.Errorf("%w: its workspace ended", ErrClosed)
+	// ErrDaemonRunning: another run of the same daemon lives on the backend
+	// (Claimer), so this one may not start.
+	ErrDaemonRunning = errors.New("another run of this daemon is alive")
 )
 
 // DefaultImage is the image sessions get when the policy names none.
@@ -138,11 +150,13 @@ func WithGrants(grants ...string) Option {
 func WithPool(p PoolConfig) Option { return func(o *options) { o.pools = append(o.pools, p) } }
 
 // WithDaemonName names this daemon in the labels of what it makes (default
-// "sandboxd"). Two daemons sharing one Docker engine need different names.
+// "sandboxd"). Two daemons sharing one Docker engine need different names:
+// New refuses a second run of a name while the first lives (Claimer).
 func WithDaemonName(name string) Option { return func(o *options) { o.daemon = name } }
 
 // WithLabels adds labels to everything the backend makes (and to what
-// reaping at start looks for).
+// reaping at start looks for). They may name another owner than this
+// process (Owner.Labels): the one whose end lets a later run reap it.
 func WithLabels(labels map[string]string) Option {
 	return func(o *options) {
 		if o.labels == nil {
@@ -184,6 +198,30 @@ type Manager struct {
 	// gateway sends the requests of the operator's http sources for every
 	// session's shell; nil without them.
 	gateway *sources.Gateway
+	// unclaimFn gives back the backend's claim (Claimer); nil without one.
+	unclaimFn func(context.Context) error
+	// lost counts the sessions whose workspace ended by itself; ended keeps
+	// why, by session ID, for those sessions' later requests.
+	lost  uint64
+	ended map[string]lostSession
+}
+
+// lostSession is a session whose workspace ended by itself.
+type lostSession struct {
+	tenant  string
+	cause   error
+	removed chan struct{} // closed once its workspace is removed
+}
+
+// maxEnded bounds how many lost sessions a manager remembers.
+const maxEnded = 1024
+
+// unclaim gives back the backend's claim, if any.
+func (m *Manager) unclaim(ctx context.Context) error {
+	if m.unclaimFn == nil {
+		return nil
+	}
+	return m.unclaimFn(ctx)
 }
 
 // auditTo writes each request to an http source to the daemon's log.
@@ -199,9 +237,11 @@ func auditTo(logger *slog.Logger) func(sources.AuditRecord) {
 	}
 }
 
-// New returns a Manager over backend. Before it returns it reaps what an
-// earlier run of the same daemon left behind (an error there fails New), and
-// it starts the warm pools filling in the background.
+// New returns a Manager over backend. Before it returns it claims the
+// daemon's name when the backend is a Claimer (failing with
+// ErrDaemonRunning while another run of it lives), reaps what ended runs of
+// the same daemon left behind (an error there fails New), and starts the
+// warm pools filling in the background.
 func New(ctx context.Context, backend Backend, opts ...Option) (*Manager, error) {
 	o := options{tools: tools.DefaultConfig(), maxCalls: 8, daemon: "sandboxd", sweep: time.Second}
 	for _, opt := range opts {
@@ -221,22 +261,34 @@ func New(ctx context.Context, backend Backend, opts ...Option) (*Manager, error)
 			return nil, fmt.Errorf("runner: sources: %w", err)
 		}
 	}
-	labels := maps.Clone(o.labels)
-	if labels == nil {
-		labels = map[string]string{}
-	}
+	labels := Self().Labels()
+	maps.Copy(labels, o.labels)
 	labels[policy.LabelSandboxd], labels[LabelDaemon] = "1", o.daemon
 	m := &Manager{
 		backend: backend, o: o,
 		gateway:   gateway,
 		labels:    labels,
 		sessions:  map[string]*Session{},
+		ended:     map[string]lostSession{},
 		perTenant: map[string]int{},
 		stopSweep: make(chan struct{}),
 		swept:     make(chan struct{}),
 	}
-	n, err := backend.Reap(ctx, maps.Clone(m.labels))
+	if c, ok := backend.(Claimer); ok {
+		release, err := c.Claim(ctx, Spec{Profile: policy.Profile{Image: o.policy.DefaultImage}, Labels: maps.Clone(m.labels)})
+		if err != nil {
+			return nil, fmt.Errorf("runner: %w", err)
+		}
+		m.unclaimFn = release
+	}
+	// The owner's labels are left out: Reap looks for every run's.
+	selector := maps.Clone(m.labels)
+	for k := range Self().Labels() {
+		delete(selector, k)
+	}
+	n, err := backend.Reap(ctx, selector)
 	if err != nil {
+		m.unclaim(ctx)
 		return nil, fmt.Errorf("runner: reaping what an earlier run left: %w", err)
 	}
 	if n > 0 {
@@ -246,6 +298,7 @@ func New(ctx context.Context, backend Backend, opts ...Option) (*Manager, error)
 		p, err := m.newPool(pc)
 		if err != nil {
 			m.closePools(ctx)
+			m.unclaim(ctx)
 			return nil, err
 		}
 		m.pools = append(m.pools, p)
@@ -312,7 +365,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Session, erro
 	}
 	spec := m.spec(prof, cfg)
 	spec.Session, spec.Tenant, spec.Source = id, req.Tenant, req.Source
-	inst, pooled := m.claim(spec)
+	inst, pooled := m.claim(ctx, spec)
 	if inst == nil {
 		if inst, err = m.backend.Open(ctx, spec); err != nil {
 			m.release(req.Tenant)
@@ -334,6 +387,15 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Session, erro
 	}
 	m.sessions[id] = s
 	m.mu.Unlock()
+	if inst.Done != nil {
+		go func() {
+			select {
+			case <-inst.Done:
+				m.lose(s)
+			case <-s.ctx.Done():
+			}
+		}()
+	}
 	m.o.logger.Info("session created", "tenant", req.Tenant, "session", id, "backend", m.backend.Name(), "workspace", inst.ID, "pooled", pooled)
 	return s, nil
 }
@@ -369,15 +431,69 @@ func (m *Manager) release(tenant string) {
 	}
 }
 
-// Get returns the tenant's session id, or ErrNotFound.
+// Get returns the tenant's session id. It fails with the cause, wrapping
+// ErrWorkspaceEnded, for a session whose workspace ended by itself (up to
+// 1024 such are remembered), and with ErrNotFound for any other it does not
+// have.
 func (m *Manager) Get(tenant, id string) (*Session, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	s := m.sessions[id]
 	if s == nil || s.tenant != tenant {
-		return nil, fmt.Errorf("%w: %s", ErrNotFound, id)
+		return nil, m.gone(tenant, id)
 	}
 	return s, nil
+}
+
+// gone is why the tenant has no session id; m.mu is held.
+func (m *Manager) gone(tenant, id string) error {
+	if l, ok := m.ended[id]; ok && l.tenant == tenant {
+		return l.cause
+	}
+	return fmt.Errorf("%w: %s", ErrNotFound, id)
+}
+
+// lose ends s, whose workspace ended by itself: its calls fail at once
+// with ErrWorkspaceEnded and the workspace's cause, its workspace is
+// removed in the background, and later requests for it are told why it
+// ended. It does nothing for a session already ending.
+func (m *Manager) lose(s *Session) {
+	why := "no cause given"
+	if s.inst.Err != nil && s.inst.Err() != nil {
+		why = s.inst.Err().Error()
+	}
+	cause := fmt.Errorf("%w: %s", ErrWorkspaceEnded, why)
+	m.mu.Lock()
+	if m.sessions[s.id] != s {
+		m.mu.Unlock()
+		return
+	}
+	delete(m.sessions, s.id)
+	if len(m.ended) >= maxEnded {
+		for id := range m.ended { // any one: the map keeps a bounded memory
+			delete(m.ended, id)
+			break
+		}
+	}
+	removed := make(chan struct{})
+	m.ended[s.id] = lostSession{tenant: s.tenant, cause: cause, removed: removed}
+	m.lost++
+	m.deleting.Add(1) // under mu, as in Delete
+	m.mu.Unlock()
+	s.mu.Lock()
+	s.closing = true
+	s.mu.Unlock()
+	s.cancel(cause)
+	m.o.logger.Warn("session's workspace ended", "tenant", s.tenant, "session", s.id, "workspace", s.inst.ID, "cause", why)
+	go func() {
+		defer m.deleting.Done()
+		defer close(removed)
+		ctx, cancel := context.WithTimeout(context.Background(), removeTimeout)
+		defer cancel()
+		if err := s.close(ctx, cause, false); err != nil {
+			m.o.logger.Warn("removing a lost session's workspace failed", "tenant", s.tenant, "session", s.id, "error", err)
+		}
+	}()
 }
 
 // List returns the tenant's sessions, oldest first.
@@ -397,14 +513,27 @@ func (m *Manager) List(tenant string) []*Session {
 }
 
 // Delete ends the tenant's session id: calls in flight are cancelled (their
-// commands killed), and the workspace is removed. It fails with
-// ErrNotFound for a session the tenant does not have.
+// commands killed), and the workspace is removed. It fails as Get does for
+// a session the tenant does not have; for one whose workspace ended by
+// itself it returns once that workspace is removed, and forgets the session.
 func (m *Manager) Delete(ctx context.Context, tenant, id string) error {
 	m.mu.Lock()
 	s := m.sessions[id]
 	if s == nil || s.tenant != tenant {
+		err := m.gone(tenant, id)
+		l, lost := m.ended[id]
+		lost = lost && l.tenant == tenant
+		if lost {
+			delete(m.ended, id)
+		}
 		m.mu.Unlock()
-		return fmt.Errorf("%w: %s", ErrNotFound, id)
+		if lost {
+			select { // its workspace is removed when Delete returns
+			case <-l.removed:
+			case <-ctx.Done():
+			}
+		}
+		return err
 	}
 	delete(m.sessions, id)
 	m.deleting.Add(1) // under mu: Shutdown, which takes mu first, then sees it
@@ -419,12 +548,15 @@ type Stats struct {
 	Sessions map[string]int
 	// Pools describes each warm pool.
 	Pools []PoolStats
+	// Lost counts the sessions that ended because their workspace did (a
+	// container killed or removed from outside).
+	Lost uint64
 }
 
 // Stats returns a snapshot of the sessions and pools.
 func (m *Manager) Stats() Stats {
 	m.mu.Lock()
-	st := Stats{Sessions: map[string]int{}}
+	st := Stats{Sessions: map[string]int{}, Lost: m.lost}
 	for _, s := range m.sessions {
 		st.Sessions[s.tenant]++
 	}
@@ -462,7 +594,7 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 	wg.Wait()
 	m.deleting.Wait()
 	m.o.logger.Info("runner stopped", "sessions", len(all))
-	return errors.Join(errs...)
+	return errors.Join(append(errs, m.unclaim(ctx))...)
 }
 
 func (m *Manager) sweepLoop() {

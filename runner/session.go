@@ -152,7 +152,9 @@ func (s *Session) Info() Info {
 // free, and ErrClosed once the session is ending), marks the session used,
 // cancels fn's context when the session ends, and reports the call to the
 // manager's audit log and observer. fn reports whether the call failed as
-// a tool result (failed) or outside the tool (err).
+// a tool result (failed) or outside the tool (err). A call during which the
+// workspace ended by itself ends the session and fails with
+// ErrWorkspaceEnded.
 func (s *Session) Do(ctx context.Context, op string, fn func(ctx context.Context) (failed bool, err error)) error {
 	start := time.Now()
 	ev := CallEvent{Tenant: s.tenant, Session: s.id, Tool: op}
@@ -167,6 +169,11 @@ func (s *Session) Do(ctx context.Context, op string, fn func(ctx context.Context
 	cctx, cancel := context.WithCancelCause(ctx)
 	stop := context.AfterFunc(s.ctx, func() { cancel(context.Cause(s.ctx)) })
 	failed, err := fn(cctx)
+	if s.inst.ended() {
+		// The call failed because the workspace is gone: the session ends
+		// now, and the call says so, not the tool's error.
+		s.m.lose(s)
+	}
 	// Whether the session ended while fn ran is decided before the slot is
 	// given back: once it is, a draining close goes on to end the session,
 	// and a call that finished first must not be reported as cut short.
@@ -205,6 +212,9 @@ func (s *Session) begin() error {
 	defer s.mu.Unlock()
 	switch max := s.m.o.maxCalls; {
 	case s.closing:
+		if cause := context.Cause(s.ctx); cause != nil {
+			return fmt.Errorf("%w (session %s)", cause, s.id)
+		}
 		return fmt.Errorf("%w: %s", ErrClosed, s.id)
 	case max > 0 && s.inflight >= max:
 		return fmt.Errorf("%w (%d)", ErrBusy, max)

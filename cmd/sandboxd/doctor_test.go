@@ -74,6 +74,11 @@ func (e *fakeEngine) start(t *testing.T) {
 			io.WriteString(w, "[]")
 		case p == "/volumes":
 			io.WriteString(w, `{"Volumes":[]}`)
+		case p == "/containers/create": // serve's marker (runner.Claimer)
+			w.WriteHeader(http.StatusCreated)
+			io.WriteString(w, `{"Id":"fake-marker"}`)
+		case r.Method == http.MethodDelete && p == "/containers/fake-marker":
+			w.WriteHeader(http.StatusNoContent)
 		default:
 			t.Errorf("fake engine: unexpected %s %s", r.Method, r.URL)
 			w.WriteHeader(http.StatusNotImplemented)

@@ -262,7 +262,7 @@ func TestKilledRunIsReaped(t *testing.T) {
 	}
 	left := func(pid int) []string {
 		t.Helper()
-		f := make(client.Filters).Add("label", labelRunPID+"="+strconv.Itoa(pid)).Add("label", labelRunHost+"="+hostIdentity())
+		f := make(client.Filters).Add("label", runner.LabelOwnerPID+"="+strconv.Itoa(pid)).Add("label", runner.LabelOwnerHost+"="+runner.Self().Host)
 		cs, err := cli.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: f})
 		if err != nil {
 			t.Fatal(err)
@@ -281,7 +281,8 @@ func TestKilledRunIsReaped(t *testing.T) {
 		return out
 	}
 	// waitLeft waits for the run's session container to run (beside its
-	// volume): the run is past creating what it needs.
+	// volume and the run's marker, runner.Claimer): the run is past
+	// creating what it needs.
 	waitLeft := func(pid, n int) {
 		t.Helper()
 		for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
@@ -295,13 +296,13 @@ func TestKilledRunIsReaped(t *testing.T) {
 		}
 	}
 	living := startRun()
-	waitLeft(living.Process.Pid, 2)
+	waitLeft(living.Process.Pid, 3)
 	killed := startRun()
-	waitLeft(killed.Process.Pid, 2)
+	waitLeft(killed.Process.Pid, 3)
 	killed.Process.Kill()
 	killed.Wait()
-	if got := left(killed.Process.Pid); len(got) != 2 {
-		t.Fatalf("the killed run left %v; the test needs its container and volume", got)
+	if got := left(killed.Process.Pid); len(got) != 3 {
+		t.Fatalf("the killed run left %v; the test needs its marker, container and volume", got)
 	}
 	if _, err := reapDeadRuns(ctx, cli); err != nil {
 		t.Fatal(err)
@@ -309,7 +310,7 @@ func TestKilledRunIsReaped(t *testing.T) {
 	if got := left(killed.Process.Pid); len(got) != 0 {
 		t.Errorf("left after reaping: %v", got)
 	}
-	if got := left(living.Process.Pid); len(got) != 2 {
-		t.Errorf("the living run's container and volume were touched: now %v", got)
+	if got := left(living.Process.Pid); len(got) != 3 {
+		t.Errorf("the living run's marker, container and volume were touched: now %v", got)
 	}
 }

@@ -32,8 +32,9 @@ import (
 type serveConfig struct {
 	// Listen is the address to listen on (default 127.0.0.1:7878).
 	Listen string `json:"listen"`
-	// Backend is docker, local or memory (default: docker when the engine
-	// answers, else memory).
+	// Backend is docker (the default), local or memory. Local and memory
+	// run commands on the host without isolation: for development, and
+	// only when named.
 	Backend string `json:"backend"`
 	// Image is the docker backend's default image: an image definition's
 	// name, built when missing ("minimal", the default, or "dev"), or an
@@ -124,7 +125,7 @@ var cmdServe = &command{
 	setup: func(fs *flag.FlagSet) runFunc {
 		listen := fs.String("listen", "", "the `address` to listen on (default "+defaultListen+")")
 		config := fs.String("config", "", "the daemon's configuration `file` (JSON); without one, a single dev tenant with a token printed at start")
-		backend := fs.String("backend", "", "where sessions run: docker, local or memory (default: docker when the engine answers, else memory)")
+		backend := fs.String("backend", "", "where sessions run: docker, or local or memory for development (commands on this host without isolation)")
 		return func(ctx context.Context, sio stdio, args []string) error {
 			if len(args) > 0 {
 				return usagef("unexpected arguments %q", args)
@@ -141,6 +142,9 @@ var cmdServe = &command{
 }
 
 // serve runs the daemon until ctx ends, then drains and removes what it made.
+// It binds its address before it touches the backend, so a daemon that
+// cannot listen leaves every other alone; on Docker the manager then claims
+// the daemon's name (runner.Claimer) before it reaps what ended runs left.
 func serve(ctx context.Context, sio stdio, cfg serveConfig, dev bool) error {
 	logger := slog.New(slog.NewJSONHandler(sio.err, nil))
 	var devToken string
@@ -158,6 +162,11 @@ func serve(ctx context.Context, sio stdio, cfg serveConfig, dev bool) error {
 			return fmt.Errorf("tools: %w", err)
 		}
 	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("%w (choose another address with --listen or \"listen\" in the configuration)", err)
+	}
+	defer ln.Close()
 	backend, image, err := openBackend(ctx, sio, &cfg)
 	if err != nil {
 		return err
@@ -202,11 +211,6 @@ func serve(ctx context.Context, sio stdio, cfg serveConfig, dev bool) error {
 		apiOpts = append(apiOpts, httpapi.WithMinBodyRate(max(rate, 0), time.Duration(cmp.Or(cfg.HTTP.BodyGrace, runner.Duration(10*time.Second)))))
 	}
 	api, err := httpapi.New(m, apiOpts...)
-	if err != nil {
-		m.Shutdown(context.Background())
-		return err
-	}
-	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		m.Shutdown(context.Background())
 		return err
@@ -305,22 +309,21 @@ func printWelcome(sio stdio, url, backend, image, devToken string) {
 	fmt.Fprintf(w, "API: %s/openapi.json   MCP: %s/mcp\n", url, url)
 }
 
-// openBackend makes the configured backend; for docker it also makes sure
-// the default image exists, building it when missing, with progress.
+// openBackend makes the configured backend, docker unless another is named;
+// for docker it also makes sure the default image exists, building it when
+// missing, with progress. It fails closed: when the engine does not answer
+// it refuses to start rather than fall back to a backend without isolation.
 func openBackend(ctx context.Context, sio stdio, cfg *serveConfig) (runner.Backend, string, error) {
-	name := cfg.Backend
+	name := cmp.Or(cfg.Backend, "docker")
 	var cli *client.Client
-	if name == "" || name == "docker" {
+	if name == "docker" {
 		c, err := dockerClient(ctx)
-		switch {
-		case err == nil:
-			cli, name = c, "docker"
-		case name == "docker":
-			return nil, "", fmt.Errorf("docker backend: %w (run 'sandboxd doctor', or use --backend memory for development)", err)
-		default:
-			fmt.Fprintf(sio.err, "Docker is not reachable (%v): serving on the memory backend, whose commands run on this host without isolation. Use --backend docker to insist.\n", err)
-			name = "memory"
+		if err != nil {
+			return nil, "", fmt.Errorf("docker backend: the engine does not answer: %w\n"+
+				"Start Docker, or point DOCKER_HOST at a running engine (sandboxd doctor checks the setup). "+
+				"For development only, --backend memory or --backend local serve without it: their commands run on this host as your user, without isolation", err)
 		}
+		cli = c
 	}
 	switch name {
 	case "memory":

@@ -10,9 +10,7 @@ import (
 	"maps"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/moby/moby/client"
@@ -149,7 +147,7 @@ func (f *sessionFlags) openSession(ctx context.Context, sio stdio) (*session, er
 	// A daemon name of its own: this process reaps nothing of another's
 	// living run (see reapDeadRuns for those whose process is gone).
 	m, err := runner.New(ctx, b.backend, runner.WithTools(cfg), runner.WithPolicy(b.policy),
-		runner.WithDaemonName("cli-"+strings.ToLower(rand.Text()[:12])), runner.WithLabels(b.labels))
+		runner.WithDaemonName("cli-"+strings.ToLower(rand.Text()[:12])))
 	if err != nil {
 		b.release()
 		return nil, err
@@ -182,8 +180,6 @@ type openedBackend struct {
 	policy  policy.Policy
 	source  string
 	release func()
-	// labels mark what the run creates (see runLabels).
-	labels map[string]string
 }
 
 // backends are the values of --backend.
@@ -232,81 +228,19 @@ func openDocker(ctx context.Context, sio stdio, f *sessionFlags) (*openedBackend
 		policy:  policy.Policy{DefaultImage: ref},
 		source:  f.workspace,
 		release: func() { cli.Close() },
-		labels:  runLabels(),
 	}, nil
 }
 
-// Labels a command-line run (sandboxd mcp, tools) puts on its containers and
-// volumes: which host (its name and, on Linux, its boot) and which process.
-// Each run has a daemon name of its own, so no run's start reaps another's;
-// these let a later run find what a run killed with SIGKILL left, and remove
-// it once that process is gone.
-const (
-	labelRunHost = "sandboxd.run.host"
-	labelRunPID  = "sandboxd.run.pid"
-)
-
-// runLabels are this process's labels.
-func runLabels() map[string]string {
-	return map[string]string{labelRunHost: hostIdentity(), labelRunPID: strconv.Itoa(os.Getpid())}
-}
-
-// hostIdentity names this host and, where the kernel says, its current boot:
-// a PID is only meaningful there.
-func hostIdentity() string {
-	name, _ := os.Hostname()
-	if boot, err := os.ReadFile("/proc/sys/kernel/random/boot_id"); err == nil {
-		name += "/" + strings.TrimSpace(string(boot))
-	}
-	return name
-}
-
-// reapDeadRuns removes the containers and volumes of earlier runs on this
-// host (this boot) whose process no longer exists, with runner's reaping by
-// their daemon name. A run whose process is alive — or might be: a PID in
-// use again, or one this user may not signal — is left alone, so a mistake
-// leaves a container behind rather than removing a living one.
+// reapDeadRuns removes the containers and volumes that earlier
+// command-line runs (sandboxd mcp, tools) on this host left, once their
+// process has ended (runner.Owner.Gone). Each run has a daemon name of its
+// own, so no run's start reaps another's; a run whose process may live is
+// left alone.
 func reapDeadRuns(ctx context.Context, cli client.APIClient) (int, error) {
-	host := hostIdentity()
-	f := make(client.Filters).Add("label", labelRunHost+"="+host)
-	daemons := map[string]string{} // daemon name → pid
-	containers, err := cli.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: f})
-	if err != nil {
-		return 0, err
-	}
-	for _, c := range containers.Items {
-		daemons[c.Labels[runner.LabelDaemon]] = c.Labels[labelRunPID]
-	}
-	volumes, err := cli.VolumeList(ctx, client.VolumeListOptions{Filters: f})
-	if err != nil {
-		return 0, err
-	}
-	for _, v := range volumes.Items {
-		daemons[v.Labels[runner.LabelDaemon]] = v.Labels[labelRunPID]
-	}
-	n := 0
-	var errs []error
-	for daemon, pid := range daemons {
-		if !strings.HasPrefix(daemon, "cli-") || processMayExist(pid) {
-			continue
-		}
-		k, err := dockerexec.Reap(ctx, cli, map[string]string{runner.LabelDaemon: daemon, labelRunHost: host})
-		n += k
-		if err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return n, errors.Join(errs...)
-}
-
-// processMayExist reports whether a process with this PID may exist: true
-// unless the kernel says there is none (or the label is not a PID).
-func processMayExist(pid string) bool {
-	p, err := strconv.Atoi(pid)
-	if err != nil || p <= 0 {
-		return true
-	}
-	return !errors.Is(syscall.Kill(p, 0), syscall.ESRCH)
+	return dockerexec.ReapWhere(ctx, cli, map[string]string{runner.LabelOwnerHost: runner.Self().Host}, func(labels map[string]string) bool {
+		o, ok := runner.OwnerOf(labels)
+		return ok && strings.HasPrefix(labels[runner.LabelDaemon], "cli-") && o.Gone()
+	})
 }
 
 // dockerBackend is the Docker backend over cli, once what every session

@@ -1,0 +1,247 @@
+package runner_test
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/runner"
+	"github.com/sandboxd/sandboxd/tools"
+	"github.com/sandboxd/sandboxd/workspace"
+)
+
+func TestOwnerGone(t *testing.T) {
+	self := runner.Self()
+	if self.PID <= 0 || self.Host == "" {
+		t.Fatalf("Self() = %+v", self)
+	}
+	name, boot, hasBoot := strings.Cut(self.Host, "/")
+	tests := []struct {
+		name  string
+		owner runner.Owner
+		gone  bool
+	}{
+		{"this process", self, false},
+		{"a process that exited", runner.Owner{Host: self.Host, PID: exitedPID(t)}, true},
+		{"this PID, reused by a process that started later", runner.Owner{Host: self.Host, PID: self.PID, Start: "1"}, self.Start != ""},
+		{"another host: may be alive", runner.Owner{Host: "elsewhere/" + boot, PID: 1}, false},
+		{"this host in an earlier boot", runner.Owner{Host: name + "/an-earlier-boot", PID: self.PID, Start: self.Start}, hasBoot},
+		{"a process this user may not signal (init)", runner.Owner{Host: self.Host, PID: 1}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := tt.owner.Gone(); got != tt.gone {
+				t.Errorf("%+v.Gone() = %v, want %v", tt.owner, got, tt.gone)
+			}
+			back, ok := runner.OwnerOf(tt.owner.Labels())
+			if !ok || back != tt.owner {
+				t.Errorf("OwnerOf(Labels()) = %+v, %v", back, ok)
+			}
+		})
+	}
+	if _, ok := runner.OwnerOf(map[string]string{runner.LabelDaemon: "d"}); ok {
+		t.Error("OwnerOf found an owner in labels that name none")
+	}
+}
+
+// mortalBackend is the gate backend whose workspaces can die from outside:
+// kill ends one as a killed container would, noticed at once; with hush
+// set, the pooled workspaces it makes die unnoticed (Done stays open, calls fail).
+type mortalBackend struct {
+	*gateBackend
+	mu    sync.Mutex
+	kills map[string]func() // by instance ID
+	hush  atomic.Bool
+}
+
+// deadFS is a workspace whose container died before anyone noticed.
+type deadFS struct{ workspace.FileSystem }
+
+func (deadFS) Stat(context.Context, string) (fs.FileInfo, error) {
+	return nil, workspace.PathError("stat", ".", workspace.ErrUnavailable)
+}
+
+func newMortal() *mortalBackend {
+	return &mortalBackend{gateBackend: newGate(), kills: map[string]func(){}}
+}
+
+func (b *mortalBackend) Open(ctx context.Context, spec runner.Spec) (*runner.Instance, error) {
+	return b.mortal(b.gateBackend.Open(ctx, spec))
+}
+
+func (b *mortalBackend) Warm(ctx context.Context, spec runner.Spec) (*runner.Instance, error) {
+	inst, err := b.gateBackend.Warm(ctx, spec)
+	if err == nil && b.hush.Load() {
+		inst.FS = deadFS{inst.FS}
+		return inst, nil
+	}
+	return b.mortal(inst, err)
+}
+
+func (b *mortalBackend) mortal(inst *runner.Instance, err error) (*runner.Instance, error) {
+	if err != nil {
+		return nil, err
+	}
+	done := make(chan struct{})
+	var once sync.Once
+	inst.Done = done
+	inst.Err = func() error {
+		select {
+		case <-done:
+			return errors.New("the agent closed the stream (container exited, exit code 137)")
+		default:
+			return nil
+		}
+	}
+	b.mu.Lock()
+	b.kills[inst.ID] = func() { once.Do(func() { close(done) }) }
+	b.mu.Unlock()
+	return inst, nil
+}
+
+func (b *mortalBackend) kill(id string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.kills[id]()
+}
+
+// TestWorkspaceDeathEndsSession: a session whose workspace dies ends at
+// once — idle, or with a call in flight — and says why from then on,
+// wrapping ErrWorkspaceEnded (410 SessionEnded over HTTP); its workspace is
+// removed and the manager counts it lost.
+func TestWorkspaceDeathEndsSession(t *testing.T) {
+	b := newMortal()
+	var mu sync.Mutex
+	var outcomes []string
+	m := newManager(t, b, runner.WithObserver(func(ev runner.CallEvent) {
+		mu.Lock()
+		outcomes = append(outcomes, ev.Outcome)
+		mu.Unlock()
+	}))
+
+	idle := create(t, m, "acme", shell)
+	busy := create(t, m, "acme", shell)
+	call := startWait(t, busy)
+	b.kill(idle.Info().Workspace)
+	b.kill(busy.Info().Workspace)
+	for _, s := range []*runner.Session{idle, busy} {
+		select {
+		case <-s.Done():
+		case <-time.After(time.Minute):
+			t.Fatal("the session outlived its workspace")
+		}
+	}
+	if err := <-call; !errors.Is(err, runner.ErrWorkspaceEnded) || !strings.Contains(err.Error(), "exit code 137") {
+		t.Fatalf("call in flight: %v", err)
+	}
+	for _, s := range []*runner.Session{idle, busy} {
+		_, err := m.Get("acme", s.ID())
+		if !errors.Is(err, runner.ErrWorkspaceEnded) || !errors.Is(err, runner.ErrClosed) || !strings.Contains(err.Error(), "exit code 137") {
+			t.Errorf("Get after the workspace died: %v", err)
+		}
+		if _, err := m.Get("bolt", s.ID()); !errors.Is(err, runner.ErrNotFound) {
+			t.Errorf("another tenant's Get: %v", err)
+		}
+		if _, err := s.Call(context.Background(), "read", []byte(`{"path":"x"}`), tools.CallOptions{}); !errors.Is(err, runner.ErrWorkspaceEnded) {
+			t.Errorf("Call after the workspace died: %v", err)
+		}
+	}
+	if got := len(m.List("acme")); got != 0 {
+		t.Errorf("List shows %d dead sessions", got)
+	}
+	if got := m.Stats().Lost; got != 2 {
+		t.Errorf("Stats().Lost = %d, want 2", got)
+	}
+	// Delete answers why, once the dead workspace is removed; then the
+	// session is forgotten.
+	for _, s := range []*runner.Session{idle, busy} {
+		if err := m.Delete(context.Background(), "acme", s.ID()); !errors.Is(err, runner.ErrWorkspaceEnded) {
+			t.Errorf("Delete after the workspace died: %v", err)
+		}
+		if _, err := m.Get("acme", s.ID()); !errors.Is(err, runner.ErrNotFound) {
+			t.Errorf("Get after Delete: %v", err)
+		}
+	}
+	if n := b.closed.Load(); n != 2 {
+		t.Errorf("%d dead workspaces removed when Delete returned, want 2", n)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !strings.Contains(strings.Join(outcomes, " "), runner.OutcomeClosed) {
+		t.Errorf("outcomes %v: no call reported closed", outcomes)
+	}
+}
+
+// TestPoolDropsDeadWorkspaces: a pooled workspace that dies while it waits
+// is never handed out; the pool replaces it.
+func TestPoolDropsDeadWorkspaces(t *testing.T) {
+	b := newMortal()
+	m := newManager(t, b, runner.WithPool(runner.PoolConfig{Size: 1}))
+	waitFor(t, func() bool { return m.Stats().Pools[0].Ready == 1 })
+	b.mu.Lock()
+	for _, kill := range b.kills {
+		kill()
+	}
+	b.mu.Unlock()
+	waitFor(t, func() bool { st := m.Stats().Pools[0]; return st.Lost == 1 && st.Ready == 1 })
+	b.hush.Store(true) // the pool's next workspace dies unnoticed
+	s := create(t, m, "acme", shell)
+	if _, err := s.Call(context.Background(), "bash", []byte(`{"command":"true"}`), tools.CallOptions{}); err != nil || !s.Info().Pooled {
+		t.Fatalf("a session got a dead pooled workspace, or none (pooled %v): %v", s.Info().Pooled, err)
+	}
+
+	// A workspace that died unnoticed fails the check a claim makes.
+	waitFor(t, func() bool { return m.Stats().Pools[0].Ready == 1 })
+	b.hush.Store(false)
+	s = create(t, m, "acme", shell)
+	if _, ok := s.FS().(deadFS); ok {
+		t.Fatal("a session got a pooled workspace that does not answer")
+	}
+	if st := m.Stats().Pools[0]; st.Lost != 2 {
+		t.Errorf("pool stats %+v, want two lost", st)
+	}
+}
+
+// TestLocalReapLeavesLivingOwners: two daemons sharing a local Dir — the
+// second one's start removes only what an ended owner left, never the
+// first one's living workspaces.
+func TestLocalReapLeavesLivingOwners(t *testing.T) {
+	dir := t.TempDir()
+	self := runner.Self()
+	first := newManager(t, &runner.Local{Dir: dir}, runner.WithDaemonName("first"))
+	living := create(t, first, "acme", runner.Settings{})
+	ended := runner.Owner{Host: self.Host, PID: self.PID, Start: "1"}
+	if self.Start == "" {
+		ended = runner.Owner{Host: self.Host, PID: exitedPID(t)}
+	}
+	crashed := newManager(t, &runner.Local{Dir: dir}, runner.WithDaemonName("crashed"), runner.WithLabels(ended.Labels()))
+	dead := create(t, crashed, "acme", runner.Settings{})
+
+	newManager(t, &runner.Local{Dir: dir}, runner.WithDaemonName("second"))
+	if _, err := os.Stat(living.Root()); err != nil {
+		t.Errorf("the living daemon's workspace was reaped: %v", err)
+	}
+	if _, err := os.Stat(dead.Root()); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the ended owner's workspace was left: %v", err)
+	}
+	if _, err := os.Stat(dead.Root() + ".owner"); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the ended owner's record was left: %v", err)
+	}
+}
+
+// exitedPID is the PID of a process that has exited.
+func exitedPID(t *testing.T) int {
+	t.Helper()
+	cmd := exec.Command("true")
+	if err := cmd.Run(); err != nil {
+		t.Fatal(err)
+	}
+	return cmd.Process.Pid
+}

@@ -266,9 +266,9 @@ func TestReap(t *testing.T) {
 	if _, err := dockerexec.Reap(ctx, cli, nil); err == nil {
 		t.Error("Reap with no labels must refuse")
 	}
-	mine := map[string]string{policy.LabelSession: dockertest.Label(), dockertest.LabelTest: dockertest.Label()}
+	mine := map[string]string{policy.LabelSession: "dockerexec", dockertest.LabelTest: dockertest.Label()}
 	// ReapWhere leaves what its judge keeps (a living owner's).
-	n, err = dockerexec.ReapWhere(ctx, cli, mine, func(labels map[string]string) bool { return labels[policy.LabelSession] != dockertest.Label() })
+	n, err = dockerexec.ReapWhere(ctx, cli, mine, func(labels map[string]string) bool { return labels[policy.LabelSession] != "dockerexec" })
 	if err != nil || n != 0 {
 		t.Fatalf("ReapWhere that keeps the container = %d, %v", n, err)
 	}

@@ -324,8 +324,9 @@ func (j *Journal) get(id int) (*Commit, error) {
 	return nil, workspace.PathError("journal", fmt.Sprintf("commit %d", id), workspace.ErrNotFound)
 }
 
-// errAltered marks kept contents that no longer match their hash.
-var errAltered = errors.New("the journal's copy was altered (its SHA-256 no longer matches): it is not used")
+// errAltered marks kept contents that no longer match their hash; it
+// matches workspace.ErrUnavailable.
+var errAltered = &Error{Kind: workspace.ErrUnavailable, Msg: "the journal's copy was altered (its SHA-256 no longer matches): it is not used"}
 
 // readBlob returns the contents kept under hash, checked against it: a copy
 // that does not match (the store was written by something else) fails with
@@ -336,7 +337,7 @@ func (j *Journal) readBlob(ctx context.Context, hash string) ([]byte, error) {
 		return nil, err
 	}
 	if sum := sha256.Sum256(data); hex.EncodeToString(sum[:]) != hash {
-		return nil, errors.Join(workspace.ErrUnavailable, errAltered)
+		return nil, errAltered
 	}
 	return data, nil
 }

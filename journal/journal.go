@@ -242,7 +242,9 @@ type Journal struct {
 }
 
 // Open opens the journal of the workspace fsys, loading the commits already
-// stored under Dir. It creates nothing until the first commit.
+// in its store (under Dir, or WithStore's). It creates nothing until the
+// first commit. A record that is not well formed — a path that is not a
+// clean workspace name, a hash that is not a SHA-256 — fails it.
 func Open(ctx context.Context, fsys workspace.FileSystem, opts ...Option) (*Journal, error) {
 	j := &Journal{fs: fsys, store: fsys, dir: Dir, inside: true, root: "/workspace", maxBlob: DefaultMaxBlobBytes, maxCommits: DefaultMaxCommits,
 		now: time.Now, nextID: 1, shards: map[string]bool{}}
@@ -269,8 +271,8 @@ func Open(ctx context.Context, fsys workspace.FileSystem, opts ...Option) (*Jour
 			return nil, fmt.Errorf("journal: %w", err)
 		}
 		var c Commit
-		if err := json.Unmarshal(data, &c); err != nil || c.ID != id {
-			return nil, fmt.Errorf("journal: commit %d is damaged: %v", id, err)
+		if err := json.Unmarshal(data, &c); err != nil || c.ID != id || !c.wellFormed() {
+			return nil, fmt.Errorf("journal: commit %d is damaged (%v): move %s aside to start a new journal", id, err, j.commitName(id))
 		}
 		j.commits = append(j.commits, &c)
 	}
@@ -279,6 +281,23 @@ func Open(ctx context.Context, fsys workspace.FileSystem, opts ...Option) (*Jour
 		j.nextID = j.commits[n-1].ID + 1
 	}
 	return j, nil
+}
+
+// wellFormed reports whether a loaded commit names only clean workspace
+// paths and SHA-256 hashes, so that no record can lead the journal's reads
+// and writes elsewhere.
+func (c *Commit) wellFormed() bool {
+	for _, ch := range c.Changes {
+		if !fs.ValidPath(ch.Path) || ch.Path == "." || ignored(ch.Path) {
+			return false
+		}
+		for _, h := range []string{ch.Before.Hash, ch.After.Hash} {
+			if _, err := hex.DecodeString(h); err != nil || h != "" && (len(h) != 2*sha256.Size || strings.ToLower(h) != h) {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 func (j *Journal) commitsDir() string { return path.Join(j.dir, "commits") }

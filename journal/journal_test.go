@@ -587,3 +587,28 @@ func TestTamperedStore(t *testing.T) {
 		})
 	}
 }
+
+// TestDamagedRecordsRefused: a record whose path or hash could lead the
+// journal's reads and writes elsewhere fails Open, naming the fix.
+func TestDamagedRecordsRefused(t *testing.T) {
+	ctx := context.Background()
+	for _, rec := range []string{
+		`{"id":1,"changes":[{"path":"../x","before":{"type":"file"}}]}`,
+		`{"id":1,"changes":[{"path":".sandboxd/journal/commits/00000002.json","before":{"type":"file"}}]}`,
+		`{"id":1,"changes":[{"path":"a","before":{"type":"file","hash":"a"}}]}`,
+		`{"id":1,"changes":[{"path":"a","before":{"type":"file","hash":"../../../../etc/passwd"}}]}`,
+		`{"id":1,"changes":[{"path":"a","after":{"type":"file","hash":"` + strings.Repeat("A", 64) + `"}}]}`,
+		`{"id":2,"changes":[]}`,
+	} {
+		store := memfs.New()
+		if err := store.MkdirAll(ctx, "commits", 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := store.WriteFile(ctx, "commits/00000001.json", []byte(rec), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := journal.Open(ctx, memfs.New(), journal.WithStore(store)); err == nil || !strings.Contains(err.Error(), "move commits/00000001.json aside") {
+			t.Errorf("%s: %v, want it refused", rec, err)
+		}
+	}
+}

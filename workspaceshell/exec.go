@@ -266,7 +266,7 @@ var gitEnv = func() map[string]string {
 // gitGlobalOptions are the options git may be given before its subcommand:
 // none names a program, a configuration, a repository or a directory.
 var gitGlobalOptions = []string{"--no-pager", "-P", "--no-replace-objects", "--literal-pathspecs", "--glob-pathspecs",
-	"--noglob-pathspecs", "--icase-pathspecs", "--no-optional-locks", "--version", "-v", "--help", "-h"}
+	"--noglob-pathspecs", "--icase-pathspecs", "--no-optional-locks", "--version", "-v", "-h"}
 
 // gitSubcommands are the subcommands workspace_exec runs: git's own, which
 // start no program the call chooses (with gitEnv). An alias is none of
@@ -309,7 +309,9 @@ func gitArgs(args []string) string {
 			sub == "bisect" && a == "run",
 			sub == "grep" && (opt == "--open-files-in-pager" || strings.HasPrefix(a, "-O")),
 			sub == "init" && (opt == "--template" || opt == "--separate-git-dir"),
-			opt == "--ext-diff" || opt == "--upload-pack" || opt == "--receive-pack" || opt == "--exec":
+			opt == "--ext-diff" || opt == "--upload-pack" || opt == "--receive-pack" || opt == "--exec",
+			opt == "--help": // starts the man viewer or a browser the configuration names
+
 			return fmt.Sprintf("git %s %s runs a program", sub, opt)
 		}
 	}

@@ -60,7 +60,18 @@ func BenchmarkJournal(b *testing.B) {
 			},
 		}[name]
 		fsys := open(b)
-		j, err := journal.Open(ctx, fsys, journal.WithMaxCommits(100))
+		// The store is kept apart from the workspace, as the daemon keeps it:
+		// a directory on disk for local, memory for memory.
+		var store workspace.FileSystem = memfs.New()
+		if name == "local" {
+			lfs, err := localfs.New(b.TempDir())
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { lfs.Close() })
+			store = lfs
+		}
+		j, err := journal.Open(ctx, fsys, journal.WithMaxCommits(100), journal.WithStore(store))
 		if err != nil {
 			b.Fatal(err)
 		}

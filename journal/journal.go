@@ -1,7 +1,18 @@
 // Package journal keeps a workspace's journal: a numbered list of commits,
-// each the changes one tool call (or one provider session) made, stored
-// inside the workspace under .sandboxd/journal/ through the FileSystem port,
-// so it works the same on the memory, local and Docker backends.
+// each the changes one tool call (or one provider session) made, kept
+// through the FileSystem port so it works the same on the memory, local and
+// Docker backends: in a store of its own (WithStore) that the workspace's
+// processes cannot write, or else inside the workspace under
+// .sandboxd/journal/.
+//
+// The journal does not trust its store. Every kept content is checked
+// against its SHA-256 when it is read back: content that does not match is
+// never restored, reverted to or shown (the path is reported, and the call
+// fails with workspace.ErrUnavailable). The commits in use are those the
+// Journal value made or loaded at Open; records written into the store
+// later are not read. What a store inside the workspace cannot guard
+// against is a record forged there before Open: keep the store out of the
+// session's reach (the daemon does) when its processes are not trusted.
 //
 // Three ways to change a workspace under the journal:
 //
@@ -55,8 +66,8 @@ import (
 	"github.com/sandboxd/sandboxd/workspace"
 )
 
-// Dir is where a workspace's journal lives (protected and excluded by the
-// default globs, as all of .sandboxd/ is).
+// Dir is where a workspace's journal lives when it has no store of its own
+// (protected and excluded by the default globs, as all of .sandboxd/ is).
 const Dir = ".sandboxd/journal"
 
 // Defaults of the options.
@@ -166,6 +177,15 @@ func (c *Commit) Summary() Summary {
 // Option configures Open.
 type Option func(*Journal)
 
+// WithStore keeps the journal — its commits and the contents it keeps — at
+// the root of store rather than under Dir in the workspace. A store the
+// workspace's processes cannot write (a directory of the daemon's, outside
+// a session's container) is what makes the journal safe from the session it
+// protects; Open loads the commits already there.
+func WithStore(store workspace.FileSystem) Option {
+	return func(j *Journal) { j.store, j.dir, j.inside = store, ".", false }
+}
+
 // WithRoot sets the workspace root as commands see it, used to resolve links
 // with absolute targets (default "/workspace").
 func WithRoot(root string) Option { return func(j *Journal) { j.root = root } }
@@ -201,6 +221,9 @@ func WithClock(now func() time.Time) Option { return func(j *Journal) { j.now = 
 // time.
 type Journal struct {
 	fs         workspace.FileSystem
+	store      workspace.FileSystem // where commits and objects are kept
+	dir        string               // their directory in store
+	inside     bool                 // the store is the workspace, which its processes can write
 	root       string
 	maxBlob    int64
 	maxCommits int
@@ -219,9 +242,11 @@ type Journal struct {
 }
 
 // Open opens the journal of the workspace fsys, loading the commits already
-// stored under Dir. It creates nothing until the first commit.
+// in its store (under Dir, or WithStore's). It creates nothing until the
+// first commit. A record that is not well formed — a path that is not a
+// clean workspace name, a hash that is not a SHA-256 — fails it.
 func Open(ctx context.Context, fsys workspace.FileSystem, opts ...Option) (*Journal, error) {
-	j := &Journal{fs: fsys, root: "/workspace", maxBlob: DefaultMaxBlobBytes, maxCommits: DefaultMaxCommits,
+	j := &Journal{fs: fsys, store: fsys, dir: Dir, inside: true, root: "/workspace", maxBlob: DefaultMaxBlobBytes, maxCommits: DefaultMaxCommits,
 		now: time.Now, nextID: 1, shards: map[string]bool{}}
 	for _, o := range opts {
 		o(j)
@@ -229,7 +254,7 @@ func Open(ctx context.Context, fsys workspace.FileSystem, opts ...Option) (*Jour
 	if c, ok := fsys.(ChmodFS); ok && j.chmod == nil {
 		j.chmod = c.Chmod
 	}
-	entries, err := fsys.ReadDir(ctx, Dir+"/commits")
+	entries, err := j.store.ReadDir(ctx, j.commitsDir())
 	if errors.Is(err, workspace.ErrNotFound) {
 		return j, nil
 	}
@@ -241,13 +266,13 @@ func Open(ctx context.Context, fsys workspace.FileSystem, opts ...Option) (*Jour
 		if err != nil || !strings.HasSuffix(e.Name(), ".json") {
 			continue
 		}
-		data, err := fsys.ReadFile(ctx, commitName(id), 64<<20)
+		data, err := j.store.ReadFile(ctx, j.commitName(id), 64<<20)
 		if err != nil {
 			return nil, fmt.Errorf("journal: %w", err)
 		}
 		var c Commit
-		if err := json.Unmarshal(data, &c); err != nil || c.ID != id {
-			return nil, fmt.Errorf("journal: commit %d is damaged: %v", id, err)
+		if err := json.Unmarshal(data, &c); err != nil || c.ID != id || !c.wellFormed() {
+			return nil, fmt.Errorf("journal: commit %d is damaged (%v): move %s aside to start a new journal", id, err, j.commitName(id))
 		}
 		j.commits = append(j.commits, &c)
 	}
@@ -258,9 +283,32 @@ func Open(ctx context.Context, fsys workspace.FileSystem, opts ...Option) (*Jour
 	return j, nil
 }
 
-func commitName(id int) string { return fmt.Sprintf("%s/commits/%08d.json", Dir, id) }
+// wellFormed reports whether a loaded commit names only clean workspace
+// paths and SHA-256 hashes, so that no record can lead the journal's reads
+// and writes elsewhere.
+func (c *Commit) wellFormed() bool {
+	for _, ch := range c.Changes {
+		if !fs.ValidPath(ch.Path) || ch.Path == "." || ignored(ch.Path) {
+			return false
+		}
+		for _, h := range []string{ch.Before.Hash, ch.After.Hash} {
+			if _, err := hex.DecodeString(h); err != nil || h != "" && (len(h) != 2*sha256.Size || strings.ToLower(h) != h) {
+				return false
+			}
+		}
+	}
+	return true
+}
 
-func objectName(hash string) string { return Dir + "/objects/" + hash[:2] + "/" + hash[2:] }
+func (j *Journal) commitsDir() string { return path.Join(j.dir, "commits") }
+
+func (j *Journal) commitName(id int) string {
+	return path.Join(j.commitsDir(), fmt.Sprintf("%08d.json", id))
+}
+
+func (j *Journal) objectName(hash string) string {
+	return path.Join(j.dir, "objects", hash[:2], hash[2:])
+}
 
 // ignored reports whether a workspace name is the journal's own business:
 // everything under .sandboxd/ (the journal, spilled output, sources).
@@ -295,27 +343,47 @@ func (j *Journal) get(id int) (*Commit, error) {
 	return nil, workspace.PathError("journal", fmt.Sprintf("commit %d", id), workspace.ErrNotFound)
 }
 
-// readBlob returns the contents kept under hash.
+// errAltered marks kept contents that no longer match their hash; it
+// matches workspace.ErrUnavailable.
+var errAltered = &Error{Kind: workspace.ErrUnavailable, Msg: "the journal's copy was altered (its SHA-256 no longer matches): it is not used"}
+
+// readBlob returns the contents kept under hash, checked against it: a copy
+// that does not match (the store was written by something else) fails with
+// workspace.ErrUnavailable and errAltered, never returning its bytes.
 func (j *Journal) readBlob(ctx context.Context, hash string) ([]byte, error) {
-	return j.fs.ReadFile(ctx, objectName(hash), j.maxBlob)
+	data, err := j.store.ReadFile(ctx, j.objectName(hash), j.maxBlob)
+	if err != nil {
+		return nil, err
+	}
+	if sum := sha256.Sum256(data); hex.EncodeToString(sum[:]) != hash {
+		return nil, errAltered
+	}
+	return data, nil
 }
 
 // putBlob keeps data under its hash (once) and returns the hash.
 func (j *Journal) putBlob(ctx context.Context, data []byte) (string, error) {
 	sum := sha256.Sum256(data)
 	hash := hex.EncodeToString(sum[:])
-	name := objectName(hash)
+	name := j.objectName(hash)
 	if j.shards[hash[:2]] {
-		if _, err := j.fs.Lstat(ctx, name); err == nil {
+		// A copy is kept once. In a store of its own, an object that exists
+		// is the one written; inside the workspace, a process may have
+		// planted it, so it is checked (and replaced when it does not match).
+		if j.inside {
+			if _, err := j.readBlob(ctx, hash); err == nil {
+				return hash, nil
+			}
+		} else if _, err := j.store.Lstat(ctx, name); err == nil {
 			return hash, nil
 		}
 	} else {
-		if err := workspace.MkdirAll(ctx, j.fs, path.Dir(name), 0o700); err != nil {
+		if err := workspace.MkdirAll(ctx, j.store, path.Dir(name), 0o700); err != nil {
 			return "", fmt.Errorf("journal: %w", err)
 		}
 		j.shards[hash[:2]] = true
 	}
-	if err := j.fs.WriteFile(ctx, name, data, 0o600); err != nil {
+	if err := j.store.WriteFile(ctx, name, data, 0o600); err != nil {
 		return "", fmt.Errorf("journal: %w", err)
 	}
 	return hash, nil
@@ -393,10 +461,10 @@ func (j *Journal) commit(ctx context.Context, message string, changes []Change) 
 	if err != nil {
 		return nil, err
 	}
-	if err := workspace.MkdirAll(ctx, j.fs, Dir+"/commits", 0o700); err != nil {
+	if err := workspace.MkdirAll(ctx, j.store, j.commitsDir(), 0o700); err != nil {
 		return nil, fmt.Errorf("journal: %w", err)
 	}
-	if err := j.fs.WriteFile(ctx, commitName(c.ID), data, 0o600); err != nil {
+	if err := j.store.WriteFile(ctx, j.commitName(c.ID), data, 0o600); err != nil {
 		return nil, fmt.Errorf("journal: %w", err)
 	}
 	j.nextID++
@@ -423,12 +491,12 @@ func (j *Journal) prune(ctx context.Context) {
 		live[m.state.Hash] = true
 	}
 	for _, c := range drop {
-		_ = j.fs.Remove(ctx, commitName(c.ID))
+		_ = j.store.Remove(ctx, j.commitName(c.ID))
 		for _, ch := range c.Changes {
 			for _, h := range []string{ch.Before.Hash, ch.After.Hash} {
 				if h != "" && !live[h] {
 					live[h] = true // removed once
-					_ = j.fs.Remove(ctx, objectName(h))
+					_ = j.store.Remove(ctx, j.objectName(h))
 				}
 			}
 		}

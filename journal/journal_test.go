@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -143,9 +144,9 @@ func dump(t *testing.T, fsys workspace.FileSystem) string {
 	return b.String()
 }
 
-func open(t *testing.T, fsys workspace.FileSystem) *journal.Journal {
+func open(t *testing.T, fsys workspace.FileSystem, opts ...journal.Option) *journal.Journal {
 	t.Helper()
-	j, err := journal.Open(context.Background(), fsys)
+	j, err := journal.Open(context.Background(), fsys, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -484,5 +485,130 @@ func TestExecCommitScope(t *testing.T) {
 				t.Fatalf("revert:\n got %s\nwant %s", got, before)
 			}
 		})
+	}
+}
+
+// tamper overwrites every object kept under dir in fsys with content of the
+// attacker's choosing, as a session's process could inside the workspace.
+func tamper(t *testing.T, fsys workspace.FileSystem, dir string) int {
+	t.Helper()
+	ctx := context.Background()
+	n := 0
+	dir = path.Join(dir, "objects")
+	shards, err := fsys.ReadDir(ctx, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range shards {
+		objs, err := fsys.ReadDir(ctx, path.Join(dir, s.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, o := range objs {
+			if err := fsys.WriteFile(ctx, path.Join(dir, s.Name(), o.Name()), []byte("attacker's choice"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			n++
+		}
+	}
+	return n
+}
+
+// The store is not trusted: content that no longer matches its hash is
+// never restored, reverted to or shown, and the outcome says so; a store of
+// its own (WithStore) is out of the workspace's reach altogether.
+func TestTamperedStore(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			ctx := context.Background()
+			seed(t, b)
+
+			t.Run("ExecFailureRestoresNothingPlanted", func(t *testing.T) {
+				j := open(t, b.fs)
+				out, err := j.Exec(ctx, "workspace shell command", func(context.Context) (bool, error) {
+					tamper(t, b.fs, journal.Dir)
+					b.behind(t, "write", "src/a.go", "clobbered")
+					return false, nil
+				})
+				if !errors.Is(err, workspace.ErrUnavailable) || out.Restored || !strings.Contains(strings.Join(out.Unrestored, "\n"), "src/a.go (the journal's copy was altered") {
+					t.Fatalf("outcome %+v, %v: want src/a.go reported unrestored and ErrUnavailable", out, err)
+				}
+				if data, _ := b.fs.ReadFile(ctx, "src/a.go", 1<<20); string(data) == "attacker's choice" {
+					t.Fatal("the planted content was restored")
+				}
+				b.behind(t, "write", "src/a.go", "package a\n\nfunc A() {}\n")
+			})
+
+			t.Run("RevertAndShowRefuseAlteredCopies", func(t *testing.T) {
+				j := open(t, b.fs)
+				c, err := j.Record(ctx, "write", func(fsys workspace.FileSystem) error {
+					return fsys.WriteFile(ctx, "src/a.go", []byte("package a // v2\n"), 0o644)
+				})
+				if err != nil || c == nil {
+					t.Fatalf("record: %v, %v", c, err)
+				}
+				tamper(t, b.fs, journal.Dir)
+				before := dump(t, b.fs)
+				for _, force := range []bool{false, true} {
+					if _, err := j.Revert(ctx, journal.RevertRequest{To: c.ID - 1, Force: force}); !errors.Is(err, workspace.ErrUnavailable) {
+						t.Errorf("revert (force %v) over an altered copy: %v, want ErrUnavailable", force, err)
+					}
+				}
+				if got := dump(t, b.fs); got != before {
+					t.Fatalf("a refused revert changed the workspace:\n got %s\nwant %s", got, before)
+				}
+				if diff, err := j.Show(ctx, c.ID); err == nil || strings.Contains(diff, "attacker") {
+					t.Fatalf("show of an altered copy: %v\n%s", err, diff)
+				}
+			})
+
+			t.Run("OwnStoreOutOfReach", func(t *testing.T) {
+				store := memfs.New()
+				j := open(t, b.fs, journal.WithStore(store))
+				want := dump(t, b.fs)
+				out, err := j.Exec(ctx, "workspace shell command", func(context.Context) (bool, error) {
+					// Whatever the process writes under .sandboxd/journal is
+					// not the journal.
+					b.behind(t, "rm", ".sandboxd")
+					b.behind(t, "mkdir", ".sandboxd/journal/objects/00")
+					b.behind(t, "write", "src/a.go", "clobbered")
+					return false, nil
+				})
+				if err != nil || !out.Restored || len(out.Unrestored) > 0 {
+					t.Fatalf("outcome %+v, %v", out, err)
+				}
+				if got := dump(t, b.fs); got != want {
+					t.Fatalf("not restored exactly:\n got %s\nwant %s", got, want)
+				}
+				if n := tamper(t, store, "."); n == 0 {
+					t.Fatal("nothing was kept in the store")
+				}
+			})
+		})
+	}
+}
+
+// TestDamagedRecordsRefused: a record whose path or hash could lead the
+// journal's reads and writes elsewhere fails Open, naming the fix.
+func TestDamagedRecordsRefused(t *testing.T) {
+	ctx := context.Background()
+	for _, rec := range []string{
+		`{"id":1,"changes":[{"path":"../x","before":{"type":"file"}}]}`,
+		`{"id":1,"changes":[{"path":".sandboxd/journal/commits/00000002.json","before":{"type":"file"}}]}`,
+		`{"id":1,"changes":[{"path":"a","before":{"type":"file","hash":"a"}}]}`,
+		`{"id":1,"changes":[{"path":"a","before":{"type":"file","hash":"../../../../etc/passwd"}}]}`,
+		`{"id":1,"changes":[{"path":"a","after":{"type":"file","hash":"` + strings.Repeat("A", 64) + `"}}]}`,
+		`{"id":2,"changes":[]}`,
+	} {
+		store := memfs.New()
+		if err := store.MkdirAll(ctx, "commits", 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := store.WriteFile(ctx, "commits/00000001.json", []byte(rec), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := journal.Open(ctx, memfs.New(), journal.WithStore(store)); err == nil || !strings.Contains(err.Error(), "move commits/00000001.json aside") {
+			t.Errorf("%s: %v, want it refused", rec, err)
+		}
 	}
 }

@@ -18,7 +18,9 @@ import (
 
 // apply makes every path of want have its state, and returns the paths it
 // could not give their exact state (contents not kept, a special file, a
-// mode the adapter would not take). Removals go first, shallowest first;
+// mode the adapter would not take). A file whose kept copy was altered is
+// left as it is, named in the list, and makes apply fail with
+// workspace.ErrUnavailable once everything else is done. Removals go first, shallowest first;
 // then creations and updates, shallowest first, so directories exist before
 // their entries; directory modes last, deepest first, so a read-only
 // directory is filled before it is closed.
@@ -28,8 +30,7 @@ func (j *Journal) apply(ctx context.Context, want map[string]Entry) ([]string, e
 		paths = append(paths, p)
 	}
 	slices.SortFunc(paths, byDepth)
-	var unrestored []string
-	var removed []string
+	var unrestored, removed, altered []string
 	for _, p := range paths {
 		if want[p].Exists() || under(p, removed) {
 			continue
@@ -72,6 +73,11 @@ func (j *Journal) apply(ctx context.Context, want map[string]Entry) ([]string, e
 				continue
 			}
 			ok, err := j.restoreFile(ctx, p, w)
+			if errors.Is(err, errAltered) {
+				unrestored = append(unrestored, p+" (the journal's copy was altered: not restored)")
+				altered = append(altered, p)
+				continue
+			}
 			if err != nil {
 				return unrestored, err
 			}
@@ -100,7 +106,16 @@ func (j *Journal) apply(ctx context.Context, want map[string]Entry) ([]string, e
 			unrestored = append(unrestored, fmt.Sprintf("%s (mode %04o not restored)", p, want[p].Mode))
 		}
 	}
+	if len(altered) > 0 {
+		return unrestored, alteredError(altered)
+	}
 	return unrestored, nil
+}
+
+// alteredError says which paths' kept copies were altered.
+func alteredError(paths []string) error {
+	return errorf(workspace.ErrUnavailable, "journal: the kept copies of %s were altered in the journal's store, so they were not restored; "+
+		"the store was written by something other than sandboxd (keep it out of the session's reach: see SECURITY.md, the journal)", strings.Join(paths, ", "))
 }
 
 // restoreFile writes the kept contents of w to p and gives it w's mode; it
@@ -113,6 +128,8 @@ func (j *Journal) restoreFile(ctx context.Context, p string, w Entry) (bool, err
 			return false, fmt.Errorf("journal: contents of %s: %w", p, err)
 		}
 	}
+	// Only checked bytes reach the workspace (readBlob); from here on the
+	// store is not read again.
 	if err := j.fs.WriteFile(ctx, p, data, w.Mode); err != nil {
 		return false, err
 	}
@@ -235,6 +252,19 @@ func (j *Journal) Revert(ctx context.Context, req RevertRequest) (RevertResult, 
 			continue
 		}
 		changes = append(changes, Change{Path: p, Before: cur})
+	}
+	var altered []string
+	for _, p := range slices.Sorted(maps.Keys(target)) {
+		if w := target[p]; w.Type == "file" && w.Hash != "" {
+			if _, err := j.readBlob(ctx, w.Hash); errors.Is(err, errAltered) {
+				altered = append(altered, p)
+			} else if err != nil {
+				return RevertResult{}, fmt.Errorf("journal: contents of %s: %w", p, err)
+			}
+		}
+	}
+	if len(altered) > 0 { // not even with Force: the content to restore is not known
+		return RevertResult{}, alteredError(altered)
 	}
 	if len(problems) > 0 && !req.Force {
 		return RevertResult{}, errorf(workspace.ErrInvalidArgument, "cannot revert to %s: %s; nothing was changed (force overwrites)", commitLabel(req.To), strings.Join(problems, "; "))

@@ -645,3 +645,30 @@ func TestMissingCredentialStopsStart(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 }
+
+// TestJournalStoreOutsideTheWorkspace: a session's journal is kept in a
+// private directory of the daemon's, not in the workspace its commands can
+// write, and the directory goes with the session.
+func TestJournalStoreOutsideTheWorkspace(t *testing.T) {
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp) // not parallel: os.MkdirTemp reads it
+	m := newManager(t, runner.Memory{TempDir: t.TempDir()}, runner.WithGrants(tools.GrantFSWrite))
+	s := create(t, m, "acme", runner.Settings{Grants: []string{tools.GrantFSWrite}, Always: []string{"read", "edit"}})
+	r, err := s.Call(context.Background(), "write", json.RawMessage(`{"path":"a.txt","content":"a\n"}`), tools.CallOptions{})
+	if err != nil || r.IsError || r.Commit == nil {
+		t.Fatalf("write: %+v, %v", r, err)
+	}
+	if _, err := s.FS().Lstat(context.Background(), ".sandboxd"); !errors.Is(err, workspace.ErrNotFound) {
+		t.Fatalf(".sandboxd in the workspace: %v, want none", err)
+	}
+	stores, _ := filepath.Glob(filepath.Join(tmp, "sandboxd-journal-*", "commits", "*.json"))
+	if len(stores) != 1 {
+		t.Fatalf("journal commits in the daemon's directory: %q, want one", stores)
+	}
+	if err := m.Delete(context.Background(), "acme", s.ID()); err != nil {
+		t.Fatal(err)
+	}
+	if left, _ := filepath.Glob(filepath.Join(tmp, "sandboxd-journal-*")); len(left) != 0 {
+		t.Fatalf("the journal store outlived its session: %q", left)
+	}
+}

@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/sandboxd/sandboxd/localfs"
 	"github.com/sandboxd/sandboxd/memfs"
 	"github.com/sandboxd/sandboxd/scope"
 	"github.com/sandboxd/sandboxd/sources"
@@ -28,7 +30,9 @@ type Session struct {
 	idle     time.Duration
 	inst     *Instance
 	set      *tools.Set
-	pooled   bool
+	// dropJournal removes the journal's store (see journalStore).
+	dropJournal func() error
+	pooled      bool
 
 	ctx    context.Context // ends when the session does
 	cancel context.CancelCauseFunc
@@ -70,23 +74,48 @@ func (noBash) Run(context.Context, workspace.Command) (workspace.Result, error) 
 	return workspace.Result{}, workspace.ErrUnavailable
 }
 
+// journalStore makes the store of a session's journal: a private directory
+// of the daemon's (mode 0700 in the host's temporary directory), outside
+// every backend's workspace — a container's processes cannot reach it — so
+// a session's commands cannot choose what the journal restores. drop
+// removes it; a crashed daemon's stores stay behind as sandboxd-journal-*.
+func journalStore() (store workspace.FileSystem, drop func() error, err error) {
+	dir, err := os.MkdirTemp("", "sandboxd-journal-")
+	if err != nil {
+		return nil, nil, fmt.Errorf("the session's journal store: %w (set TMPDIR to a writable directory)", err)
+	}
+	fsys, err := localfs.New(dir)
+	if err != nil {
+		return nil, nil, errors.Join(err, os.RemoveAll(dir))
+	}
+	return fsys, func() error { return errors.Join(fsys.Close(), os.RemoveAll(dir)) }, nil
+}
+
 func (m *Manager) newSession(id, tenant string, st Settings, cfg tools.Config, inst *Instance, lifetime, idle time.Duration) (*Session, error) {
+	store, dropJournal, err := journalStore()
+	if err != nil {
+		return nil, err
+	}
 	env := tools.Env{
 		FS: inst.FS, Bash: inst.Bash,
-		Session: workspace.Session{ID: id, RunID: id, Root: inst.Root, Vars: st.Vars},
-		Scope:   st.Scope,
+		Session:      workspace.Session{ID: id, RunID: id, Root: inst.Root, Vars: st.Vars},
+		Scope:        st.Scope,
+		JournalStore: store,
 	}
 	if m.gateway != nil && cfg.Sources.HTTP() {
 		env.Sources = m.gateway.Only(cfg.Sources.Names()...)
 	}
 	set, err := tools.New(env, cfg)
 	if err != nil {
+		if derr := dropJournal(); derr != nil {
+			m.o.logger.Warn("the session's journal store was not removed", "session", id, "err", derr)
+		}
 		return nil, &SettingError{"always", strings.TrimPrefix(err.Error(), "tools: ")}
 	}
 	now := time.Now()
 	s := &Session{
 		m: m, id: id, tenant: tenant, settings: st, created: now, lastUsed: now,
-		lifetime: lifetime, idle: idle, inst: inst, set: set,
+		lifetime: lifetime, idle: idle, inst: inst, set: set, dropJournal: dropJournal,
 	}
 	s.ctx, s.cancel = context.WithCancelCause(context.Background())
 	return s, nil
@@ -271,7 +300,7 @@ func (s *Session) close(ctx context.Context, cause error, drain bool) error {
 		}
 		// Removal happens even when ctx is over: a workspace is never leaked.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), removeTimeout)
-		s.closeErr = s.inst.Close(rctx)
+		s.closeErr = errors.Join(s.inst.Close(rctx), s.dropJournal())
 		cancel()
 		s.m.release(s.tenant)
 		s.m.o.logger.Info("session ended", "tenant", s.tenant, "session", s.id, "reason", cause.Error())

@@ -531,8 +531,12 @@ func (s *httpSource) match(method string, u *url.URL) (*RequestShape, string) {
 }
 
 // splitPath decodes a path's segments, refusing those a server could read
-// as something else: empty, ".", "..", an encoded '/' or '\', a control
-// character.
+// as something else than the declaration matched: empty; dots alone ("."
+// "..", and "..." or ". ." which some servers trim to them); a ';' (path
+// parameters: Tomcat and Spring read "..;" as ".."); a '%' left after
+// decoding (a double encoding such as %252e%252e, which a server decoding
+// again reads as ".."); an encoded '/' or '\'; a control character. What
+// is sent is then exactly the path that was matched.
 func splitPath(rest string) ([]string, string) {
 	if rest == "" || rest == "/" {
 		return nil, ""
@@ -544,8 +548,12 @@ func splitPath(rest string) ([]string, string) {
 		switch {
 		case err != nil:
 			return nil, fmt.Sprintf("path segment %q is not well encoded", r)
-		case v == "" || v == "." || v == "..":
+		case strings.Trim(v, ". ") == "":
 			return nil, fmt.Sprintf("path segment %q is refused (empty, . and .. segments could name another resource)", r)
+		case strings.Contains(v, ";"):
+			return nil, fmt.Sprintf("path segment %q is refused (a ';' starts path parameters, and some servers read \"..;\" as \"..\")", r)
+		case strings.Contains(v, "%"):
+			return nil, fmt.Sprintf("path segment %q is refused (it is encoded twice: a server decoding it again would read another path)", r)
 		case strings.ContainsAny(v, "/\\") || !utf8Printable(v):
 			return nil, fmt.Sprintf("path segment %q is refused (it encodes a separator or a control character)", r)
 		}

@@ -76,12 +76,12 @@ func (s *Set) define(name string) *toolDef {
 		d.run = (*Set).read
 		d.readOnly = true
 	case "ls":
-		d.desc = fmt.Sprintf("List a directory of the workspace, sorted by name. Directories end in /, symbolic links in @. At most %d entries.", c.LsEntries)
+		d.desc = fmt.Sprintf("List a directory of the workspace, sorted by name. Directories end in /, symbolic links in @; a name holding a control character (a newline, an escape) is shown quoted, Go-style (\"a\\nb\"). At most %d entries.", c.LsEntries)
 		d.schema = objectSchema(pathProp("the directory (default: the workspace root)", false), limitProp("entries", c.LsEntries))
 		d.run = (*Set).ls
 		d.readOnly = true
 	case "find":
-		d.desc = fmt.Sprintf("Find files whose path matches a glob (doublestar: *, **, ?, [abc], {a,b}), written relative to the workspace root; a pattern without / matches the file name at any depth (*.go). Returns paths relative to the root, at most %d, shown up to %s. Never enters linked directories or %s.",
+		d.desc = fmt.Sprintf("Find files whose path matches a glob (doublestar: *, **, ?, [abc], {a,b}), written relative to the workspace root; a pattern without / matches the file name at any depth (*.go). Returns paths relative to the root (quoted, Go-style, when one holds a control character), at most %d, shown up to %s. Never enters linked directories or %s.",
 			c.FindResults, limits, excludeText(c.Exclude))
 		d.schema = objectSchema(prop{name: "pattern", typ: "string", desc: "the glob, e.g. **/*.ts or src/**/test_*.py", required: true},
 			pathProp("the directory to search (default: the workspace root)", false), limitProp("paths", c.FindResults))

@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/sandboxd/sandboxd/journal"
+	"github.com/sandboxd/sandboxd/memfs"
 	"github.com/sandboxd/sandboxd/sources"
 	"github.com/sandboxd/sandboxd/workspace"
 	"github.com/sandboxd/sandboxd/workspaceshell"
@@ -140,7 +141,11 @@ func (s *Set) Journal(ctx context.Context) (*journal.Journal, error) {
 	if s.journal != nil {
 		return s.journal, nil
 	}
-	opts := []journal.Option{journal.WithRoot(s.root), journal.WithMaxBlobBytes(s.cfg.MaxFileBytes)}
+	store := s.env.JournalStore
+	if store == nil {
+		store = memfs.New()
+	}
+	opts := []journal.Option{journal.WithStore(store), journal.WithRoot(s.root), journal.WithMaxBlobBytes(s.cfg.MaxFileBytes)}
 	if s.scoped() {
 		opts = append(opts, journal.WithCommitScope(func(name string) bool {
 			for _, r := range s.rules {

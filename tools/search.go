@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"strconv"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/bmatcuk/doublestar/v4"
@@ -74,6 +75,20 @@ func (s *Set) outputCutNote() string {
 	return fmt.Sprintf("[Output cut to %d lines or %s.", s.cfg.MaxLines, kb(int64(s.cfg.MaxBytes)))
 }
 
+// shownName is how a text result writes a name: as it is when every
+// character is printable, else quoted Go-style (strconv.Quote: "a\nb",
+// "\x1b[31m", "\u202e"), so that a name holding a newline, a terminal
+// escape sequence or a bidirectional control cannot pass for other lines,
+// other names or other colours. A name that begins with '"' is quoted too,
+// so a quoted name never reads as another's. Structured results keep the
+// names as they are (JSON escapes them).
+func shownName(name string) string {
+	if name != "" && name[0] != '"' && utf8.ValidString(name) && !strings.ContainsFunc(name, func(r rune) bool { return !unicode.IsPrint(r) }) {
+		return name
+	}
+	return strconv.Quote(name)
+}
+
 func (s *Set) ls(ctx context.Context, args json.RawMessage, c *call) (Result, error) {
 	var p listArgs
 	if err := decodeArgs(args, &p); err != nil {
@@ -103,7 +118,11 @@ func (s *Set) ls(ctx context.Context, args json.RawMessage, c *call) (Result, er
 		r.Entries = append(r.Entries, n)
 	}
 	r.Truncated = len(entries) > limit
-	text := strings.Join(r.Entries, "\n")
+	shown := make([]string, len(r.Entries))
+	for i, e := range entries[:len(r.Entries)] {
+		shown[i] = shownName(e.Name()) + strings.TrimPrefix(r.Entries[i], e.Name())
+	}
+	text := strings.Join(shown, "\n")
 	switch {
 	case len(entries) == 0:
 		text = "(empty directory)"
@@ -142,15 +161,16 @@ func (s *Set) find(ctx context.Context, args json.RawMessage, c *call) (Result, 
 		return Result{}, err
 	}
 	paths := make([]string, len(w.Entries))
+	shown := make([]string, len(w.Entries))
 	for i, e := range w.Entries {
-		paths[i] = e.Path
+		paths[i], shown[i] = e.Path, shownName(e.Path)
 	}
-	kept, cut := s.capOutput(paths)
+	kept, cut := s.capOutput(shown)
 	r := &FindResult{Paths: paths[:kept], Truncated: w.Truncated || cut}
 	if len(paths) == 0 {
 		return Result{Text: fmt.Sprintf("No files found matching %s.", p.Pattern), Structured: r}, nil
 	}
-	text := strings.Join(r.Paths, "\n")
+	text := strings.Join(shown[:kept], "\n")
 	switch {
 	case cut:
 		text += fmt.Sprintf("\n\n%s Showing %d paths; there are more. Narrow the pattern or the path.]", s.outputCutNote(), kept)
@@ -231,7 +251,7 @@ func (s *Set) grep(ctx context.Context, args json.RawMessage, c *call) (Result, 
 		if l.Match {
 			sep = ":"
 		}
-		lines = append(lines, l.Path+sep+strconv.Itoa(l.Line)+sep+l.Text)
+		lines = append(lines, shownName(l.Path)+sep+strconv.Itoa(l.Line)+sep+l.Text)
 		longLines = longLines || utf8.RuneCountInString(l.Text) >= s.cfg.GrepLineChars
 	}
 	kept, cut := s.capOutput(lines)

@@ -59,6 +59,13 @@ type Env struct {
 	// commit, applied on top of Config's visible and commit rules (it can
 	// only narrow them). Zero: Config's rules alone.
 	Scope scope.Rules
+	// JournalStore is where the session's journal keeps its commits and the
+	// contents it may restore: a file system the workspace's commands
+	// cannot write, so that they cannot choose what a failed workspace_exec
+	// "restores". Nil: a store in memory, held by the Set and lost with it
+	// (the daemon gives each session a directory of its own instead). The
+	// journal checks every kept content against its hash either way.
+	JournalStore workspace.FileSystem
 }
 
 // Tool describes one tool of the catalogue; it marshals to the shape of

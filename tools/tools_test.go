@@ -12,8 +12,10 @@ import (
 	"io/fs"
 	"path"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/sandboxd/sandboxd/memfs"
 	"github.com/sandboxd/sandboxd/tools"
@@ -584,5 +586,59 @@ func TestConfig(t *testing.T) {
 	}
 	if _, err := tools.New(tools.Env{FS: memfs.New()}, tools.Config{}); err == nil {
 		t.Error("the zero Config was accepted")
+	}
+}
+
+// TestNamesCannotSpoofListings: a name holding a newline, an escape
+// sequence or a bidirectional control is quoted in ls, find and grep text,
+// one name a line, so it cannot pass for other entries; the structured
+// results keep it as it is.
+func TestNamesCannotSpoofListings(t *testing.T) {
+	names := map[string]string{ // name → as the text shows it
+		"a.go\nsecrets.txt":     `"a.go\nsecrets.txt"`,
+		"x\x1b[2K\x1b[1Aok.txt": `"x\x1b[2K\x1b[1Aok.txt"`,
+		"evil\u202etxt.exe":     `"evil\u202etxt.exe"`,
+		"cr\rb.go":              `"cr\rb.go"`,
+		`"quoted"`:              `"\"quoted\""`,
+		"plain name é.txt":      "plain name é.txt",
+		"d\nd/inner.txt":        `"d\nd/inner.txt"`,
+	}
+	files := map[string]string{}
+	for n := range names {
+		files[n] = "needle\n"
+	}
+	f := newFixture(t, files)
+	var want []string
+	for n, shown := range names {
+		if !strings.Contains(n, "/") {
+			want = append(want, shown)
+		}
+	}
+	want = append(want, `"d\nd"/`)
+	slices.Sort(want)
+	check := func(tool string, args map[string]any, want []string) {
+		t.Helper()
+		r := f.call(tool, args)
+		got := strings.Split(r.Text, "\n")
+		slices.Sort(got)
+		if !slices.Equal(got, want) {
+			t.Errorf("%s text:\n%s\nwant the lines %q", tool, r.Text, want)
+		}
+		if strings.ContainsAny(r.Text, "\x1b\r\u202e") || !utf8.ValidString(r.Text) {
+			t.Errorf("%s text holds a raw control: %q", tool, r.Text)
+		}
+	}
+	check("ls", map[string]any{}, want)
+	var paths, lines []string
+	for _, shown := range names {
+		paths = append(paths, shown)
+		lines = append(lines, shown+":1:needle")
+	}
+	slices.Sort(paths)
+	slices.Sort(lines)
+	check("find", map[string]any{"pattern": "**"}, paths)
+	check("grep", map[string]any{"pattern": "needle"}, lines)
+	if r := f.call("find", map[string]any{"pattern": "**"}); !slices.Contains(r.Structured.(*tools.FindResult).Paths, "a.go\nsecrets.txt") {
+		t.Errorf("structured paths %q", r.Structured.(*tools.FindResult).Paths)
 	}
 }

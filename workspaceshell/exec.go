@@ -3,7 +3,10 @@ package workspaceshell
 import (
 	"context"
 	"fmt"
+	"maps"
+	"path"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -39,10 +42,10 @@ type ExecRequest struct {
 //   - interpreters: PYTHONSTARTUP, PYTHONPATH, PYTHONHOME, PYTHONUSERBASE,
 //     PERL5OPT, PERL5LIB, PERLLIB, PERL5DB, RUBYOPT, RUBYLIB,
 //     JAVA_TOOL_OPTIONS, _JAVA_OPTIONS, JDK_JAVA_OPTIONS;
-//   - git: GIT_CONFIG, GIT_CONFIG_* (injected configuration, e.g.
-//     core.pager), GIT_SSH, GIT_SSH_COMMAND, GIT_EXEC_PATH, GIT_ASKPASS,
-//     GIT_EDITOR, GIT_PAGER, GIT_PROXY_COMMAND, GIT_EXTERNAL_DIFF,
-//     GIT_TEMPLATE_DIR (hooks);
+//   - git: every GIT_* variable (GIT_DIR, GIT_WORK_TREE, GIT_CONFIG_*,
+//     GIT_SEQUENCE_EDITOR, GIT_SSH_COMMAND, GIT_EXEC_PATH, …: git reads
+//     dozens, many of which choose a program or a repository), but for the
+//     author's and committer's names, e-mails and dates (allowedGitEnv);
 //   - programs other tools start: SSH_ASKPASS, EDITOR, VISUAL, PAGER,
 //     BROWSER, LESSOPEN, LESSCLOSE;
 //   - configuration roots: HOME and XDG_CONFIG_HOME (pointing them into the
@@ -50,8 +53,9 @@ type ExecRequest struct {
 //     NPM_CONFIG_* (npm's script-shell and friends).
 //
 // This is defence in depth, not a sandbox: an allowlisted executable's own
-// arguments can make it run code (git -c, node -e), which is why the
-// allowlist is the boundary.
+// arguments can make it run code (node -e, make), which is why the
+// allowlist is the boundary; for the executables whose purpose includes
+// running others, see argPolicies.
 var (
 	deniedEnvNames = []string{
 		"PATH", "NODE_OPTIONS", "NODE_PATH",
@@ -59,18 +63,21 @@ var (
 		"PYTHONSTARTUP", "PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE",
 		"PERL5OPT", "PERL5LIB", "PERLLIB", "PERL5DB", "RUBYOPT", "RUBYLIB",
 		"JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS", "JDK_JAVA_OPTIONS",
-		"GIT_CONFIG", "GIT_SSH", "GIT_SSH_COMMAND", "GIT_EXEC_PATH", "GIT_ASKPASS", "GIT_EDITOR",
-		"GIT_PAGER", "GIT_PROXY_COMMAND", "GIT_EXTERNAL_DIFF", "GIT_TEMPLATE_DIR",
 		"SSH_ASKPASS", "EDITOR", "VISUAL", "PAGER", "BROWSER", "LESSOPEN", "LESSCLOSE",
 		"HOME", "XDG_CONFIG_HOME",
 	}
-	deniedEnvPrefixes = []string{"LD_", "DYLD_", "GIT_CONFIG_", "NPM_CONFIG_", "BASH_FUNC_"}
+	deniedEnvPrefixes = []string{"LD_", "DYLD_", "GIT_", "NPM_CONFIG_", "BASH_FUNC_"}
+	allowedGitEnv     = []string{"GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_AUTHOR_DATE",
+		"GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL", "GIT_COMMITTER_DATE"}
 )
 
 // DeniedEnv reports why workspace_exec refuses to set the variable key, or
 // returns "" when it may be set.
 func DeniedEnv(key string) string {
 	up := strings.ToUpper(key)
+	if slices.Contains(allowedGitEnv, up) {
+		return ""
+	}
 	if slices.Contains(deniedEnvNames, up) {
 		return key + " changes which programs or code a command runs"
 	}
@@ -105,6 +112,15 @@ func (s Settings) ExecCommand(root string, req ExecRequest) (workspace.Command, 
 	for i, a := range req.Args {
 		if strings.IndexByte(a, 0) >= 0 {
 			return workspace.Command{}, errorf(workspace.ErrInvalidArgument, "args[%d] contains a NUL byte", i)
+		}
+	}
+	name := path.Base(req.Command)
+	if !s.Commands.All {
+		if policy := argPolicies[name]; policy != nil {
+			if why := policy(req.Args); why != "" {
+				return workspace.Command{}, errorf(workspace.ErrForbidden, "%s %s is refused: %s; the allowlist lets %s run, not the programs it would start (allowlist those instead)",
+					req.Command, strings.Join(req.Args, " "), why, req.Command)
+			}
 		}
 	}
 	if root == "" {
@@ -147,12 +163,159 @@ func (s Settings) ExecCommand(root string, req ExecRequest) (workspace.Command, 
 		Timeout: time.Duration(ms) * time.Millisecond,
 	}
 	if len(req.Env) > 0 {
-		cmd.Env = make(map[string]string, len(req.Env))
-		for k, v := range req.Env {
-			cmd.Env[k] = v
+		cmd.Env = maps.Clone(req.Env)
+	}
+	if name == "git" && !s.Commands.All {
+		if cmd.Env == nil {
+			cmd.Env = map[string]string{}
 		}
+		maps.Copy(cmd.Env, gitEnv)
 	}
 	return cmd, nil
+}
+
+// argPolicies are the argument checks of the executables whose purpose
+// includes starting other programs, by base name; each returns why args are
+// refused, or "". They apply when the allowlist names its commands
+// (commands "all" allows every program already): without them, allowing
+// git would allow `git -c alias.x='!sh …' x`, and allowing find, xargs or
+// env any program at all. What they promise is narrow: the named
+// executable does not start a program the call chose. Other executables on
+// an allowlist are allowed with all their arguments — an interpreter (node,
+// python, make) runs whatever it is given, and allowlisting one allows that.
+var argPolicies = map[string]func(args []string) string{
+	"git":  gitArgs,
+	"find": findArgs,
+	"env":  envArgs,
+}
+
+func init() {
+	// Programs whose operands are a command to run: with arguments, they
+	// are refused outright.
+	for _, name := range []string{"xargs", "nice", "nohup", "timeout", "stdbuf", "setsid", "flock", "watch", "time",
+		"sudo", "doas", "su", "runuser", "busybox", "ionice", "taskset", "chrt", "strace", "ltrace", "unshare",
+		"nsenter", "chroot", "script", "parallel", "setpriv", "prlimit", "capsh"} {
+		argPolicies[name] = func(args []string) string {
+			if len(args) == 0 {
+				return ""
+			}
+			return name + " runs the command its arguments name"
+		}
+	}
+}
+
+// findArgs refuses the actions that run a program.
+func findArgs(args []string) string {
+	for _, a := range args {
+		switch a {
+		case "-exec", "-execdir", "-ok", "-okdir":
+			return "find " + a + " runs a program"
+		}
+	}
+	return ""
+}
+
+// envArgs allows env to print the environment (with options and
+// assignments), not to run a command.
+func envArgs(args []string) string {
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		switch {
+		case a == "-S" || strings.HasPrefix(a, "--split-string") || strings.HasPrefix(a, "-S"):
+			return "env -S runs a command"
+		case a == "-u" || a == "--unset" || a == "-C" || a == "--chdir":
+			i++ // takes the next argument
+		case a == "--":
+			if i+1 < len(args) && !strings.Contains(args[i+1], "=") {
+				return "env runs the command " + args[i+1]
+			}
+		case strings.HasPrefix(a, "-"):
+		case !strings.Contains(a, "="):
+			return "env runs the command " + a
+		}
+	}
+	return ""
+}
+
+// gitEnv is the environment every git that workspace_exec runs gets (when
+// the allowlist names its commands): no system or user configuration, and
+// the settings that name a program to run overridden above the
+// repository's own configuration — hooks, fsmonitor, pager, editors, ssh,
+// credential helpers, signing programs, external diff, the interactive
+// diff filter — and no transport.
+var gitEnv = func() map[string]string {
+	env := map[string]string{
+		"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_TERMINAL_PROMPT": "0",
+		"GIT_NO_REPLACE_OBJECTS": "1",
+	}
+	overrides := [][2]string{
+		{"core.hooksPath", "/dev/null"}, {"core.fsmonitor", "false"}, {"core.pager", "cat"},
+		{"core.editor", "false"}, {"sequence.editor", "false"}, {"core.sshCommand", "false"},
+		{"core.askPass", "false"}, {"core.gitProxy", "false"}, {"credential.helper", ""},
+		{"diff.external", ""}, {"interactive.diffFilter", "cat"}, {"gpg.program", "false"},
+		{"gpg.ssh.program", "false"}, {"gpg.x509.program", "false"}, {"protocol.allow", "never"},
+		{"core.alternateRefsCommand", ""}, {"uploadpack.packObjectsHook", ""},
+	}
+	env["GIT_CONFIG_COUNT"] = strconv.Itoa(len(overrides))
+	for i, kv := range overrides {
+		env["GIT_CONFIG_KEY_"+strconv.Itoa(i)], env["GIT_CONFIG_VALUE_"+strconv.Itoa(i)] = kv[0], kv[1]
+	}
+	return env
+}()
+
+// gitGlobalOptions are the options git may be given before its subcommand:
+// none names a program, a configuration, a repository or a directory.
+var gitGlobalOptions = []string{"--no-pager", "-P", "--no-replace-objects", "--literal-pathspecs", "--glob-pathspecs",
+	"--noglob-pathspecs", "--icase-pathspecs", "--no-optional-locks", "--version", "-v", "-h"}
+
+// gitSubcommands are the subcommands workspace_exec runs: git's own, which
+// start no program the call chooses (with gitEnv). An alias is none of
+// them, so no alias runs. Left out: those that run programs by design
+// (submodule foreach, difftool, mergetool, filter-branch, help -w,
+// instaweb), write git's configuration (config, remote, submodule, clone,
+// worktree) or reach the network (fetch, pull, push, clone, ls-remote,
+// archive --remote, send-email).
+var gitSubcommands = []string{"add", "am", "apply", "bisect", "blame", "branch", "cat-file", "check-attr", "check-ignore",
+	"checkout", "cherry", "cherry-pick", "clean", "commit", "count-objects", "describe", "diff", "diff-files", "diff-index",
+	"diff-tree", "format-patch", "fsck", "gc", "grep", "hash-object", "init", "log", "ls-files", "ls-tree", "merge",
+	"merge-base", "mv", "name-rev", "notes", "range-diff", "read-tree", "rebase", "reflog", "reset", "restore",
+	"rev-list", "rev-parse", "revert", "rm", "shortlog", "show", "show-branch", "show-ref", "stash", "status",
+	"switch", "symbolic-ref", "tag", "update-index", "update-ref", "var", "version", "whatchanged", "write-tree"}
+
+// gitArgs allows git's global options that choose nothing, then a
+// subcommand of gitSubcommands without the switches that run a program.
+func gitArgs(args []string) string {
+	i := 0
+	for ; i < len(args) && strings.HasPrefix(args[i], "-"); i++ {
+		if !slices.Contains(gitGlobalOptions, args[i]) {
+			return fmt.Sprintf("git's option %s (before the subcommand) is refused: it can set configuration, another repository or program; git may be given only %s there",
+				args[i], strings.Join(gitGlobalOptions, " "))
+		}
+	}
+	if i == len(args) {
+		return ""
+	}
+	sub, rest := args[i], args[i+1:]
+	if !slices.Contains(gitSubcommands, sub) {
+		return fmt.Sprintf("git %s is not a subcommand workspace_exec runs (aliases, and subcommands that run programs, write git's configuration or reach the network, are refused)", sub)
+	}
+	for _, a := range rest {
+		if a == "--" {
+			break
+		}
+		opt, _, _ := strings.Cut(a, "=")
+		switch {
+		case sub == "rebase" && (opt == "--exec" || strings.HasPrefix(a, "-x") || a == "-i" || opt == "--interactive"),
+			sub == "bisect" && a == "run",
+			sub == "grep" && (opt == "--open-files-in-pager" || strings.HasPrefix(a, "-O")),
+			sub == "init" && (opt == "--template" || opt == "--separate-git-dir"),
+			opt == "--ext-diff" || opt == "--upload-pack" || opt == "--receive-pack" || opt == "--exec",
+			opt == "--help": // starts the man viewer or a browser the configuration names
+
+			return fmt.Sprintf("git %s %s runs a program", sub, opt)
+		}
+	}
+	return ""
 }
 
 func validEnvName(k string) bool {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"maps"
 	"reflect"
 	"strings"
 	"testing"
@@ -165,6 +166,11 @@ func (b *scriptedBash) Run(ctx context.Context, cmd workspace.Command) (workspac
 
 func TestExecCommand(t *testing.T) {
 	git := provider("git")
+	gitEnv := func(add map[string]string) map[string]string {
+		env := maps.Clone(workspaceshell.GitEnv)
+		maps.Copy(env, add)
+		return env
+	}
 	cases := []struct {
 		name string
 		s    workspaceshell.Settings
@@ -174,13 +180,13 @@ func TestExecCommand(t *testing.T) {
 		msg  string
 	}{
 		{"allowlisted", git, workspaceshell.ExecRequest{Command: "git", Args: []string{"status", "--short"}},
-			workspace.Command{Argv: []string{"git", "status", "--short"}, Dir: ".", Timeout: time.Minute}, nil, ""},
+			workspace.Command{Argv: []string{"git", "status", "--short"}, Dir: ".", Env: gitEnv(nil), Timeout: time.Minute}, nil, ""},
 		{"cwd and env and timeout", git, workspaceshell.ExecRequest{Command: "git", Cwd: "src", Env: map[string]string{"GIT_AUTHOR_NAME": "a"}, Timeout: ms(1500)},
-			workspace.Command{Argv: []string{"git"}, Dir: "src", Env: map[string]string{"GIT_AUTHOR_NAME": "a"}, Timeout: 1500 * time.Millisecond}, nil, ""},
+			workspace.Command{Argv: []string{"git"}, Dir: "src", Env: gitEnv(map[string]string{"GIT_AUTHOR_NAME": "a"}), Timeout: 1500 * time.Millisecond}, nil, ""},
 		{"absolute cwd inside", git, workspaceshell.ExecRequest{Command: "git", Cwd: "/workspace/src/../docs"},
-			workspace.Command{Argv: []string{"git"}, Dir: "docs", Timeout: time.Minute}, nil, ""},
+			workspace.Command{Argv: []string{"git"}, Dir: "docs", Env: gitEnv(nil), Timeout: time.Minute}, nil, ""},
 		{"configured timeout", workspaceshell.Settings{Mode: "write", Commands: workspaceshell.Commands{Names: []string{"git"}}, Driver: "provider", WriteAccess: true, Timeout: ms(30_000)},
-			workspaceshell.ExecRequest{Command: "git"}, workspace.Command{Argv: []string{"git"}, Dir: ".", Timeout: 30 * time.Second}, nil, ""},
+			workspaceshell.ExecRequest{Command: "git"}, workspace.Command{Argv: []string{"git"}, Dir: ".", Env: gitEnv(nil), Timeout: 30 * time.Second}, nil, ""},
 		{"all allows any executable", workspaceshell.Settings{Mode: "write", Commands: workspaceshell.Commands{All: true}, Driver: "provider", WriteAccess: true},
 			workspaceshell.ExecRequest{Command: "/usr/bin/env"}, workspace.Command{Argv: []string{"/usr/bin/env"}, Dir: ".", Timeout: time.Minute}, nil, ""},
 		{"all refuses a command line", workspaceshell.Settings{Mode: "write", Commands: workspaceshell.Commands{All: true}, Driver: "provider", WriteAccess: true},
@@ -196,7 +202,8 @@ func TestExecCommand(t *testing.T) {
 	for _, key := range []string{"PATH", "NODE_OPTIONS", "NODE_PATH", "LD_PRELOAD", "LD_LIBRARY_PATH", "DYLD_INSERT_LIBRARIES",
 		"BASH_ENV", "ENV", "PROMPT_COMMAND", "PYTHONSTARTUP", "PYTHONPATH", "PERL5OPT", "PERL5LIB", "RUBYOPT", "RUBYLIB",
 		"JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS", "GIT_CONFIG_COUNT", "GIT_CONFIG_KEY_0", "GIT_SSH_COMMAND", "GIT_EXEC_PATH",
-		"GIT_ASKPASS", "SSH_ASKPASS", "EDITOR", "VISUAL", "HOME", "npm_config_script_shell", "BASH_FUNC_x", "path"} {
+		"GIT_ASKPASS", "SSH_ASKPASS", "EDITOR", "VISUAL", "HOME", "npm_config_script_shell", "BASH_FUNC_x", "path",
+		"GIT_DIR", "GIT_WORK_TREE", "GIT_SEQUENCE_EDITOR", "GIT_INDEX_FILE", "git_dir", "GIT_CONFIG_PARAMETERS"} {
 		cases = append(cases, struct {
 			name string
 			s    workspaceshell.Settings
@@ -236,5 +243,72 @@ func TestExec(t *testing.T) {
 	b.got = workspace.Command{}
 	if _, err := workspaceshell.Exec(ctx, b, s, "/workspace", workspaceshell.ExecRequest{Command: "rm"}, nil); !errors.Is(err, workspace.ErrForbidden) || b.got.Argv != nil {
 		t.Fatalf("a refused call ran: %v, %+v", err, b.got)
+	}
+}
+
+// TestExecArgumentPolicy: an allowlisted executable whose purpose includes
+// starting others (git, find, env, xargs …) does not start one the call
+// chose; its ordinary uses pass. Under commands "all" nothing is refused.
+func TestExecArgumentPolicy(t *testing.T) {
+	s := provider("git", "find", "env", "xargs", "timeout", "/usr/bin/git")
+	for _, tc := range []struct {
+		argv []string
+		why  string // "" when allowed
+	}{
+		{[]string{"git", "status", "--short"}, ""},
+		{[]string{"git", "--no-pager", "log", "-p", "--", "-x"}, ""},
+		{[]string{"git", "commit", "-m", "msg", "-c", "HEAD"}, ""},
+		{[]string{"git", "rebase", "main"}, ""},
+		{[]string{"git"}, ""},
+		{[]string{"git", "-c", "alias.x=!sh -c id", "x"}, "option -c"},
+		{[]string{"git", "-c", "core.pager=sh -c id", "log"}, "option -c"},
+		{[]string{"git", "--config-env=core.pager=X", "log"}, "option --config-env"},
+		{[]string{"git", "--exec-path=/tmp", "status"}, "option --exec-path"},
+		{[]string{"git", "-C", "/", "status"}, "option -C"},
+		{[]string{"git", "--git-dir=/tmp/x", "status"}, "option --git-dir"},
+		{[]string{"git", "--work-tree=/", "status"}, "option --work-tree"},
+		{[]string{"/usr/bin/git", "-c", "core.hooksPath=x", "commit"}, "option -c"},
+		{[]string{"git", "x"}, "git x is not a subcommand"},
+		{[]string{"git", "config", "alias.x", "!sh"}, "git config is not a subcommand"},
+		{[]string{"git", "submodule", "foreach", "sh"}, "git submodule"},
+		{[]string{"git", "difftool"}, "git difftool"},
+		{[]string{"git", "mergetool"}, "git mergetool"},
+		{[]string{"git", "filter-branch"}, "git filter-branch"},
+		{[]string{"git", "clone", "ext::sh -c id", "x"}, "git clone"},
+		{[]string{"git", "rebase", "--exec", "sh -c id", "main"}, "git rebase --exec"},
+		{[]string{"git", "rebase", "-x", "id", "main"}, "git rebase -x"},
+		{[]string{"git", "rebase", "-i", "main"}, "git rebase -i"},
+		{[]string{"git", "bisect", "run", "sh"}, "git bisect run"},
+		{[]string{"git", "grep", "-Osh", "x"}, "git grep -Osh"},
+		{[]string{"git", "diff", "--ext-diff"}, "git diff --ext-diff"},
+		{[]string{"git", "init", "--template=evil", "sub"}, "git init --template"},
+		{[]string{"git", "--help"}, "option --help"},
+		{[]string{"git", "log", "--help"}, "git log --help"},
+		{[]string{"git", "log", "-h"}, ""},
+		{[]string{"find", ".", "-name", "*.go"}, ""},
+		{[]string{"find", ".", "-exec", "sh", "-c", "id", ";"}, "find -exec"},
+		{[]string{"find", ".", "-execdir", "id", "+"}, "find -execdir"},
+		{[]string{"find", ".", "-ok", "id", ";"}, "find -ok"},
+		{[]string{"env"}, ""},
+		{[]string{"env", "-u", "X", "A=1"}, ""},
+		{[]string{"env", "sh", "-c", "id"}, "env runs the command sh"},
+		{[]string{"env", "A=1", "sh"}, "env runs the command sh"},
+		{[]string{"env", "-u", "X", "--", "id"}, "env runs the command id"},
+		{[]string{"env", "-S", "sh -c id"}, "env -S"},
+		{[]string{"xargs"}, ""},
+		{[]string{"xargs", "sh", "-c", "id"}, "xargs runs the command"},
+		{[]string{"timeout", "5", "sh"}, "timeout runs the command"},
+	} {
+		_, err := s.ExecCommand("/workspace", workspaceshell.ExecRequest{Command: tc.argv[0], Args: tc.argv[1:]})
+		switch {
+		case tc.why == "" && err != nil:
+			t.Errorf("%q: %v, want it allowed", tc.argv, err)
+		case tc.why != "" && (!errors.Is(err, workspace.ErrForbidden) || !strings.Contains(err.Error(), tc.why) || !strings.Contains(err.Error(), "allowlist those instead")):
+			t.Errorf("%q: %v, want ErrForbidden saying %q", tc.argv, err, tc.why)
+		}
+		all := workspaceshell.Settings{Mode: "write", Commands: workspaceshell.Commands{All: true}, Driver: "provider", WriteAccess: true}
+		if _, err := all.ExecCommand("/workspace", workspaceshell.ExecRequest{Command: tc.argv[0], Args: tc.argv[1:]}); err != nil {
+			t.Errorf("commands all, %q: %v", tc.argv, err)
+		}
 	}
 }

@@ -2,10 +2,10 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"cmp"
 	"context"
 	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"time"
 
@@ -86,7 +87,11 @@ type serveConfig struct {
 }
 
 // loadServeConfig reads the configuration file; "" is the zero
-// configuration.
+// configuration. A key the file cannot hold, a value of the wrong kind, a
+// tenant without a name or with a token that is not a hash, and a bad tool
+// option are errors naming the key's full path ("policy.images",
+// "tenants[1].tokens[0]", "tools.maxLines"); no error shows what a tenant's
+// token holds.
 func loadServeConfig(file string) (serveConfig, error) {
 	var c serveConfig
 	if file == "" {
@@ -96,12 +101,56 @@ func loadServeConfig(file string) (serveConfig, error) {
 	if err != nil {
 		return c, err
 	}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&c); err != nil {
-		return c, fmt.Errorf("%s: %w", file, err)
+	if err := c.parse(data); err != nil {
+		return serveConfig{}, fmt.Errorf("%s: %w", file, err)
 	}
 	return c, nil
+}
+
+// parse decodes and checks the configuration in data, as loadServeConfig
+// says.
+func (c *serveConfig) parse(data []byte) error {
+	if err := decodeConfig(data, c, map[string]reflect.Type{"tools": reflect.TypeFor[tools.Config]()}); err != nil {
+		return err
+	}
+	names := map[string]int{}
+	for i, t := range c.Tenants {
+		at := fmt.Sprintf("tenants[%d]", i)
+		if t.Name == "" {
+			return &configError{Path: at + ".name", Reason: "every tenant needs a name"}
+		}
+		if j, dup := names[t.Name]; dup {
+			return &configError{Path: at + ".name", Reason: fmt.Sprintf("tenants[%d] has this name already: give each tenant its own", j)}
+		}
+		names[t.Name] = i
+		for k, h := range t.Tokens {
+			if !isTokenHash(h) {
+				return &configError{Path: fmt.Sprintf("%s.tokens[%d]", at, k), Reason: "not a token hash (the value is not shown: it may be a token): " +
+					"write the line 'sandboxd token hash' prints for the token, \"sha256:\" and 64 hex digits, or make a token and its hash with 'sandboxd token new'"}
+			}
+		}
+	}
+	if len(c.Tools) > 0 {
+		if _, err := tools.ParseConfig(c.Tools); err != nil {
+			var oe *tools.OptionError
+			if errors.As(err, &oe) {
+				return &configError{Path: "tools." + oe.Option, Reason: oe.Reason}
+			}
+			return fmt.Errorf("tools: %w", err)
+		}
+	}
+	return nil
+}
+
+// isTokenHash reports whether h is a token as the configuration holds it:
+// "sha256:" and 64 lowercase or uppercase hex digits.
+func isTokenHash(h string) bool {
+	hexPart, ok := strings.CutPrefix(h, "sha256:")
+	if !ok || len(hexPart) != 64 {
+		return false
+	}
+	_, err := hex.DecodeString(hexPart)
+	return err == nil
 }
 
 const defaultListen = "127.0.0.1:7878"

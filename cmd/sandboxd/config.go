@@ -10,7 +10,18 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	_ "embed"
 )
+
+// configSchema is the JSON Schema of serve's configuration file, checked in
+// as config.schema.json and served at /v1/config.schema.json. A test
+// derives it from serveConfig and the types it holds, with their doc
+// comments as descriptions, and fails when this copy differs ("go test
+// ./cmd/sandboxd -run TestConfigSchema -update" writes it anew).
+//
+//go:embed config.schema.json
+var configSchema []byte
 
 // A configError is a configuration key that cannot be used as written. Path
 // is the key's full path in the file ("policy.images",

@@ -29,8 +29,12 @@ import (
 )
 
 // serveConfig is the daemon's configuration file (JSON). Every key is
-// optional; unknown keys are an error.
+// optional; unknown keys are an error. Each field's doc comment is its
+// description in the JSON Schema (config.schema.json).
 type serveConfig struct {
+	// Schema names the JSON Schema the file follows, so that editors check
+	// it; sandboxd ignores it.
+	Schema string `json:"$schema"`
 	// Listen is the address to listen on (default 127.0.0.1:7878).
 	Listen string `json:"listen"`
 	// Backend is docker, local or memory (default: docker when the engine
@@ -45,29 +49,51 @@ type serveConfig struct {
 	DataDir string `json:"dataDir"`
 	// Daemon names this daemon in container labels (default "sandboxd").
 	Daemon string `json:"daemon"`
-	// Tenants and their hashed tokens (sandboxd token hash).
+	// Tenants are who may use the daemon, each with the hashes of its
+	// bearer tokens (sandboxd token new, sandboxd token hash). Required
+	// with a configuration file.
 	Tenants []httpapi.Tenant `json:"tenants"`
-	Limits  struct {
-		SessionsPerTenant int   `json:"sessionsPerTenant"`
-		CallsInFlight     *int  `json:"callsInFlight"`
-		MaxBodyBytes      int64 `json:"maxBodyBytes"`
-		MaxTransferBytes  int64 `json:"maxTransferBytes"`
-		WorkspaceBytes    int64 `json:"workspaceBytes"`
+	// Limits bound what tenants and requests may hold.
+	Limits struct {
+		// SessionsPerTenant caps each tenant's sessions (0: no cap); a
+		// tenant's maxSessions overrides it.
+		SessionsPerTenant int `json:"sessionsPerTenant"`
+		// CallsInFlight caps the tool calls running at once in one
+		// session (default 8; 0: no cap).
+		CallsInFlight *int `json:"callsInFlight"`
+		// MaxBodyBytes caps a JSON request body (default 64 MiB).
+		MaxBodyBytes int64 `json:"maxBodyBytes"`
+		// MaxTransferBytes caps an upload's tar stream and a download
+		// (default 256 MiB).
+		MaxTransferBytes int64 `json:"maxTransferBytes"`
+		// WorkspaceBytes caps a session's workspace (default 1 GiB).
+		WorkspaceBytes int64 `json:"workspaceBytes"`
 	} `json:"limits"`
+	// Sessions are the session lifetimes: durations as "90s", "1h30m" or
+	// a number of seconds.
 	Sessions struct {
-		Lifetime       runner.Duration `json:"lifetime"`
-		MaxLifetime    runner.Duration `json:"maxLifetime"`
-		IdleTimeout    runner.Duration `json:"idleTimeout"`
+		// Lifetime ends a session that long after it was created (default:
+		// none); a session may ask for less.
+		Lifetime runner.Duration `json:"lifetime"`
+		// MaxLifetime is the longest lifetime a session may ask for.
+		MaxLifetime runner.Duration `json:"maxLifetime"`
+		// IdleTimeout ends a session after that long without calls
+		// (default 30m).
+		IdleTimeout runner.Duration `json:"idleTimeout"`
+		// MaxIdleTimeout is the longest idle timeout a session may ask for.
 		MaxIdleTimeout runner.Duration `json:"maxIdleTimeout"`
 	} `json:"sessions"`
 	// Grants lists the grants sessions may ask for (default: any).
 	Grants []string `json:"grants"`
-	// Policy bounds what sessions may relax (package policy; keys are its
-	// field names: defaultImage, images, networks, capabilities, …).
+	// Policy is the operator's word on sessions: their default image and
+	// runtime, what they may choose instead, and how far they may relax
+	// the hardened profile (package policy).
 	Policy policy.Policy `json:"policy"`
-	// Tools are the tool options sessions start from.
+	// Tools are the tool options sessions start from (package tools: the
+	// same keys as sandboxd mcp --config).
 	Tools json.RawMessage `json:"tools"`
-	// Pools are the warm pools.
+	// Pools are the warm pools: workspaces started ahead of time, each
+	// handed to one session.
 	Pools []runner.PoolConfig `json:"pools"`
 	// ShutdownTimeout bounds how long calls in flight may finish at
 	// shutdown (default 30s).
@@ -81,8 +107,10 @@ type serveConfig struct {
 		IdleTimeout runner.Duration `json:"idleTimeout"`
 		// MinBodyRate is the pace, in bytes per second, a request body must
 		// keep after BodyGrace (default 4096 after 10s; -1 turns it off).
-		MinBodyRate int64           `json:"minBodyRate"`
-		BodyGrace   runner.Duration `json:"bodyGrace"`
+		MinBodyRate int64 `json:"minBodyRate"`
+		// BodyGrace is how long a request body may take before
+		// minBodyRate applies (default 10s).
+		BodyGrace runner.Duration `json:"bodyGrace"`
 	} `json:"http"`
 }
 
@@ -229,7 +257,7 @@ func serve(ctx context.Context, sio stdio, cfg serveConfig, dev bool) error {
 	fillCtx, stopFill := context.WithCancel(ctx)
 	defer stopFill()
 	go reportPoolFill(fillCtx, sio, m, 250*time.Millisecond)
-	apiOpts := []httpapi.Option{httpapi.WithTenants(cfg.Tenants), httpapi.WithLogger(logger), httpapi.WithMetrics(metrics), httpapi.WithVersion(sandboxdVersion())}
+	apiOpts := []httpapi.Option{httpapi.WithTenants(cfg.Tenants), httpapi.WithLogger(logger), httpapi.WithMetrics(metrics), httpapi.WithVersion(sandboxdVersion()), httpapi.WithConfigSchema(configSchema)}
 	if cfg.Limits.MaxBodyBytes > 0 {
 		apiOpts = append(apiOpts, httpapi.WithMaxBodyBytes(cfg.Limits.MaxBodyBytes))
 	}

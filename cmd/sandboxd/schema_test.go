@@ -44,8 +44,8 @@ func deriveConfigSchema(t *testing.T) []byte {
 	t.Helper()
 	strOrList := &jsonschema.Schema{Types: []string{"string", "array"}, Items: &jsonschema.Schema{Type: "string"}}
 	opts := &jsonschema.ForOptions{TypeSchemas: map[reflect.Type]*jsonschema.Schema{
-		reflect.TypeFor[runner.Duration]():          {Types: []string{"string", "number"}},
-		reflect.TypeFor[tools.Profiles]():           strOrList,
+		reflect.TypeFor[runner.Duration]():         {Types: []string{"string", "number"}},
+		reflect.TypeFor[tools.Profiles]():          strOrList,
 		reflect.TypeFor[workspaceshell.Commands](): strOrList,
 	}}
 	s, err := jsonschema.ForType(reflect.TypeFor[serveConfig](), opts)

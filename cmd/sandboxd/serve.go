@@ -353,6 +353,10 @@ func reportPoolFill(ctx context.Context, sio stdio, m *runner.Manager, interval 
 	}
 }
 
+// printWelcome says where the daemon listens and how to make a first call,
+// as lines that work when pasted into a POSIX shell: the token is in
+// SANDBOXD_TOKEN (exported here in development, where the daemon made it),
+// which the curl line expands in double quotes.
 func printWelcome(sio stdio, url, backend, image, devToken string) {
 	w := bufio.NewWriter(sio.out)
 	defer w.Flush()
@@ -361,14 +365,14 @@ func printWelcome(sio stdio, url, backend, image, devToken string) {
 		where += ", image " + image
 	}
 	fmt.Fprintf(w, "sandboxd serve: listening on %s (backend %s)\n", url, where)
-	token := "$SANDBOXD_TOKEN"
 	if devToken != "" {
-		token = devToken
-		fmt.Fprintf(w, "No --config: one tenant, \"dev\", whose token for this run is\n  SANDBOXD_TOKEN=%s\n", devToken)
+		fmt.Fprintf(w, "No --config: one tenant, \"dev\", whose token for this run is\n  export SANDBOXD_TOKEN=%s\n", devToken)
+	} else {
+		fmt.Fprintf(w, "Set SANDBOXD_TOKEN to a token of one of the configuration's tenants, then\n")
 	}
-	fmt.Fprintf(w, "First call (create a session):\n  curl -s -X POST -H 'Authorization: Bearer %s' %s/v1/sessions\n", token, url)
-	fmt.Fprintf(w, "Or: SANDBOXD_URL=%s SANDBOXD_TOKEN=%s sandboxd session create\n", url, token)
-	fmt.Fprintf(w, "API: %s/openapi.json   MCP: %s/mcp\n", url, url)
+	fmt.Fprintf(w, "First call (create a session):\n  curl -s -X POST -H \"Authorization: Bearer $SANDBOXD_TOKEN\" %s/v1/sessions\n", url)
+	fmt.Fprintf(w, "Or:\n  SANDBOXD_URL=%s sandboxd session create\n", url)
+	fmt.Fprintf(w, "API: %s/openapi.json   MCP: %s/mcp   Configuration schema: %s/v1/config.schema.json\n", url, url, url)
 }
 
 // openBackend makes the configured backend; for docker it also makes sure

@@ -216,3 +216,71 @@ func docText(doc *ast.CommentGroup, goName, key string) string {
 	}
 	return text
 }
+
+// TestReadmeConfigExample: the complete example in README.md loads, the
+// schema accepts it, serve starts on it, and the README's reference names
+// every key of the schema but the tool options and the seccomp profile's
+// (documented with their own).
+func TestReadmeConfigExample(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, after, ok := strings.Cut(string(readme), "<!-- TestReadmeConfigExample -->\n```json\n")
+	example, _, ok2 := strings.Cut(after, "```")
+	if !ok || !ok2 {
+		t.Fatal("README.md has no configuration example after <!-- TestReadmeConfigExample -->")
+	}
+	var c serveConfig
+	if err := c.parse([]byte(example)); err != nil {
+		t.Fatalf("the README's example: %v", err)
+	}
+	if len(c.Tenants) != 2 || len(c.Policy.Images) == 0 || len(c.Pools) == 0 {
+		t.Errorf("the example lacks two tenants, allowed images or a pool: %+v", c)
+	}
+
+	var schema jsonschema.Schema
+	if err := json.Unmarshal(configSchema, &schema); err != nil {
+		t.Fatal(err)
+	}
+	resolved, err := schema.Resolve(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var instance any
+	if err := json.Unmarshal([]byte(example), &instance); err != nil {
+		t.Fatal(err)
+	}
+	if err := resolved.Validate(instance); err != nil {
+		t.Errorf("the schema refuses the README's example: %v", err)
+	}
+	// The schema is no rubber stamp: it refuses a key the loader refuses.
+	if err := resolved.Validate(map[string]any{"policy": map[string]any{"image": "x"}}); err == nil {
+		t.Error("the schema accepts policy.image")
+	}
+
+	for key, p := range schema.Properties {
+		keys := []string{key}
+		if key != "tools" {
+			for sub := range p.Properties {
+				keys = append(keys, sub)
+			}
+			if p.Items != nil {
+				for sub := range p.Items.Properties {
+					keys = append(keys, sub)
+				}
+			}
+		}
+		for _, k := range keys {
+			if !strings.Contains(string(readme), "`"+k+"`") && !strings.Contains(string(readme), `"`+k+`"`) {
+				t.Errorf("README.md's configuration reference does not name %s (in %s)", k, key)
+			}
+		}
+	}
+
+	file := filepath.Join(t.TempDir(), "sandboxd.json")
+	if err := os.WriteFile(file, []byte(example), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	startServe(t, "--config", file, "--backend", "memory")
+}

@@ -12,6 +12,8 @@ import (
 	"strings"
 
 	_ "embed"
+
+	"github.com/sandboxd/sandboxd/tools"
 )
 
 // configSchema is the JSON Schema of serve's configuration file, checked in
@@ -30,23 +32,30 @@ var configSchema []byte
 // secret.
 type configError struct {
 	Path, Reason string
+	// Meant, for an unknown key, is the full path of the known key it is
+	// close to ("" when none is).
+	Meant string
 }
 
 func (e *configError) Error() string {
-	if e.Path == "" {
-		return e.Reason
+	reason := e.Reason
+	if e.Meant != "" {
+		reason += fmt.Sprintf("; did you mean %q? (keys are case-sensitive)", e.Meant)
 	}
-	return e.Path + ": " + e.Reason
+	if e.Path == "" {
+		return reason
+	}
+	return e.Path + ": " + reason
 }
 
 // decodeConfig decodes the JSON object data into v, a pointer to a struct,
 // after checking it against v's type: keys are matched exactly (as JSON
 // Schema matches them, not case-insensitively as encoding/json does), and
 // the first unknown key or value of the wrong kind is a *configError naming
-// its full path. at gives the type to check a json.RawMessage field against,
-// by its path ("tools"); such a field is decoded by its owner later. An
-// error never shows a value of the file, only its JSON kind.
-func decodeConfig(data []byte, v any, at map[string]reflect.Type) error {
+// its full path. A json.RawMessage field is not checked: its owner decodes
+// it (see parseToolsConfig). An error never shows a value of the file, only
+// its JSON kind.
+func decodeConfig(data []byte, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	var raw json.RawMessage
 	if err := dec.Decode(&raw); err != nil {
@@ -55,8 +64,7 @@ func decodeConfig(data []byte, v any, at map[string]reflect.Type) error {
 	if dec.More() {
 		return &configError{Reason: "more than one JSON value"}
 	}
-	c := checker{at: at}
-	if err := c.check("", raw, reflect.TypeOf(v).Elem()); err != nil {
+	if err := checkJSON("", raw, reflect.TypeOf(v).Elem()); err != nil {
 		return err
 	}
 	dec = json.NewDecoder(bytes.NewReader(raw))
@@ -74,17 +82,10 @@ func syntaxReason(err error) string {
 	return strings.TrimPrefix(err.Error(), "json: ")
 }
 
-type checker struct {
-	at map[string]reflect.Type
-}
-
 var unmarshalerType = reflect.TypeFor[json.Unmarshaler]()
 
-// check reports the first place raw, at path, does not fit t.
-func (c checker) check(path string, raw json.RawMessage, t reflect.Type) error {
-	if override, ok := c.at[path]; ok {
-		t = override
-	}
+// checkJSON reports the first place raw, at path, does not fit t.
+func checkJSON(path string, raw json.RawMessage, t reflect.Type) error {
 	if string(raw) == "null" {
 		return nil // leaves the field as it is, as encoding/json does
 	}
@@ -103,15 +104,15 @@ func (c checker) check(path string, raw json.RawMessage, t reflect.Type) error {
 	case reflect.Struct:
 		var obj map[string]json.RawMessage
 		if json.Unmarshal(raw, &obj) != nil {
-			return c.want(path, "an object", raw)
+			return wantKind(path, "an object", raw)
 		}
 		fields := jsonFields(t)
 		for _, key := range slices.Sorted(maps.Keys(obj)) {
 			f, ok := fields[key]
 			if !ok {
-				return &configError{Path: join(path, key), Reason: unknownKey(path, key, fields)}
+				return unknownKey(path, key, fields)
 			}
-			if err := c.check(join(path, key), obj[key], f.Type); err != nil {
+			if err := checkJSON(join(path, key), obj[key], f.Type); err != nil {
 				return err
 			}
 		}
@@ -119,10 +120,10 @@ func (c checker) check(path string, raw json.RawMessage, t reflect.Type) error {
 	case reflect.Map:
 		var obj map[string]json.RawMessage
 		if json.Unmarshal(raw, &obj) != nil {
-			return c.want(path, "an object", raw)
+			return wantKind(path, "an object", raw)
 		}
 		for _, key := range slices.Sorted(maps.Keys(obj)) {
-			if err := c.check(join(path, key), obj[key], t.Elem()); err != nil {
+			if err := checkJSON(join(path, key), obj[key], t.Elem()); err != nil {
 				return err
 			}
 		}
@@ -130,10 +131,10 @@ func (c checker) check(path string, raw json.RawMessage, t reflect.Type) error {
 	case reflect.Slice, reflect.Array:
 		var list []json.RawMessage
 		if json.Unmarshal(raw, &list) != nil {
-			return c.want(path, "a list", raw)
+			return wantKind(path, "a list", raw)
 		}
 		for i, e := range list {
-			if err := c.check(path+"["+strconv.Itoa(i)+"]", e, t.Elem()); err != nil {
+			if err := checkJSON(path+"["+strconv.Itoa(i)+"]", e, t.Elem()); err != nil {
 				return err
 			}
 		}
@@ -144,21 +145,21 @@ func (c checker) check(path string, raw json.RawMessage, t reflect.Type) error {
 	if json.Unmarshal(raw, reflect.New(t).Interface()) != nil {
 		switch t.Kind() {
 		case reflect.String:
-			return c.want(path, "a string", raw)
+			return wantKind(path, "a string", raw)
 		case reflect.Bool:
-			return c.want(path, "true or false", raw)
+			return wantKind(path, "true or false", raw)
 		case reflect.Float32, reflect.Float64:
-			return c.want(path, "a number", raw)
+			return wantKind(path, "a number", raw)
 		default:
-			return c.want(path, fmt.Sprintf("a whole number (%s)", t.Kind()), raw)
+			return wantKind(path, fmt.Sprintf("a whole number (%s)", t.Kind()), raw)
 		}
 	}
 	return nil
 }
 
-// want is the error of a value of the wrong kind: it names the kind found,
+// wantKind is the error of a value of the wrong kind: it names the kind found,
 // never the value.
-func (checker) want(path, what string, raw json.RawMessage) error {
+func wantKind(path, what string, raw json.RawMessage) error {
 	got := "a number"
 	switch raw[0] {
 	case '"':
@@ -176,29 +177,22 @@ func (checker) want(path, what string, raw json.RawMessage) error {
 	return &configError{Path: path, Reason: "want " + what + ", got " + got}
 }
 
-// unknownKey says that key is not one of fields, suggesting the key meant
-// when one is close, else listing them.
-func unknownKey(path, key string, fields map[string]reflect.StructField) string {
+// unknownKey is the error of a key that is not one of fields: it names the
+// key meant when one is close, else lists them.
+func unknownKey(path, key string, fields map[string]reflect.StructField) *configError {
 	names := slices.Sorted(maps.Keys(fields))
-	var best string
+	e := &configError{Path: join(path, key), Reason: "unknown key"}
 	bestDist := 3 // suggest only a close key
 	for _, n := range names {
 		d := editDistance(strings.ToLower(key), strings.ToLower(n))
-		if strings.EqualFold(key, n) {
-			d = 0
-		}
 		if d < bestDist {
-			best, bestDist = n, d
+			e.Meant, bestDist = join(path, n), d
 		}
 	}
-	where := "this level"
-	if path != "" {
-		where = path
+	if e.Meant == "" {
+		e.Reason = "unknown key; the keys that may stand here are " + strings.Join(names, ", ")
 	}
-	if best != "" {
-		return fmt.Sprintf("unknown key; did you mean %q? (keys are case-sensitive)", join(path, best))
-	}
-	return fmt.Sprintf("unknown key; the keys of %s are %s", where, strings.Join(names, ", "))
+	return e
 }
 
 // jsonFields are t's fields by their JSON names, as encoding/json names
@@ -251,4 +245,33 @@ func editDistance(a, b string) int {
 		prev, cur = cur, prev
 	}
 	return prev[len(b)]
+}
+
+// parseToolsConfig is tools.ParseConfig with the errors of decodeConfig:
+// keys matched exactly, and every error a *configError whose path is the
+// key's full path under at ("tools" in serve's file, "" in a file of tool
+// options alone).
+func parseToolsConfig(data []byte, at string) (tools.Config, error) {
+	prefix := func(err error) error {
+		var ce *configError
+		if errors.As(err, &ce) {
+			ce.Path = join(at, ce.Path)
+			if ce.Meant != "" {
+				ce.Meant = join(at, ce.Meant)
+			}
+		}
+		return err
+	}
+	if err := decodeConfig(data, new(tools.Config)); err != nil {
+		return tools.Config{}, prefix(err)
+	}
+	cfg, err := tools.ParseConfig(data)
+	if err != nil {
+		var oe *tools.OptionError
+		if errors.As(err, &oe) {
+			return tools.Config{}, &configError{Path: join(at, oe.Option), Reason: oe.Reason}
+		}
+		return tools.Config{}, prefix(&configError{Reason: err.Error()})
+	}
+	return cfg, nil
 }

@@ -54,6 +54,10 @@ func TestUsage(t *testing.T) {
 	if err := os.WriteFile(badConfig, []byte(`{"maxLines": -1}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	caseConfig := filepath.Join(t.TempDir(), "case.json")
+	if err := os.WriteFile(caseConfig, []byte(`{"workspaceShell": {"Mode": "read"}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		args     []string
 		code     int
@@ -86,7 +90,8 @@ func TestUsage(t *testing.T) {
 		{args: []string{"tools", "--workspace", ws, "--always", "fly"}, code: 2, err: `unknown skill "fly"`},
 		{args: []string{"tools", "--workspace", ws, "--image", "alpine"}, code: 2, err: "--image applies to --backend docker only"},
 		{args: []string{"tools", "--workspace", filepath.Join(ws, "missing")}, code: 1, err: "workspace"},
-		{args: []string{"tools", "--workspace", ws, "--config", badConfig}, code: 1, err: "option maxLines"},
+		{args: []string{"tools", "--workspace", ws, "--config", badConfig}, code: 1, err: badConfig + ": maxLines: must be positive, got -1"},
+		{args: []string{"tools", "--workspace", ws, "--config", caseConfig}, code: 1, err: caseConfig + `: workspaceShell.Mode: unknown key; did you mean "workspaceShell.mode"?`},
 		{args: []string{"tools", "--workspace", ws, "--always", "read,edit"}, code: 1, err: "needs the grant fs.write"},
 		{args: []string{"tools", "--workspace", ws, "--grant", "fs.write", "--always", "edit,shell"}, code: 1, err: "needs the grant shell.exec"},
 		{args: []string{"tools", "--backend", "memory", "--workspace", ws, "--grant", "shell.exec", "--always", "shell"}, code: 0, out: "bash        workspace.shell  true"},

@@ -15,7 +15,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"reflect"
 	"strings"
 	"time"
 
@@ -138,7 +137,7 @@ func loadServeConfig(file string) (serveConfig, error) {
 // parse decodes and checks the configuration in data, as loadServeConfig
 // says.
 func (c *serveConfig) parse(data []byte) error {
-	if err := decodeConfig(data, c, map[string]reflect.Type{"tools": reflect.TypeFor[tools.Config]()}); err != nil {
+	if err := decodeConfig(data, c); err != nil {
 		return err
 	}
 	names := map[string]int{}
@@ -159,12 +158,8 @@ func (c *serveConfig) parse(data []byte) error {
 		}
 	}
 	if len(c.Tools) > 0 {
-		if _, err := tools.ParseConfig(c.Tools); err != nil {
-			var oe *tools.OptionError
-			if errors.As(err, &oe) {
-				return &configError{Path: "tools." + oe.Option, Reason: oe.Reason}
-			}
-			return fmt.Errorf("tools: %w", err)
+		if _, err := parseToolsConfig(c.Tools, "tools"); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -69,7 +69,7 @@ func decodeConfig(data []byte, v any) error {
 	}
 	dec = json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
-	return dec.Decode(v) // what check let through decodes
+	return dec.Decode(v) // what checkJSON let through decodes
 }
 
 // syntaxReason is a JSON syntax error without the json package's prefix,

@@ -56,10 +56,11 @@ func newAuthenticator(tenants []Tenant) (*authenticator, error) {
 			return nil, fmt.Errorf("httpapi: tenant %q is configured twice", t.Name)
 		}
 		seen[t.Name] = true
-		for _, h := range t.Tokens {
+		for k, h := range t.Tokens {
 			raw, err := hex.DecodeString(strings.TrimPrefix(h, hashPrefix))
 			if !strings.HasPrefix(h, hashPrefix) || err != nil || len(raw) != sha256.Size {
-				return nil, fmt.Errorf("httpapi: tenant %q: token %q is not a hash: write it as `sandboxd token hash` prints it (sha256:<64 hex digits>)", t.Name, short(h))
+				// Not even part of the value is shown: it may be a token.
+				return nil, fmt.Errorf("httpapi: tenant %q: token %d is not a hash: write it as `sandboxd token hash` prints it (sha256:<64 hex digits>)", t.Name, k+1)
 			}
 			c := credential{tenant: t}
 			copy(c.hash[:], raw)
@@ -67,13 +68,6 @@ func newAuthenticator(tenants []Tenant) (*authenticator, error) {
 		}
 	}
 	return a, nil
-}
-
-func short(s string) string {
-	if len(s) > 12 {
-		return s[:12] + "…"
-	}
-	return s
 }
 
 var errNoToken = errors.New("a bearer token is required: Authorization: Bearer <token>")

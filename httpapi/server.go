@@ -58,11 +58,18 @@ type options struct {
 	version     string
 	minRate     int64         // body bytes per second a client must keep up, after grace
 	grace       time.Duration // how long a body may take before minRate applies
+	schema      []byte        // the configuration's JSON Schema
 }
 
 // WithTenants sets the tenants and their tokens. Without tenants every
 // request needing a token is refused.
 func WithTenants(t []Tenant) Option { return func(o *options) { o.tenants = append(o.tenants, t...) } }
+
+// WithConfigSchema serves schema, the JSON Schema of the daemon's
+// configuration file, at GET /v1/config.schema.json, without a token, so
+// that editors can check a file against the daemon they will run it on.
+// Without it that path answers 404.
+func WithConfigSchema(schema []byte) Option { return func(o *options) { o.schema = schema } }
 
 // WithLogger logs requests that fail on the server's side (default: discard).
 func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
@@ -137,6 +144,7 @@ func (s *Server) routes() []route {
 		{"GET", "/readyz", false, f(s.readyz)},
 		{"GET", "/metrics", false, f(s.metrics)},
 		{"GET", "/openapi.json", false, f(serveOpenAPI)},
+		{"GET", "/v1/config.schema.json", false, f(s.configSchema)},
 		{"POST", "/v1/sessions", true, f(s.createSession)},
 		{"GET", "/v1/sessions", true, f(s.listSessions)},
 		{"GET", "/v1/sessions/{id}", true, f(s.getSession)},

@@ -1,4 +1,4 @@
-// Package images builds sandboxd's sandbox images offline, through the Docker
+// Package images builds sandboxd's sandbox images without a registry, through the Docker
 // Engine API, from definitions pinned in files under images/defs.
 //
 // Two images are defined: "minimal" (FROM scratch plus a static busybox from

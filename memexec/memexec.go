@@ -136,12 +136,13 @@ func WithExec(opts ...localexec.Option) Option {
 	return func(c *config) { c.exec = append(c.exec, opts...) }
 }
 
-// WithRootVars names variables that every command sees set to the workspace
-// root as it is for commands (Root), over any value the adapter's or the
-// command's environment gives them: say "SANDBOXD_WORKSPACE", which a
-// session would otherwise set to the FileSystem's root path, a path that
-// does not exist for commands. PWD needs no such help: it is always the
-// directory the command starts in.
+// WithRootVars names variables that, when a command's environment sets
+// them, the command sees set to the workspace root as it is for commands
+// (Root) instead: say "SANDBOXD_WORKSPACE", which a session sets (under
+// bashSessionEnv) to the FileSystem's root path, a path that does not exist
+// for commands. A variable the command's environment does not set is not
+// added: the option translates a value, it never invents one. PWD needs no
+// such help: it is always the directory the command starts in.
 func WithRootVars(names ...string) Option {
 	return func(c *config) { c.vars = append(c.vars, names...) }
 }
@@ -217,13 +218,12 @@ func (b *Bash) Run(ctx context.Context, cmd workspace.Command) (workspace.Result
 	if err := b.prepare(ctx); err != nil {
 		return workspace.Result{}, err
 	}
-	if len(b.vars) > 0 {
+	if len(b.vars) > 0 && len(cmd.Env) > 0 {
 		cmd.Env = maps.Clone(cmd.Env)
-		if cmd.Env == nil {
-			cmd.Env = map[string]string{}
-		}
 		for _, v := range b.vars {
-			cmd.Env[v] = b.root
+			if _, ok := cmd.Env[v]; ok {
+				cmd.Env[v] = b.root
+			}
 		}
 	}
 	res, runErr := b.sh.Run(ctx, cmd)

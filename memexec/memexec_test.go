@@ -405,15 +405,29 @@ func TestRunsAreSerial(t *testing.T) {
 	}
 }
 
-// TestRootVars: WithRootVars gives the command the root it really sees.
+// TestRootVars: WithRootVars gives the command the root it really sees in a
+// variable its environment sets, and adds none it does not set (a session
+// without bashSessionEnv shows no SANDBOXD_WORKSPACE).
 func TestRootVars(t *testing.T) {
 	_, b := setup(t, nil, memexec.WithRootVars("SANDBOXD_WORKSPACE"))
-	r := runCmd(t, t.Context(), b, workspace.Command{
-		Script: `printf '%s\n' "$SANDBOXD_WORKSPACE" "$PWD"`,
-		Env:    map[string]string{"SANDBOXD_WORKSPACE": "/workspace"},
-	})
-	if want := b.Root() + "\n" + b.Root() + "\n"; r.err != nil || r.stdout != want {
-		t.Errorf("Run = %v, stdout %q; want %q", r.err, r.stdout, want)
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		want string
+	}{
+		{"set", map[string]string{"SANDBOXD_WORKSPACE": "/workspace"}, b.Root() + "\n" + b.Root() + "\n"},
+		{"other variables only", map[string]string{"FOO": "bar"}, "unset\n" + b.Root() + "\n"},
+		{"no environment", nil, "unset\n" + b.Root() + "\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := runCmd(t, t.Context(), b, workspace.Command{
+				Script: `printf '%s\n' "${SANDBOXD_WORKSPACE-unset}" "$PWD"`,
+				Env:    tc.env,
+			})
+			if r.err != nil || r.stdout != tc.want {
+				t.Errorf("Run = %v, stdout %q; want %q", r.err, r.stdout, tc.want)
+			}
+		})
 	}
 }
 

@@ -206,40 +206,54 @@ type Request struct {
 // Policy is the operator's word on sessions: the image and runtime they get
 // by default, what they may choose instead, and how far they may relax the
 // hardened profile. The zero Policy allows nothing beyond DefaultProfile, with
-// the images named by DefaultImage only.
+// the images named by DefaultImage only. Its JSON names (the "policy"
+// section of sandboxd serve's configuration) are the field names with a
+// lower-case first letter; CPU quotas are "nanoCpus" and "maxNanoCpus", as
+// in a session's limits.
 type Policy struct {
 	// DefaultImage is used when a request names none.
-	DefaultImage string
+	DefaultImage string `json:"defaultImage,omitempty"`
 	// Images lists the image references sessions may use, as path.Match
 	// patterns ("sandboxd/*"). DefaultImage is always allowed.
-	Images []string
+	Images []string `json:"images,omitempty"`
 	// DefaultRuntime is used when a request names none; "" is runc.
-	DefaultRuntime string
+	DefaultRuntime string `json:"defaultRuntime,omitempty"`
 	// Runtimes lists the OCI runtimes sessions may choose; DefaultRuntime is
 	// always allowed.
-	Runtimes []string
+	Runtimes []string `json:"runtimes,omitempty"`
 	// Networks lists network modes other than "none" sessions may use.
-	Networks []string
+	Networks []string `json:"networks,omitempty"`
 	// Privileged lets sessions ask for privileged containers.
-	Privileged bool
+	Privileged bool `json:"privileged,omitempty"`
 	// Capabilities lists capabilities sessions may add back.
-	Capabilities []string
+	Capabilities []string `json:"capabilities,omitempty"`
 	// HostPaths lists host directories sessions may bind-mount, themselves or
 	// below them. The Docker socket and its directories are never allowed.
-	HostPaths []string
+	HostPaths []string `json:"hostPaths,omitempty"`
 	// WritableRootfs lets sessions ask for a writable root filesystem.
-	WritableRootfs bool
+	WritableRootfs bool `json:"writableRootfs,omitempty"`
 	// RootUser lets sessions run as uid 0 inside the container.
-	RootUser bool
+	RootUser bool `json:"rootUser,omitempty"`
 	// Seccomp replaces the engine's seccomp profile in every container.
-	Seccomp *specs.LinuxSeccomp
-	// Pids, Memory and NanoCPUs are the defaults of those limits (zero: the
-	// package defaults), and MaxPids, MaxMemory and MaxNanoCPUs the most a
-	// session may ask for (zero: the default is also the maximum).
-	Pids, Memory, NanoCPUs          int64
-	MaxPids, MaxMemory, MaxNanoCPUs int64
+	Seccomp *specs.LinuxSeccomp `json:"seccomp,omitempty"`
+	// Pids is the default process limit (zero: DefaultPidsLimit).
+	Pids int64 `json:"pids,omitempty"`
+	// Memory is the default memory limit in bytes, swap included (zero:
+	// DefaultMemoryBytes).
+	Memory int64 `json:"memory,omitempty"`
+	// NanoCPUs is the default CPU quota in billionths of a CPU (zero:
+	// DefaultNanoCPUs, one CPU).
+	NanoCPUs int64 `json:"nanoCpus,omitempty"`
+	// MaxPids is the most processes a session may ask for (zero: Pids).
+	MaxPids int64 `json:"maxPids,omitempty"`
+	// MaxMemory is the most memory in bytes a session may ask for (zero:
+	// Memory).
+	MaxMemory int64 `json:"maxMemory,omitempty"`
+	// MaxNanoCPUs is the most CPU quota a session may ask for (zero:
+	// NanoCPUs).
+	MaxNanoCPUs int64 `json:"maxNanoCpus,omitempty"`
 	// TmpfsBytes sizes /tmp; zero is DefaultTmpfsBytes.
-	TmpfsBytes int64
+	TmpfsBytes int64 `json:"tmpfsBytes,omitempty"`
 }
 
 // DeniedError says which setting a session asked for beyond its operator's

@@ -88,4 +88,16 @@ func TestLocal(t *testing.T) {
 	if r := call("write", map[string]any{"path": "etc/evil", "content": "x"}); errKind(r) != "OutsideWorkspace" {
 		t.Errorf("write through a link out: %s", r.Text)
 	}
+	for _, c := range []struct {
+		tool string
+		args map[string]any
+	}{
+		{"ls", map[string]any{"path": "etc"}},
+		{"find", map[string]any{"path": "etc", "pattern": "*"}},
+		{"grep", map[string]any{"path": "etc", "pattern": "root"}},
+	} {
+		if r := call(c.tool, c.args); errKind(r) != "OutsideWorkspace" {
+			t.Errorf("%s of a link out: %s", c.tool, r.Text)
+		}
+	}
 }

@@ -154,6 +154,12 @@ func (s *Set) find(ctx context.Context, args json.RawMessage, c *call) (Result, 
 	if err != nil {
 		return Result{}, err
 	}
+	// The path is followed as ls, read and grep follow it, so a link that
+	// leads out of the workspace is refused here too (a walk alone would
+	// list the link under its own name).
+	if _, err := c.fsys.Stat(ctx, name); err != nil {
+		return Result{}, err
+	}
 	w, err := workspace.Walk(ctx, c.fsys, workspace.WalkRequest{
 		Dir: name, Pattern: p.Pattern, Exclude: s.cfg.Exclude, FilesOnly: true, Limit: limit,
 	})

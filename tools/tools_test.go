@@ -298,6 +298,29 @@ func TestLsFind(t *testing.T) {
 	}
 }
 
+// TestLinkOutsideOneAnswer: a path naming a link that leads out of the
+// workspace gets the same answer from every tool that takes a path, whether
+// the link names a directory or a file.
+func TestLinkOutsideOneAnswer(t *testing.T) {
+	f := newFixture(t, map[string]string{"outdir": "->/etc", "outfile": "->/etc/passwd", "in/a.txt": "a"})
+	for _, link := range []string{"outdir", "outfile"} {
+		for _, tt := range []struct {
+			tool string
+			args map[string]any
+		}{
+			{"ls", map[string]any{"path": link}},
+			{"read", map[string]any{"path": link}},
+			{"find", map[string]any{"pattern": "*", "path": link}},
+			{"find", map[string]any{"pattern": "**", "path": link}},
+			{"grep", map[string]any{"pattern": "root", "path": link}},
+		} {
+			if r := f.call(tt.tool, tt.args); errKind(r) != "OutsideWorkspace" {
+				t.Errorf("%s %v: %s %+v, want OutsideWorkspace", tt.tool, tt.args, r.Text, r.Structured)
+			}
+		}
+	}
+}
+
 func TestFindOutputCap(t *testing.T) {
 	files := map[string]string{}
 	for i := range 30 {

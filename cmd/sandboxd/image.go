@@ -13,7 +13,7 @@ import (
 var cmdImageBuild = &command{
 	name:    "image build",
 	args:    "[--rebuild] [--cache DIR] [NAME...]",
-	summary: "build sandboxd's sandbox images (minimal, dev; default: all) offline into the engine, with progress",
+	summary: "build sandboxd's sandbox images (minimal, dev; default: all) into the engine, with progress: no registry, packages from the Debian mirror or the cache",
 	setup: func(fs *flag.FlagSet) runFunc {
 		rebuild := fs.Bool("rebuild", false, "make the root filesystem anew, ignoring the cached one")
 		cache := fs.String("cache", "", "the `dir`ectory of cached root filesystems (default: sandboxd/images under the user's cache directory)")

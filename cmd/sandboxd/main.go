@@ -33,6 +33,15 @@ type command struct {
 	setup func(fs *flag.FlagSet) runFunc
 }
 
+// flags declares the command's flags, and --version, which every command
+// takes, on a new flag set; it returns the set, the function that runs the
+// command once they are parsed, and the --version flag.
+func (c *command) flags() (*flag.FlagSet, runFunc, *bool) {
+	fs := flag.NewFlagSet("sandboxd "+c.name, flag.ContinueOnError)
+	run := c.setup(fs)
+	return fs, run, fs.Bool("version", false, "print sandboxd's version and exit")
+}
+
 type runFunc func(ctx context.Context, sio stdio, args []string) error
 
 // stdio is a command's standard streams, passed in so tests can run commands
@@ -56,6 +65,20 @@ func (e *usageError) Error() string { return e.msg }
 
 func usagef(format string, a ...any) error { return &usageError{fmt.Sprintf(format, a...)} }
 
+// exitStatus ends a command with a status of its own: "session call" passes
+// on the exit status of the command it ran. Err, when not nil, is shown.
+type exitStatus struct {
+	code int
+	err  error
+}
+
+func (e *exitStatus) Error() string {
+	if e.err == nil {
+		return fmt.Sprintf("exit status %d", e.code)
+	}
+	return e.err.Error()
+}
+
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, stdio{os.Stdin, os.Stdout, os.Stderr}, os.Args[1:])
@@ -64,31 +87,65 @@ func main() {
 }
 
 // run runs sandboxd with args (without the program name) and returns the exit
-// status: 0 on success, 1 when the command failed, 2 for a usage error.
+// status: 0 on success, 1 when the command failed, 2 for a usage error, or
+// the status the command chose (an *exitStatus). Every command takes -h,
+// --help and --version; help and the version go to standard output, errors
+// to standard error prefixed with the command they came from.
 func run(ctx context.Context, sio stdio, args []string) int {
 	if len(args) == 0 {
 		printUsage(sio.err)
 		return 2
 	}
+	switch args[0] {
+	case "-h", "-help", "--help":
+		printUsage(sio.out)
+		return 0
+	case "-version", "--version":
+		printVersion(sio.out)
+		return 0
+	}
 	cmd, rest := lookup(args)
 	if cmd == nil {
+		if group := commandsUnder(args[0]); len(group) > 0 {
+			fmt.Fprintf(sio.err, "sandboxd %s: name one of its commands:\n", args[0])
+			printCommands(sio.err, group)
+			return 2
+		}
 		fmt.Fprintf(sio.err, "sandboxd: unknown command %q\nRun 'sandboxd help' for usage.\n", args[0])
 		return 2
 	}
-	fs := flag.NewFlagSet("sandboxd "+cmd.name, flag.ContinueOnError)
-	runCmd := cmd.setup(fs)
-	setUsage(fs, cmd, sio.err)
+	fs, runCmd, showVersion := cmd.flags()
+	// The flag package prints a parse error, then the usage; both are
+	// gathered here, so the error can name the command and help can go to
+	// standard output.
+	var usage strings.Builder
+	setUsage(fs, cmd, &usage)
 	if err := fs.Parse(rest); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			io.WriteString(sio.out, usage.String()) // the usage alone
 			return 0
 		}
-		return 2 // the flag package has printed the error and the usage
+		fmt.Fprintf(sio.err, "sandboxd %s: %v\n", cmd.name, err)
+		setUsage(fs, cmd, sio.err)
+		fs.Usage()
+		return 2
 	}
+	if *showVersion {
+		printVersion(sio.out)
+		return 0
+	}
+	setUsage(fs, cmd, sio.err)
 	err := runCmd(ctx, sio, fs.Args())
 	var ue *usageError
+	var es *exitStatus
 	switch {
 	case err == nil:
 		return 0
+	case errors.As(err, &es):
+		if es.err != nil {
+			fmt.Fprintf(sio.err, "sandboxd %s: %v\n", cmd.name, es.err)
+		}
+		return es.code
 	case errors.As(err, &ue):
 		fmt.Fprintf(sio.err, "sandboxd %s: %v\n", cmd.name, err)
 		fs.Usage()
@@ -130,7 +187,7 @@ func lookup(args []string) (*command, []string) {
 func setUsage(fs *flag.FlagSet, cmd *command, w io.Writer) {
 	fs.SetOutput(w)
 	fs.Usage = func() {
-		fmt.Fprintf(w, "usage: sandboxd %s %s\n\n%s\n", cmd.name, cmd.args, cmd.summary)
+		fmt.Fprintf(w, "usage: %s\n\n%s\n", strings.TrimSpace("sandboxd "+cmd.name+" "+cmd.args), cmd.summary)
 		if hasFlags(fs) {
 			fmt.Fprintln(w, "\nFlags:")
 			fs.PrintDefaults()
@@ -147,10 +204,26 @@ func hasFlags(fs *flag.FlagSet) bool {
 func printUsage(w io.Writer) {
 	fmt.Fprint(w, "sandboxd gives AI coding agents a workspace: files and a shell, served over MCP.\n\n")
 	fmt.Fprint(w, "Usage:\n\n\tsandboxd <command> [flags]\n\nCommands:\n\n")
-	for _, c := range commands {
-		fmt.Fprintf(w, "\t%-12s %s\n", c.name, c.summary)
+	printCommands(w, commands)
+	fmt.Fprint(w, "\nRun 'sandboxd help <command>' for a command's flags; every command takes -h and --version.\n")
+}
+
+func printCommands(w io.Writer, cmds []*command) {
+	for _, c := range cmds {
+		fmt.Fprintf(w, "\t%-15s %s\n", c.name, c.summary)
 	}
-	fmt.Fprint(w, "\nRun 'sandboxd help <command>' for a command's flags.\n")
+}
+
+// commandsUnder are the commands whose name starts with the word group
+// ("session": session create, session ls, …).
+func commandsUnder(group string) []*command {
+	var under []*command
+	for _, c := range commands {
+		if strings.HasPrefix(c.name, group+" ") {
+			under = append(under, c)
+		}
+	}
+	return under
 }
 
 var cmdHelp = &command{
@@ -164,11 +237,16 @@ var cmdHelp = &command{
 				return nil
 			}
 			cmd, rest := lookup(args)
+			if cmd == nil && len(args) == 1 {
+				if group := commandsUnder(args[0]); len(group) > 0 {
+					printCommands(sio.out, group)
+					return nil
+				}
+			}
 			if cmd == nil || len(rest) > 0 {
 				return usagef("unknown command %q", strings.Join(args, " "))
 			}
-			fs := flag.NewFlagSet("sandboxd "+cmd.name, flag.ContinueOnError)
-			cmd.setup(fs)
+			fs, _, _ := cmd.flags()
 			setUsage(fs, cmd, sio.out)
 			fs.Usage()
 			return nil

@@ -54,6 +54,10 @@ func TestUsage(t *testing.T) {
 	if err := os.WriteFile(badConfig, []byte(`{"maxLines": -1}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	caseConfig := filepath.Join(t.TempDir(), "case.json")
+	if err := os.WriteFile(caseConfig, []byte(`{"workspaceShell": {"Mode": "read"}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		args     []string
 		code     int
@@ -64,17 +68,30 @@ func TestUsage(t *testing.T) {
 		{args: []string{"help"}, code: 0, out: "mcp "},
 		{args: []string{"help", "tools"}, code: 0, out: "-json"},
 		{args: []string{"help", "nope"}, code: 2, err: `unknown command "nope"`},
-		{args: []string{"mcp", "-h"}, code: 0, err: "-always"},
+		{args: []string{"mcp", "-h"}, code: 0, out: "-always"},
+		{args: []string{"--help"}, code: 0, out: "Commands:"},
+		{args: []string{"-h"}, code: 0, out: "every command takes -h and --version"},
+		{args: []string{"--version"}, code: 0, out: "sandboxd "},
+		{args: []string{"serve", "--version"}, code: 0, out: "sandboxd "},
+		{args: []string{"session", "call", "--version"}, code: 0, out: "sandboxd "},
+		{args: []string{"session", "call", "--help"}, code: 0, out: "usage: sandboxd session call [--json] ID TOOL"},
+		{args: []string{"token", "new", "-h"}, code: 0, out: "-version"},
+		{args: []string{"help", "session", "ls"}, code: 0, out: "-json"},
+		{args: []string{"help", "session"}, code: 0, out: "session call"},
+		{args: []string{"session"}, code: 2, err: "sandboxd session: name one of its commands:\n\tsession create"},
+		{args: []string{"session", "call", "only-an-id"}, code: 2, err: "sandboxd session call: want a session ID"},
+		{args: []string{"session", "ls", "--token", ""}, code: 1, err: "sandboxd session ls: "},
 		{args: []string{"version"}, code: 0, out: "sandboxd "},
 		{args: []string{"version", "x"}, code: 2, err: "no arguments"},
-		{args: []string{"mcp", "--frob"}, code: 2, err: "flag provided but not defined: -frob"},
+		{args: []string{"mcp", "--frob"}, code: 2, err: "sandboxd mcp: flag provided but not defined: -frob"},
 		{args: []string{"mcp", "--workspace", ws, "extra"}, code: 2, err: "unexpected arguments"},
 		{args: []string{"mcp", "--backend", "cloud", "--workspace", ws}, code: 2, err: `unknown backend "cloud"`},
 		{args: []string{"tools", "--workspace", ws, "--grant", "root"}, code: 2, err: `unknown grant "root"`},
 		{args: []string{"tools", "--workspace", ws, "--always", "fly"}, code: 2, err: `unknown skill "fly"`},
 		{args: []string{"tools", "--workspace", ws, "--image", "alpine"}, code: 2, err: "--image applies to --backend docker only"},
 		{args: []string{"tools", "--workspace", filepath.Join(ws, "missing")}, code: 1, err: "workspace"},
-		{args: []string{"tools", "--workspace", ws, "--config", badConfig}, code: 1, err: "option maxLines"},
+		{args: []string{"tools", "--workspace", ws, "--config", badConfig}, code: 1, err: badConfig + ": maxLines: must be positive, got -1"},
+		{args: []string{"tools", "--workspace", ws, "--config", caseConfig}, code: 1, err: caseConfig + `: workspaceShell.Mode: unknown key; did you mean "workspaceShell.mode"?`},
 		{args: []string{"tools", "--workspace", ws, "--always", "read,edit"}, code: 1, err: "needs the grant fs.write"},
 		{args: []string{"tools", "--workspace", ws, "--grant", "fs.write", "--always", "edit,shell"}, code: 1, err: "needs the grant shell.exec"},
 		{args: []string{"tools", "--backend", "memory", "--workspace", ws, "--grant", "shell.exec", "--always", "shell"}, code: 0, out: "bash        workspace.shell  true"},

@@ -2,10 +2,10 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"cmp"
 	"context"
 	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -28,8 +28,12 @@ import (
 )
 
 // serveConfig is the daemon's configuration file (JSON). Every key is
-// optional; unknown keys are an error.
+// optional; unknown keys are an error. Each field's doc comment is its
+// description in the JSON Schema (config.schema.json).
 type serveConfig struct {
+	// Schema names the JSON Schema the file follows, so that editors check
+	// it; sandboxd ignores it.
+	Schema string `json:"$schema"`
 	// Listen is the address to listen on (default 127.0.0.1:7878).
 	Listen string `json:"listen"`
 	// Backend is docker (the default), local or memory. Local and memory
@@ -45,29 +49,51 @@ type serveConfig struct {
 	DataDir string `json:"dataDir"`
 	// Daemon names this daemon in container labels (default "sandboxd").
 	Daemon string `json:"daemon"`
-	// Tenants and their hashed tokens (sandboxd token hash).
+	// Tenants are who may use the daemon, each with the hashes of its
+	// bearer tokens (sandboxd token new, sandboxd token hash). Required
+	// with a configuration file.
 	Tenants []httpapi.Tenant `json:"tenants"`
-	Limits  struct {
-		SessionsPerTenant int   `json:"sessionsPerTenant"`
-		CallsInFlight     *int  `json:"callsInFlight"`
-		MaxBodyBytes      int64 `json:"maxBodyBytes"`
-		MaxTransferBytes  int64 `json:"maxTransferBytes"`
-		WorkspaceBytes    int64 `json:"workspaceBytes"`
+	// Limits bound what tenants and requests may hold.
+	Limits struct {
+		// SessionsPerTenant caps each tenant's sessions (0: no cap); a
+		// tenant's maxSessions overrides it.
+		SessionsPerTenant int `json:"sessionsPerTenant"`
+		// CallsInFlight caps the tool calls running at once in one
+		// session (default 8; 0: no cap).
+		CallsInFlight *int `json:"callsInFlight"`
+		// MaxBodyBytes caps a JSON request body (default 64 MiB).
+		MaxBodyBytes int64 `json:"maxBodyBytes"`
+		// MaxTransferBytes caps an upload's tar stream and a download
+		// (default 256 MiB).
+		MaxTransferBytes int64 `json:"maxTransferBytes"`
+		// WorkspaceBytes caps a session's workspace (default 1 GiB).
+		WorkspaceBytes int64 `json:"workspaceBytes"`
 	} `json:"limits"`
+	// Sessions are the session lifetimes: durations as "90s", "1h30m" or
+	// a number of seconds.
 	Sessions struct {
-		Lifetime       runner.Duration `json:"lifetime"`
-		MaxLifetime    runner.Duration `json:"maxLifetime"`
-		IdleTimeout    runner.Duration `json:"idleTimeout"`
+		// Lifetime ends a session that long after it was created (default:
+		// none); a session may ask for less.
+		Lifetime runner.Duration `json:"lifetime"`
+		// MaxLifetime is the longest lifetime a session may ask for.
+		MaxLifetime runner.Duration `json:"maxLifetime"`
+		// IdleTimeout ends a session after that long without calls
+		// (default 30m).
+		IdleTimeout runner.Duration `json:"idleTimeout"`
+		// MaxIdleTimeout is the longest idle timeout a session may ask for.
 		MaxIdleTimeout runner.Duration `json:"maxIdleTimeout"`
 	} `json:"sessions"`
 	// Grants lists the grants sessions may ask for (default: any).
 	Grants []string `json:"grants"`
-	// Policy bounds what sessions may relax (package policy; keys are its
-	// field names: defaultImage, images, networks, capabilities, …).
+	// Policy is the operator's word on sessions: their default image and
+	// runtime, what they may choose instead, and how far they may relax
+	// the hardened profile (package policy).
 	Policy policy.Policy `json:"policy"`
-	// Tools are the tool options sessions start from.
+	// Tools are the tool options sessions start from (package tools: the
+	// same keys as sandboxd mcp --config).
 	Tools json.RawMessage `json:"tools"`
-	// Pools are the warm pools.
+	// Pools are the warm pools: workspaces started ahead of time, each
+	// handed to one session.
 	Pools []runner.PoolConfig `json:"pools"`
 	// ShutdownTimeout bounds how long calls in flight may finish at
 	// shutdown (default 30s).
@@ -81,13 +107,19 @@ type serveConfig struct {
 		IdleTimeout runner.Duration `json:"idleTimeout"`
 		// MinBodyRate is the pace, in bytes per second, a request body must
 		// keep after BodyGrace (default 4096 after 10s; -1 turns it off).
-		MinBodyRate int64           `json:"minBodyRate"`
-		BodyGrace   runner.Duration `json:"bodyGrace"`
+		MinBodyRate int64 `json:"minBodyRate"`
+		// BodyGrace is how long a request body may take before
+		// minBodyRate applies (default 10s).
+		BodyGrace runner.Duration `json:"bodyGrace"`
 	} `json:"http"`
 }
 
 // loadServeConfig reads the configuration file; "" is the zero
-// configuration.
+// configuration. A key the file cannot hold, a value of the wrong kind, a
+// tenant without a name or with a token that is not a hash, and a bad tool
+// option are errors naming the key's full path ("policy.images",
+// "tenants[1].tokens[0]", "tools.maxLines"); no error shows what a tenant's
+// token holds.
 func loadServeConfig(file string) (serveConfig, error) {
 	var c serveConfig
 	if file == "" {
@@ -97,12 +129,52 @@ func loadServeConfig(file string) (serveConfig, error) {
 	if err != nil {
 		return c, err
 	}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&c); err != nil {
-		return c, fmt.Errorf("%s: %w", file, err)
+	if err := c.parse(data); err != nil {
+		return serveConfig{}, fmt.Errorf("%s: %w", file, err)
 	}
 	return c, nil
+}
+
+// parse decodes and checks the configuration in data, as loadServeConfig
+// says.
+func (c *serveConfig) parse(data []byte) error {
+	if err := decodeConfig(data, c); err != nil {
+		return err
+	}
+	names := map[string]int{}
+	for i, t := range c.Tenants {
+		at := fmt.Sprintf("tenants[%d]", i)
+		if t.Name == "" {
+			return &configError{Path: at + ".name", Reason: "every tenant needs a name"}
+		}
+		if j, dup := names[t.Name]; dup {
+			return &configError{Path: at + ".name", Reason: fmt.Sprintf("tenants[%d] has this name already: give each tenant its own", j)}
+		}
+		names[t.Name] = i
+		for k, h := range t.Tokens {
+			if !isTokenHash(h) {
+				return &configError{Path: fmt.Sprintf("%s.tokens[%d]", at, k), Reason: "not a token hash (the value is not shown: it may be a token): " +
+					"write the line 'sandboxd token hash' prints for the token, \"sha256:\" and 64 hex digits, or make a token and its hash with 'sandboxd token new'"}
+			}
+		}
+	}
+	if len(c.Tools) > 0 {
+		if _, err := parseToolsConfig(c.Tools, "tools"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// isTokenHash reports whether h is a token as the configuration holds it:
+// "sha256:" and 64 lowercase or uppercase hex digits.
+func isTokenHash(h string) bool {
+	hexPart, ok := strings.CutPrefix(h, "sha256:")
+	if !ok || len(hexPart) != 64 {
+		return false
+	}
+	_, err := hex.DecodeString(hexPart)
+	return err == nil
 }
 
 const defaultListen = "127.0.0.1:7878"
@@ -200,7 +272,7 @@ func serve(ctx context.Context, sio stdio, cfg serveConfig, dev bool) error {
 	fillCtx, stopFill := context.WithCancel(ctx)
 	defer stopFill()
 	go reportPoolFill(fillCtx, sio, m, 250*time.Millisecond)
-	apiOpts := []httpapi.Option{httpapi.WithTenants(cfg.Tenants), httpapi.WithLogger(logger), httpapi.WithMetrics(metrics), httpapi.WithVersion(sandboxdVersion())}
+	apiOpts := []httpapi.Option{httpapi.WithTenants(cfg.Tenants), httpapi.WithLogger(logger), httpapi.WithMetrics(metrics), httpapi.WithVersion(sandboxdVersion()), httpapi.WithConfigSchema(configSchema)}
 	if cfg.Limits.MaxBodyBytes > 0 {
 		apiOpts = append(apiOpts, httpapi.WithMaxBodyBytes(cfg.Limits.MaxBodyBytes))
 	}
@@ -291,6 +363,10 @@ func reportPoolFill(ctx context.Context, sio stdio, m *runner.Manager, interval 
 	}
 }
 
+// printWelcome says where the daemon listens and how to make a first call,
+// as lines that work when pasted into a POSIX shell: the token is in
+// SANDBOXD_TOKEN (exported here in development, where the daemon made it),
+// which the curl line expands in double quotes.
 func printWelcome(sio stdio, url, backend, image, devToken string) {
 	w := bufio.NewWriter(sio.out)
 	defer w.Flush()
@@ -299,14 +375,14 @@ func printWelcome(sio stdio, url, backend, image, devToken string) {
 		where += ", image " + image
 	}
 	fmt.Fprintf(w, "sandboxd serve: listening on %s (backend %s)\n", url, where)
-	token := "$SANDBOXD_TOKEN"
 	if devToken != "" {
-		token = devToken
-		fmt.Fprintf(w, "No --config: one tenant, \"dev\", whose token for this run is\n  SANDBOXD_TOKEN=%s\n", devToken)
+		fmt.Fprintf(w, "No --config: one tenant, \"dev\", whose token for this run is\n  export SANDBOXD_TOKEN=%s\n", devToken)
+	} else {
+		fmt.Fprintf(w, "Set SANDBOXD_TOKEN to a token of one of the configuration's tenants, then\n")
 	}
-	fmt.Fprintf(w, "First call (create a session):\n  curl -s -X POST -H 'Authorization: Bearer %s' %s/v1/sessions\n", token, url)
-	fmt.Fprintf(w, "Or: SANDBOXD_URL=%s SANDBOXD_TOKEN=%s sandboxd session create\n", url, token)
-	fmt.Fprintf(w, "API: %s/openapi.json   MCP: %s/mcp\n", url, url)
+	fmt.Fprintf(w, "First call (create a session):\n  curl -s -X POST -H \"Authorization: Bearer $SANDBOXD_TOKEN\" %s/v1/sessions\n", url)
+	fmt.Fprintf(w, "Or:\n  SANDBOXD_URL=%s sandboxd session create\n", url)
+	fmt.Fprintf(w, "API: %s/openapi.json   MCP: %s/mcp   Configuration schema: %s/v1/config.schema.json\n", url, url, url)
 }
 
 // openBackend makes the configured backend, docker unless another is named;

@@ -3,7 +3,11 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"io"
+	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -11,7 +15,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxd/sandboxd/httpapi"
 	"github.com/sandboxd/sandboxd/images"
+	"github.com/sandboxd/sandboxd/runner"
 )
 
 // TestServeBuildsMissingImage starts serve against an engine without
@@ -111,4 +117,118 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// startServe runs serve in process with args on a free loopback port until
+// the test ends, and returns its URL and what it printed first.
+func startServe(t *testing.T, args ...string) (url, welcome string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	var out, errs syncBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, stdio{in: strings.NewReader(""), out: &out, err: &errs}, append([]string{"serve", "--listen", "127.0.0.1:0"}, args...))
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if code := <-done; code != 0 {
+			t.Errorf("serve exited %d after its context ended:\n%s", code, errs.String())
+		}
+	})
+	listening := regexp.MustCompile(`listening on (http://\S+)`)
+	for deadline := time.Now().Add(time.Minute); !strings.Contains(out.String(), "/v1/config.schema.json\n"); time.Sleep(20 * time.Millisecond) {
+		select {
+		case code := <-done:
+			done <- code
+			t.Fatalf("serve exited %d:\n%s%s", code, out.String(), errs.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("serve did not start:\n%s%s", out.String(), errs.String())
+		}
+	}
+	return listening.FindStringSubmatch(out.String())[1], out.String()
+}
+
+// TestFirstCallPastes: the lines serve prints for a first call work when
+// pasted into a shell, with the development token it made and with a
+// configured tenant's token in SANDBOXD_TOKEN; the configuration's schema
+// is served.
+func TestFirstCallPastes(t *testing.T) {
+	const token = "sbx_pasted"
+	config := filepath.Join(t.TempDir(), "sandboxd.json")
+	if err := os.WriteFile(config, []byte(`{"tenants": [{"name": "a", "tokens": ["`+httpapi.HashToken(token)+`"]}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+		env  []string
+	}{
+		{"development", nil, nil},
+		{"configured", []string{"--config", config}, []string{"SANDBOXD_TOKEN=" + token}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			url, welcome := startServe(t, append([]string{"--backend", "memory"}, tc.args...)...)
+			var script []string // the indented lines: commands to paste
+			for l := range strings.Lines(welcome) {
+				if cmd, ok := strings.CutPrefix(l, "  "); ok && !strings.Contains(cmd, "sandboxd session") {
+					script = append(script, cmd)
+				}
+			}
+			sh := exec.CommandContext(t.Context(), "sh", "-c", strings.Join(script, ""))
+			sh.Env = append(os.Environ(), tc.env...)
+			out, err := sh.CombinedOutput()
+			var info runner.Info
+			if err != nil || json.Unmarshal(out, &info) != nil || !strings.HasPrefix(info.ID, "s-") {
+				t.Errorf("pasting\n%s\ngave %v: %s", strings.Join(script, ""), err, out)
+			}
+			res, err := http.Get(url + "/v1/config.schema.json")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer res.Body.Close()
+			if body, _ := io.ReadAll(res.Body); res.StatusCode != 200 || !bytes.Equal(body, configSchema) {
+				t.Errorf("GET /v1/config.schema.json: %s, %d bytes, want the checked-in schema", res.Status, len(body))
+			}
+		})
+	}
+}
+
+// TestSessionCallExitStatus: session call exits with the status of the
+// command it ran, and the session commands name themselves in errors.
+func TestSessionCallExitStatus(t *testing.T) {
+	url, welcome := startServe(t, "--backend", "memory")
+	t.Setenv("SANDBOXD_URL", url)
+	t.Setenv("SANDBOXD_TOKEN", regexp.MustCompile(`SANDBOXD_TOKEN=(\S+)`).FindStringSubmatch(welcome)[1])
+	code, out, errs := runInProcess(t, "session", "create", "--grant", "shell.exec", "--always", "read,shell")
+	if code != 0 {
+		t.Fatalf("session create: exit %d: %s", code, errs)
+	}
+	id := strings.TrimSpace(out)
+	for _, tc := range []struct {
+		tool, args string
+		code       int
+		out, err   string // substrings of standard output and error
+	}{
+		{"bash", `{"command":"echo hi"}`, 0, "hi\n", ""},
+		{"bash", `{"command":"echo bye; exit 3"}`, 3, "bye\n", ""},
+		{"bash", `{"command":"kill -9 $$"}`, 128 + 9, "SIGKILL", ""},
+		{"bash", `{"command":"sleep 30", "timeout": 0.5}`, 124, "Timed out", ""},
+		// Without bashSessionEnv, no SANDBOXD_* variable over memory.
+		{"bash", `{"command":"echo ${SANDBOXD_WORKSPACE-unset}"}`, 0, "unset\n", ""},
+		{"read", `{"path":"nope"}`, 1, "NotFound", "sandboxd session call: the tool reported a failure"},
+		{"nosuchtool", `{}`, 1, "", "sandboxd session call: "},
+	} {
+		t.Run(tc.tool+" "+tc.args, func(t *testing.T) {
+			code, out, errs := runInProcess(t, "session", "call", id, tc.tool, tc.args)
+			if code != tc.code || !strings.Contains(out, tc.out) || !strings.Contains(errs, tc.err) {
+				t.Errorf("exit %d, stdout %q, stderr %q; want exit %d, stdout with %q, stderr with %q", code, out, errs, tc.code, tc.out, tc.err)
+			}
+		})
+	}
+	code, out, errs = runInProcess(t, "session", "ls")
+	if code != 0 || !strings.Contains(out, "CALLS RUNNING") || !strings.Contains(out, id) {
+		t.Errorf("session ls: exit %d\n%s%s", code, out, errs)
+	}
 }

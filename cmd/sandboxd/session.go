@@ -86,9 +86,12 @@ func withSession(fs *flag.FlagSet, run func(ctx context.Context, sio stdio, s *s
 func (f *sessionFlags) toolsConfig() (tools.Config, error) {
 	cfg := tools.DefaultConfig()
 	if f.config != "" {
-		var err error
-		if cfg, err = tools.LoadConfig(f.config); err != nil {
+		data, err := os.ReadFile(f.config)
+		if err != nil {
 			return tools.Config{}, err
+		}
+		if cfg, err = parseToolsConfig(data, ""); err != nil {
+			return tools.Config{}, fmt.Errorf("%s: %w", f.config, err)
 		}
 	}
 	for _, g := range f.grants.values {

@@ -16,6 +16,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sandboxd/sandboxd/httpapi"
 	"github.com/sandboxd/sandboxd/runner"
 	"github.com/sandboxd/sandboxd/scope"
@@ -153,19 +155,29 @@ var cmdSessionList = &command{
 			if *asJSON {
 				return printJSON(sio.out, list)
 			}
-			tw := tabwriter.NewWriter(sio.out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tCREATED\tLAST USED\tCALLS\tEXPIRES\tWORKSPACE")
-			for _, s := range list.Sessions {
-				expires := "-"
-				if s.ExpiresAt != nil {
-					expires = s.ExpiresAt.Local().Format(time.DateTime)
-				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", s.ID, s.Created.Local().Format(time.DateTime),
-					s.LastUsed.Local().Format(time.DateTime), s.CallsInFlight, expires, s.Workspace)
-			}
-			return tw.Flush()
+			printSessions(sio.out, list.Sessions)
+			return nil
 		}
 	},
+}
+
+// printSessions writes sessions as a table whose headings say what each
+// column holds; times are local.
+func printSessions(w io.Writer, sessions []runner.Info) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tBACKEND\tCREATED\tLAST ACTIVE\tCALLS RUNNING\tENDS AT (LIFETIME)\tENDS IF IDLE FOR\tWORKSPACE (CONTAINER OR DIRECTORY)")
+	for _, s := range sessions {
+		ends, idle := "never", "never"
+		if s.ExpiresAt != nil {
+			ends = s.ExpiresAt.Local().Format(time.DateTime)
+		}
+		if s.IdleTimeout > 0 {
+			idle = time.Duration(s.IdleTimeout).String()
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", s.ID, s.Backend, s.Created.Local().Format(time.DateTime),
+			s.LastUsed.Local().Format(time.DateTime), s.CallsInFlight, ends, idle, s.Workspace)
+	}
+	tw.Flush()
 }
 
 var cmdSessionRemove = &command{
@@ -235,12 +247,46 @@ var cmdSessionCall = &command{
 					fmt.Fprintln(sio.out)
 				}
 			}
-			if err == nil && result.IsError {
+			if err != nil {
+				return err
+			}
+			if result.IsError {
 				return errors.New("the tool reported a failure")
 			}
-			return err
+			if code := commandStatus(result); code != 0 {
+				return &exitStatus{code: code} // the command has said why
+			}
+			return nil
 		}
 	},
+}
+
+// commandStatus is the exit status a call that ran a command (bash,
+// workspace_exec) passes on, as a shell would give it: the command's own
+// non-zero status, 128 plus the number of the signal that killed it, or 124
+// when it timed out (as timeout(1) does); 0 for anything else.
+func commandStatus(r httpapi.CallResult) int {
+	var run struct {
+		ExitCode *int   `json:"exitCode"`
+		Signal   string `json:"signal"`
+		TimedOut bool   `json:"timedOut"`
+	}
+	data, err := json.Marshal(r.StructuredContent)
+	if err != nil || json.Unmarshal(data, &run) != nil || run.ExitCode == nil {
+		return 0
+	}
+	switch {
+	case run.TimedOut:
+		return 124
+	case run.Signal != "":
+		if n := unix.SignalNum(run.Signal); n != 0 {
+			return 128 + int(n)
+		}
+		return 1
+	case *run.ExitCode < 0 || *run.ExitCode > 255:
+		return 1
+	}
+	return *run.ExitCode
 }
 
 // readCallAnswer reads a call's answer: JSON, or server-sent events whose

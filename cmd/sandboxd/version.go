@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"runtime"
 	"runtime/debug"
 )
@@ -31,8 +32,14 @@ var cmdVersion = &command{
 			if len(args) > 0 {
 				return usagef("version takes no arguments")
 			}
-			_, err := fmt.Fprintf(sio.out, "sandboxd %s %s %s/%s\n", sandboxdVersion(), runtime.Version(), runtime.GOOS, runtime.GOARCH)
-			return err
+			printVersion(sio.out)
+			return nil
 		}
 	},
+}
+
+// printVersion writes sandboxd's version, the Go release that built it and
+// the platform.
+func printVersion(w io.Writer) {
+	fmt.Fprintf(w, "sandboxd %s %s %s/%s\n", sandboxdVersion(), runtime.Version(), runtime.GOOS, runtime.GOARCH)
 }

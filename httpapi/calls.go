@@ -3,14 +3,15 @@ package httpapi
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
-	"github.com/sandboxd/sandboxd/journal"
-	"github.com/sandboxd/sandboxd/workspace"
 	"mime"
 	"net/http"
 	"strings"
 
+	"github.com/sandboxd/sandboxd/journal"
 	"github.com/sandboxd/sandboxd/tools"
+	"github.com/sandboxd/sandboxd/workspace"
 )
 
 func (s *Server) listTools(w http.ResponseWriter, r *http.Request) {
@@ -75,6 +76,10 @@ func (s *Server) callTool(w http.ResponseWriter, r *http.Request) {
 		opts.Progress = func(p tools.Progress) { events.send("output", p) }
 	}
 	res, err := sess.Call(r.Context(), r.PathValue("tool"), req.Arguments, opts)
+	if cause := context.Cause(r.Context()); errors.Is(cause, errSlowClient) {
+		s.o.logger.Warn("call cut: its client stopped reading", "tenant", tenantOf(r).Name, "session", sess.ID(), "tool", r.PathValue("tool"), "error", cause)
+		return
+	}
 	switch {
 	case err != nil && events != nil && events.started:
 		_, kind := classify(err)
@@ -101,7 +106,10 @@ func acceptsEvents(r *http.Request) bool {
 }
 
 // eventStream writes server-sent events, each flushed at once. The
-// response starts with the first event.
+// response starts with the first event. Each write has the server's write
+// deadline (deadlineWriter): a client that stops reading has its call
+// canceled, and bash, whose progress waits in a bounded buffer
+// (tools.ProgressCap), is slowed until then rather than buffered.
 type eventStream struct {
 	w       http.ResponseWriter
 	started bool

@@ -25,8 +25,9 @@ import (
 )
 
 const (
-	acmeToken = "acme-token"
-	boltToken = "bolt-token"
+	acmeToken    = "acme-token"
+	boltToken    = "bolt-token"
+	scraperToken = "metrics-token"
 )
 
 type env struct {
@@ -57,7 +58,7 @@ func start(t *testing.T, c config) *env {
 		{Name: "acme", Tokens: []string{httpapi.HashToken(acmeToken)}, MaxSessions: c.acmeCap},
 		{Name: "bolt", Tokens: []string{httpapi.HashToken("old"), httpapi.HashToken(boltToken)}},
 	}
-	srv, err := httpapi.New(m, append([]httpapi.Option{httpapi.WithTenants(tenants), httpapi.WithMetrics(metrics)}, c.api...)...)
+	srv, err := httpapi.New(m, append([]httpapi.Option{httpapi.WithTenants(tenants), httpapi.WithMetrics(metrics), httpapi.WithMetricsTokens(httpapi.HashToken(scraperToken))}, c.api...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,10 +158,22 @@ func TestAuth(t *testing.T) {
 			t.Errorf("%s: status %d, WWW-Authenticate %q", tc.name, res.StatusCode, res.Header.Get("WWW-Authenticate"))
 		}
 	}
-	for _, p := range []string{"/healthz", "/readyz", "/metrics", "/openapi.json"} {
+	for _, p := range []string{"/healthz", "/readyz", "/openapi.json"} {
 		if status, _, _ := e.do("", "GET", p, nil); status != http.StatusOK {
 			t.Errorf("GET %s without a token: %d", p, status)
 		}
+	}
+	// /metrics shows every tenant's activity: only a metrics token reads it.
+	for _, tok := range []string{"", acmeToken, boltToken, "nope"} {
+		if status, _, _ := e.do(tok, "GET", "/metrics", nil); status != http.StatusUnauthorized {
+			t.Errorf("GET /metrics with token %q: %d", tok, status)
+		}
+	}
+	if status, _, _ := e.do(scraperToken, "GET", "/metrics", nil); status != http.StatusOK {
+		t.Errorf("GET /metrics with the metrics token: %d", status)
+	}
+	if status, _, _ := e.do(scraperToken, "GET", "/v1/sessions", nil); status != http.StatusUnauthorized {
+		t.Errorf("the metrics token listed sessions: %d", status)
 	}
 	e.json(boltToken, "GET", "/v1/sessions", nil, http.StatusOK, nil) // either of bolt's tokens
 	e.json("old", "GET", "/v1/sessions", nil, http.StatusOK, nil)
@@ -532,7 +545,7 @@ func TestMetrics(t *testing.T) {
 	e.call(acmeToken, s.ID, "write", map[string]any{"path": "a", "content": "x"})
 	e.call(acmeToken, s.ID, "read", map[string]any{"path": "nope"})
 	e.call(acmeToken, s.ID, "no-such-tool", nil)
-	_, body, _ := e.do("", "GET", "/metrics", nil)
+	_, body, _ := e.do(scraperToken, "GET", "/metrics", nil)
 	text := string(body)
 	for _, want := range []string{
 		"sandboxd_sessions 1\n",

@@ -126,6 +126,7 @@ func (s *Server) authenticateWith(a *authenticator, next http.Handler) http.Hand
 			writeError(w, http.StatusUnauthorized, "Unauthorized", err.Error())
 			return
 		}
+		leaseOf(r.Context()).bind(s.tenantShare(t.Name))
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), tenantKey{}, t)))
 	})
 }

@@ -44,6 +44,7 @@ import (
 	"math"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -63,6 +64,7 @@ type Server struct {
 	mcp      *mcpHandler
 	draining atomic.Bool
 	budget   *semaphore.Weighted
+	shares   sync.Map // tenant name → *semaphore.Weighted, its share of budget
 	scrapers *authenticator // the metrics tokens
 }
 
@@ -114,7 +116,8 @@ func WithMinBodyRate(rate int64, grace time.Duration) Option {
 }
 
 // WithMemoryBudget bounds the bytes that requests in flight may hold at
-// once, all tenants together (default 512 MiB): each JSON body counts
+// once, all tenants together, and one tenant to half of it (default 512
+// MiB; at least 2×bodyWeight times the body cap): each JSON body counts
 // bodyWeight times its size (its bytes, their decoded form, the tool's
 // copy), each file an upload writes or a download sends counts its size
 // while it is in memory. A request that would pass the budget is 503 with
@@ -158,6 +161,9 @@ func New(m *runner.Manager, opts ...Option) (*Server, error) {
 	auth, err := newAuthenticator(o.tenants)
 	if err != nil {
 		return nil, err
+	}
+	if o.budget/2 < bodyWeight*o.maxBody {
+		return nil, fmt.Errorf("httpapi: the memory budget (limits.memoryBudgetBytes, %d) must be at least %d times the body cap (limits.maxBodyBytes, %d), or a tenant's share could not hold a largest body", o.budget, 2*bodyWeight, o.maxBody)
 	}
 	scrapers, err := newAuthenticator([]Tenant{{Name: "metrics", Tokens: o.scrapers}})
 	if err != nil {
@@ -213,9 +219,15 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithCancelCause(r.Context())
 	defer cancel(nil)
-	l := &lease{budget: s.budget, size: s.o.budget}
+	l := &lease{budget: s.budget}
 	defer l.release()
 	ctx = context.WithValue(ctx, leaseKey{}, l)
+	if r.Body != nil && r.Body != http.NoBody && r.Method != http.MethodPut {
+		// Every body but an upload's (which waits on disk, see upload) is
+		// read into memory, by decode or by /mcp's server: capped, and
+		// drawn from the budget as it arrives.
+		r.Body = &leasedReader{ReadCloser: http.MaxBytesReader(w, r.Body, s.o.maxBody), l: l, weight: bodyWeight}
+	}
 	if s.o.writeWait > 0 {
 		w = &deadlineWriter{ResponseWriter: w, rc: http.NewResponseController(w), wait: s.o.writeWait, cancel: cancel}
 	}
@@ -270,11 +282,12 @@ func (d *deadlineWriter) failed(err error) {
 // Unwrap lets http.ResponseController reach the connection.
 func (d *deadlineWriter) Unwrap() http.ResponseWriter { return d.ResponseWriter }
 
-// lease is what one request holds of the server's memory budget; ServeHTTP
-// gives it all back when the request ends.
+// lease is what one request holds of the server's memory budget, and of
+// its tenant's share of it once authenticate has bound it; ServeHTTP gives
+// it all back when the request ends.
 type lease struct {
 	budget *semaphore.Weighted
-	size   int64
+	tenant *semaphore.Weighted // nil until bound
 	held   atomic.Int64
 }
 
@@ -285,7 +298,22 @@ func leaseOf(ctx context.Context) *lease {
 	if l, ok := ctx.Value(leaseKey{}).(*lease); ok {
 		return l
 	}
-	return &lease{budget: semaphore.NewWeighted(math.MaxInt64), size: math.MaxInt64}
+	return &lease{budget: semaphore.NewWeighted(math.MaxInt64)}
+}
+
+// tenantShare returns the semaphore of tenant's share of the budget: half
+// of it, so that one tenant's flood of requests leaves room for others'.
+func (s *Server) tenantShare(tenant string) *semaphore.Weighted {
+	sem, _ := s.shares.LoadOrStore(tenant, semaphore.NewWeighted(s.o.budget/2))
+	return sem.(*semaphore.Weighted)
+}
+
+// bind charges the lease to a tenant's share from now on; a lease that
+// already holds bytes stays as it is.
+func (l *lease) bind(share *semaphore.Weighted) {
+	if l.held.Load() == 0 {
+		l.tenant = share
+	}
 }
 
 // errMemory is the memory budget spent: 503 with Retry-After.
@@ -296,7 +324,13 @@ func (l *lease) take(n int64) error {
 	if n <= 0 {
 		return nil
 	}
-	if n > l.size || !l.budget.TryAcquire(n) {
+	if l.tenant != nil && !l.tenant.TryAcquire(n) {
+		return fmt.Errorf("%w: this tenant holds its share (half); this request needs %d bytes more", errMemory, n)
+	}
+	if !l.budget.TryAcquire(n) {
+		if l.tenant != nil {
+			l.tenant.Release(n)
+		}
 		return fmt.Errorf("%w: this request needs %d bytes more", errMemory, n)
 	}
 	l.held.Add(n)
@@ -308,6 +342,9 @@ func (l *lease) put(n int64) {
 	if n > 0 {
 		l.held.Add(-n)
 		l.budget.Release(n)
+		if l.tenant != nil {
+			l.tenant.Release(n)
+		}
 	}
 }
 
@@ -317,15 +354,16 @@ func (l *lease) release() { l.put(l.held.Swap(0)) }
 // bytes, their decoded form and a tool's copy (a write's content).
 const bodyWeight = 3
 
-// leasedReader takes weight budget bytes for every byte read.
+// leasedReader is a request body that takes weight budget bytes for every
+// byte read; a read that finds the budget spent fails with errMemory.
 type leasedReader struct {
-	r      io.Reader
+	io.ReadCloser
 	l      *lease
 	weight int64
 }
 
 func (r *leasedReader) Read(p []byte) (int, error) {
-	n, err := r.r.Read(p)
+	n, err := r.ReadCloser.Read(p)
 	if lerr := r.l.take(int64(n) * r.weight); lerr != nil {
 		return 0, lerr
 	}
@@ -441,11 +479,11 @@ func (s *Server) session(w http.ResponseWriter, r *http.Request) (*runner.Sessio
 	return sess, true
 }
 
-// decode reads a JSON body of at most maxBody bytes into v, strictly;
+// decode reads a JSON body (of at most maxBody bytes, see ServeHTTP) into v, strictly;
 // an empty body leaves v as it is. It answers 400 or 413 itself.
 func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) bool {
-	body := &leasedReader{r: http.MaxBytesReader(w, r.Body, s.o.maxBody), l: leaseOf(r.Context()), weight: bodyWeight}
-	data, err := io.ReadAll(body)
+	data, err := io.ReadAll(r.Body) // capped and leased by ServeHTTP
+
 	if err != nil {
 		s.fail(w, r, err)
 		return false

@@ -64,7 +64,7 @@ type Server struct {
 	mcp      *mcpHandler
 	draining atomic.Bool
 	budget   *semaphore.Weighted
-	shares   sync.Map // tenant name → *semaphore.Weighted, its share of budget
+	shares   sync.Map       // tenant name → *semaphore.Weighted, its share of budget
 	scrapers *authenticator // the metrics tokens
 }
 

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path"
+	"slices"
 	"strings"
 	"time"
 
@@ -134,6 +135,40 @@ type spoolFile struct {
 	unlinked bool
 }
 
+// fill writes what r holds at the spool's end and returns its length;
+// blocks of zeros are skipped, not written, so that a sparse entry's holes
+// stay holes on disk too.
+func (s *spoolFile) fill(r io.Reader) (int64, error) {
+	buf := make([]byte, 64<<10)
+	var n int64
+	for {
+		m, err := io.ReadFull(r, buf)
+		if m > 0 {
+			var werr error
+			if p := buf[:m]; m == len(buf) && !slices.ContainsFunc(p, func(b byte) bool { return b != 0 }) {
+				_, werr = s.Seek(int64(m), io.SeekCurrent)
+			} else {
+				_, werr = s.Write(p)
+			}
+			if werr != nil {
+				return n, fmt.Errorf("upload: spool: %w", werr)
+			}
+			n += int64(m)
+		}
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			// A hole at the end: give the file its length.
+			end, err := s.Seek(0, io.SeekCurrent)
+			if err == nil {
+				err = s.Truncate(end)
+			}
+			return n, err
+		}
+		if err != nil {
+			return n, err
+		}
+	}
+}
+
 func (s *spoolFile) Close() error {
 	err := s.File.Close()
 	if !s.unlinked {
@@ -147,8 +182,9 @@ func refuse(name string, kind *workspace.Kind, why string) error {
 }
 
 // readTar reads and judges a whole tar stream destined for dir.
-// File contents go to spool, whose size is bounded by max.
-func readTar(r io.Reader, dir, root string, max int64, spool io.Writer) ([]tarEntry, error) {
+// File contents go to spool, whose size is bounded by max: a sparse entry
+// counts its whole size.
+func readTar(r io.Reader, dir, root string, max int64, spool *spoolFile) ([]tarEntry, error) {
 	tr := tar.NewReader(r)
 	var entries []tarEntry
 	var total int64
@@ -199,7 +235,7 @@ func readTar(r io.Reader, dir, root string, max int64, spool io.Writer) ([]tarEn
 				return nil, tooLarge("the archive's files hold more than %d bytes", max)
 			}
 			e.off = total
-			if e.size, err = io.Copy(spool, io.LimitReader(tr, max-total+1)); err != nil {
+			if e.size, err = spool.fill(io.LimitReader(tr, max-total+1)); err != nil {
 				return nil, err
 			}
 			if total += e.size; total > max {

@@ -3,7 +3,6 @@ package httpapi
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"mime"
 	"net/http"
@@ -76,8 +75,8 @@ func (s *Server) callTool(w http.ResponseWriter, r *http.Request) {
 		opts.Progress = func(p tools.Progress) { events.send("output", p) }
 	}
 	res, err := sess.Call(r.Context(), r.PathValue("tool"), req.Arguments, opts)
-	if cause := context.Cause(r.Context()); errors.Is(cause, errSlowClient) {
-		s.o.logger.Warn("call cut: its client stopped reading", "tenant", tenantOf(r).Name, "session", sess.ID(), "tool", r.PathValue("tool"), "error", cause)
+	if werr := writeFailure(w); werr != nil {
+		s.o.logger.Warn("call cut: its client stopped reading", "tenant", tenantOf(r).Name, "session", sess.ID(), "tool", r.PathValue("tool"), "error", werr)
 		return
 	}
 	switch {

@@ -8,12 +8,14 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -678,4 +680,60 @@ func TestProviderRun(t *testing.T) {
 		t.Fatalf("a.txt after the rollback: %+v", res)
 	}
 	e.json(boltToken, "POST", run, nil, http.StatusNotFound, nil)
+}
+
+// logLines is a slog handler's output that a test can wait on.
+type logLines struct {
+	mu   sync.Mutex
+	buf  bytes.Buffer
+	more chan struct{}
+}
+
+func (l *logLines) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	select {
+	case l.more <- struct{}{}:
+	default:
+	}
+	return l.buf.Write(p)
+}
+
+// wait waits until a line holding s is logged, or fails after within.
+func (l *logLines) wait(t *testing.T, s string, within time.Duration) {
+	t.Helper()
+	deadline := time.After(within)
+	for {
+		l.mu.Lock()
+		found := strings.Contains(l.buf.String(), s)
+		l.mu.Unlock()
+		if found {
+			return
+		}
+		select {
+		case <-l.more:
+		case <-deadline:
+			t.Fatalf("%q not logged within %v:\n%s", s, within, l.buf.String())
+		}
+	}
+}
+
+// A client that stops reading its event stream has its call cut after the
+// write timeout; the command is slowed meanwhile, not buffered.
+func TestEventStreamStalled(t *testing.T) {
+	logs := &logLines{more: make(chan struct{}, 1)}
+	e := start(t, config{api: []httpapi.Option{httpapi.WithWriteTimeout(time.Second), httpapi.WithLogger(slog.New(slog.NewTextHandler(logs, nil)))}})
+	s := e.create(acmeToken, writer)
+	req, _ := http.NewRequest("POST", e.url+"/v1/sessions/"+s.ID+"/tools/bash", strings.NewReader(`{"arguments":{"command":"yes"}}`))
+	req.Header.Set("Authorization", "Bearer "+acmeToken)
+	req.Header.Set("Accept", "text/event-stream")
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	logs.wait(t, "call cut: its client stopped reading", 60*time.Second)
+	if _, err := io.Copy(io.Discard, res.Body); err == nil {
+		t.Error("the cut stream ended as if whole")
+	}
 }

@@ -275,8 +275,17 @@ func (d *deadlineWriter) Flush() {
 func (d *deadlineWriter) failed(err error) {
 	if err != nil && d.err == nil {
 		d.err = err
-		d.cancel(fmt.Errorf("%w: %v", errSlowClient, err))
+		d.cancel(writeFailure(d))
 	}
+}
+
+// writeFailure returns why a write of w's response failed (errSlowClient
+// when a deadline passed), or nil.
+func writeFailure(w http.ResponseWriter) error {
+	if d, ok := w.(*deadlineWriter); ok && d.err != nil {
+		return fmt.Errorf("%w: %v", errSlowClient, d.err)
+	}
+	return nil
 }
 
 // Unwrap lets http.ResponseController reach the connection.

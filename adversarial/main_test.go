@@ -238,8 +238,9 @@ type daemon struct {
 }
 
 const (
-	acmeToken = "acme-token-adversarial"
-	boltToken = "bolt-token-adversarial"
+	acmeToken    = "acme-token-adversarial"
+	boltToken    = "bolt-token-adversarial"
+	metricsToken = "metrics-token-adversarial"
 )
 
 type daemonConfig struct {
@@ -282,7 +283,7 @@ func newDaemon(t testing.TB, c daemonConfig) *daemon {
 	apiOpts := []httpapi.Option{httpapi.WithTenants([]httpapi.Tenant{
 		{Name: "acme", Tokens: []string{httpapi.HashToken(acmeToken)}},
 		{Name: "bolt", Tokens: []string{httpapi.HashToken(boltToken)}},
-	})}
+	}), httpapi.WithMetricsTokens(httpapi.HashToken(metricsToken))}
 	if c.maxBody > 0 {
 		apiOpts = append(apiOpts, httpapi.WithMaxBodyBytes(c.maxBody))
 	}

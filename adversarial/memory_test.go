@@ -368,3 +368,57 @@ func sparseTar(name string, size int64) []byte {
 	b.Write(make([]byte, 1024))
 	return b.Bytes()
 }
+
+// The smaller findings of the same review: /metrics shows every tenant's
+// activity, so only a metrics token reads it; a download leaves out links
+// that lead outside the workspace, as an upload refuses them; an upload may
+// not write sandboxd's own directory under any case of its name.
+func TestDaemonFindings(t *testing.T) {
+	for _, backend := range []string{"local", "docker"} {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			d := newDaemon(t, daemonConfig{backend: backend})
+			id := d.create(t, acmeToken, map[string]any{"grants": []string{"fs.write", "shell.exec"}, "always": []string{"edit", "shell"}})
+			t.Run("MetricsNeedTheirToken", func(t *testing.T) {
+				d.call(t, acmeToken, id, "ls", map[string]any{"path": "."})
+				for _, tok := range []string{"", acmeToken, boltToken, metricsToken + "x"} {
+					if code, body := d.do(t, tok, "GET", "/metrics", nil); code != http.StatusUnauthorized {
+						t.Errorf("/metrics with token %q: %d %.200s", tok, code, body)
+					}
+				}
+				code, body := d.do(t, metricsToken, "GET", "/metrics", nil)
+				if code != http.StatusOK || !bytes.Contains(body, []byte("sandboxd_sessions 1")) {
+					t.Errorf("/metrics with the metrics token: %d %.300s", code, body)
+				}
+			})
+			t.Run("DownloadLeavesOutLinksOutside", func(t *testing.T) {
+				res := d.call(t, acmeToken, id, "bash", map[string]any{"command": "mkdir -p dl/sub && cd dl && echo in > inside.txt && " +
+					"ln -s inside.txt in && ln -s ../inside.txt sub/up && ln -s /etc/passwd abs && ln -s ../../../../../../etc out && ln -s ../../.. sub/top && echo ok"})
+				if res.IsError || !strings.Contains(res.Content[0].Text, "ok") {
+					t.Fatalf("making the links: %+v", res)
+				}
+				names := tarNames(t, d.download(t, id, "dl"))
+				slices.Sort(names)
+				if want := []string{"in", "inside.txt", "sub/", "sub/up"}; !slices.Equal(names, want) {
+					t.Errorf("download of dl/: %q, want %q", names, want)
+				}
+			})
+			t.Run("UploadRefusesSandboxdDirInAnyCase", func(t *testing.T) {
+				for _, name := range []string{".sandboxd/x", ".SANDBOXD/x", ".Sandboxd/journal/x", "./.sAnDbOxD/runtime/x"} {
+					archive := makeTar(t, &tar.Header{Name: name, Typeflag: tar.TypeReg, Size: 1, Mode: 0o644}, "x")
+					if code, body := d.do(t, acmeToken, "PUT", "/v1/sessions/"+id+"/files/", archive); code < 400 || code >= 500 {
+						t.Errorf("upload of %s: %d %s", name, code, body)
+					}
+				}
+				code, body := d.do(t, acmeToken, "PUT", "/v1/sessions/"+id+"/files/.SANDBOXD", makeTar(t, &tar.Header{Name: "x", Typeflag: tar.TypeReg, Size: 1, Mode: 0o644}, "x"))
+				if code < 400 || code >= 500 {
+					t.Errorf("upload into .SANDBOXD/: %d %s", code, body)
+				}
+				res := d.call(t, acmeToken, id, "bash", map[string]any{"command": "ls -a; ls -a .sandboxd 2>&1"})
+				if strings.Contains(strings.ToLower(res.Content[0].Text), "\nx\n") || strings.Contains(res.Content[0].Text, "SANDBOXD") || strings.Contains(res.Content[0].Text, "Sandboxd") {
+					t.Errorf("an upload wrote: %s", res.Content[0].Text)
+				}
+			})
+		})
+	}
+}

@@ -229,7 +229,14 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		r.Body = &leasedReader{ReadCloser: http.MaxBytesReader(w, r.Body, s.o.maxBody), l: l, weight: bodyWeight}
 	}
 	if s.o.writeWait > 0 {
-		w = &deadlineWriter{ResponseWriter: w, rc: http.NewResponseController(w), wait: s.o.writeWait, cancel: cancel}
+		d := &deadlineWriter{ResponseWriter: w, rc: http.NewResponseController(w), wait: s.o.writeWait, cancel: cancel}
+		// A fresh deadline at the start, for what net/http writes on its own
+		// (the headers of a response with no body), and at the end, for
+		// what it writes after the handler: never one a connection kept
+		// alive still has from an earlier response.
+		d.extend()
+		defer d.extend()
+		w = d
 	}
 	s.mux.ServeHTTP(w, r.WithContext(ctx))
 }
@@ -253,10 +260,14 @@ type deadlineWriter struct {
 	err    error
 }
 
+// extend sets the connection's write deadline to wait from now; an error
+// means the connection takes no deadlines (HTTP/2 in tests): none then.
+func (d *deadlineWriter) extend() { d.rc.SetWriteDeadline(time.Now().Add(d.wait)) }
+
 func (d *deadlineWriter) Write(p []byte) (int, error) {
 	n := 0
 	for d.err == nil && n < len(p) {
-		d.rc.SetWriteDeadline(time.Now().Add(d.wait)) // an error means no deadlines (HTTP/2 tests): none then
+		d.extend()
 		m, err := d.ResponseWriter.Write(p[n:min(len(p), n+writeChunk)])
 		n += m
 		d.failed(err)
@@ -267,7 +278,7 @@ func (d *deadlineWriter) Write(p []byte) (int, error) {
 // Flush sends what is buffered, under the same deadline.
 func (d *deadlineWriter) Flush() {
 	if d.err == nil {
-		d.rc.SetWriteDeadline(time.Now().Add(d.wait))
+		d.extend()
 		d.failed(d.rc.Flush())
 	}
 }

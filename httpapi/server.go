@@ -324,6 +324,9 @@ func leaseOf(ctx context.Context) *lease {
 // tenantShare returns the semaphore of tenant's share of the budget: half
 // of it, so that one tenant's flood of requests leaves room for others'.
 func (s *Server) tenantShare(tenant string) *semaphore.Weighted {
+	if sem, ok := s.shares.Load(tenant); ok {
+		return sem.(*semaphore.Weighted)
+	}
 	sem, _ := s.shares.LoadOrStore(tenant, semaphore.NewWeighted(s.o.budget/2))
 	return sem.(*semaphore.Weighted)
 }

@@ -249,6 +249,8 @@ type daemonConfig struct {
 	maxBody     int64
 	maxTransfer int64
 	pool        int
+	// writeTimeout is httpapi.WithWriteTimeout's (default: its own).
+	writeTimeout time.Duration
 }
 
 func newDaemon(t testing.TB, c daemonConfig) *daemon {
@@ -289,6 +291,9 @@ func newDaemon(t testing.TB, c daemonConfig) *daemon {
 	}
 	if c.maxTransfer > 0 {
 		apiOpts = append(apiOpts, httpapi.WithMaxTransferBytes(c.maxTransfer))
+	}
+	if c.writeTimeout > 0 {
+		apiOpts = append(apiOpts, httpapi.WithWriteTimeout(c.writeTimeout))
 	}
 	api, err := httpapi.New(m, apiOpts...)
 	if err != nil {

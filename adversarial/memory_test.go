@@ -377,8 +377,41 @@ func TestDaemonFindings(t *testing.T) {
 	for _, backend := range []string{"local", "docker"} {
 		t.Run(backend, func(t *testing.T) {
 			t.Parallel()
-			d := newDaemon(t, daemonConfig{backend: backend})
+			d := newDaemon(t, daemonConfig{backend: backend, writeTimeout: 3 * time.Second})
 			id := d.create(t, acmeToken, map[string]any{"grants": []string{"fs.write", "shell.exec"}, "always": []string{"edit", "shell"}})
+			t.Run("StalledEventStreamIsCut", func(t *testing.T) {
+				// `yes` streamed to a client that stops reading: the command is
+				// held back (on Docker, through the agent's flow control) and
+				// the call cut after the write timeout; the session lives on.
+				body, _ := json.Marshal(map[string]any{"arguments": map[string]any{"command": "yes"}})
+				req, _ := http.NewRequest("POST", d.url+"/v1/sessions/"+id+"/tools/bash", bytes.NewReader(body))
+				req.Header.Set("Authorization", "Bearer "+acmeToken)
+				req.Header.Set("Accept", "text/event-stream")
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer resp.Body.Close()
+				inFlight := func() int {
+					var info struct{ CallsInFlight int }
+					_, raw := d.do(t, acmeToken, "GET", "/v1/sessions/"+id, nil)
+					json.Unmarshal(raw, &info)
+					return info.CallsInFlight
+				}
+				deadline := time.Now().Add(90 * time.Second)
+				for inFlight() != 0 {
+					if time.Now().After(deadline) {
+						t.Fatal("the call of a client that stopped reading was still running after 90 s")
+					}
+					time.Sleep(100 * time.Millisecond)
+				}
+				if _, err := io.Copy(io.Discard, resp.Body); err == nil {
+					t.Error("the cut stream ended as if whole")
+				}
+				if res := d.call(t, acmeToken, id, "bash", map[string]any{"command": "echo alive"}); res.IsError || !strings.Contains(res.Content[0].Text, "alive") {
+					t.Errorf("the session after the cut: %+v", res)
+				}
+			})
 			t.Run("MetricsNeedTheirToken", func(t *testing.T) {
 				d.call(t, acmeToken, id, "ls", map[string]any{"path": "."})
 				for _, tok := range []string{"", acmeToken, boltToken, metricsToken + "x"} {

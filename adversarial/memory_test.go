@@ -38,14 +38,7 @@ func TestDaemonMemory(t *testing.T) {
 		{"StalledEventStream", func(t *testing.T, d *memDaemon, id string) {
 			// bash `yes` streamed as events to a client that reads the first
 			// one and then nothing: the command is slowed, then the call cut.
-			body, _ := json.Marshal(map[string]any{"arguments": map[string]any{"command": "yes"}})
-			req, _ := http.NewRequest("POST", d.url+"/v1/sessions/"+id+"/tools/bash", bytes.NewReader(body))
-			req.Header.Set("Authorization", "Bearer "+acmeToken)
-			req.Header.Set("Accept", "text/event-stream")
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
+			resp := d.stream(t, id, "yes")
 			defer resp.Body.Close()
 			r := bufio.NewReaderSize(resp.Body, 512)
 			for {
@@ -116,6 +109,21 @@ func TestDaemonMemory(t *testing.T) {
 			}
 		})
 	}
+}
+
+// stream starts acme's bash command as server-sent events and returns the
+// response once its first event is sent.
+func (d *daemon) stream(t *testing.T, id, command string) *http.Response {
+	t.Helper()
+	body, _ := json.Marshal(map[string]any{"arguments": map[string]any{"command": command}})
+	req, _ := http.NewRequest("POST", d.url+"/v1/sessions/"+id+"/tools/bash", bytes.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+acmeToken)
+	req.Header.Set("Accept", "text/event-stream")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
 }
 
 // The daemon under attack runs with these bounds; memPeak is the resident
@@ -383,14 +391,7 @@ func TestDaemonFindings(t *testing.T) {
 				// `yes` streamed to a client that stops reading: the command is
 				// held back (on Docker, through the agent's flow control) and
 				// the call cut after the write timeout; the session lives on.
-				body, _ := json.Marshal(map[string]any{"arguments": map[string]any{"command": "yes"}})
-				req, _ := http.NewRequest("POST", d.url+"/v1/sessions/"+id+"/tools/bash", bytes.NewReader(body))
-				req.Header.Set("Authorization", "Bearer "+acmeToken)
-				req.Header.Set("Accept", "text/event-stream")
-				resp, err := http.DefaultClient.Do(req)
-				if err != nil {
-					t.Fatal(err)
-				}
+				resp := d.stream(t, id, "yes")
 				defer resp.Body.Close()
 				inFlight := func() int {
 					var info struct{ CallsInFlight int }

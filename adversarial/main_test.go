@@ -238,8 +238,9 @@ type daemon struct {
 }
 
 const (
-	acmeToken = "acme-token-adversarial"
-	boltToken = "bolt-token-adversarial"
+	acmeToken    = "acme-token-adversarial"
+	boltToken    = "bolt-token-adversarial"
+	metricsToken = "metrics-token-adversarial"
 )
 
 type daemonConfig struct {
@@ -250,6 +251,8 @@ type daemonConfig struct {
 	pool        int
 	tools       *tools.Config   // the operator's tool options (default: DefaultConfig, no call cap)
 	options     []runner.Option // more of the operator's settings
+	// writeTimeout is httpapi.WithWriteTimeout's (default: its own).
+	writeTimeout time.Duration
 }
 
 func newDaemon(t testing.TB, c daemonConfig) *daemon {
@@ -288,12 +291,15 @@ func newDaemon(t testing.TB, c daemonConfig) *daemon {
 	apiOpts := []httpapi.Option{httpapi.WithTenants([]httpapi.Tenant{
 		{Name: "acme", Tokens: []string{httpapi.HashToken(acmeToken)}},
 		{Name: "bolt", Tokens: []string{httpapi.HashToken(boltToken)}},
-	})}
+	}), httpapi.WithMetricsTokens(httpapi.HashToken(metricsToken))}
 	if c.maxBody > 0 {
 		apiOpts = append(apiOpts, httpapi.WithMaxBodyBytes(c.maxBody))
 	}
 	if c.maxTransfer > 0 {
 		apiOpts = append(apiOpts, httpapi.WithMaxTransferBytes(c.maxTransfer))
+	}
+	if c.writeTimeout > 0 {
+		apiOpts = append(apiOpts, httpapi.WithWriteTimeout(c.writeTimeout))
 	}
 	api, err := httpapi.New(m, apiOpts...)
 	if err != nil {

@@ -692,3 +692,58 @@ func TestCancelledCallsLeaveNoTrace(t *testing.T) {
 		t.Errorf("%d calls left in the table", n)
 	}
 }
+
+// readGate is a FileSystem whose ReadFile counts the reads in progress and
+// holds each until two are in progress at once, or a second has passed.
+type readGate struct {
+	workspace.FileSystem
+	mu      sync.Mutex
+	now, hi int
+	two     chan struct{}
+}
+
+func (g *readGate) ReadFile(ctx context.Context, name string, limit int64) ([]byte, error) {
+	g.mu.Lock()
+	g.now++
+	if g.hi = max(g.hi, g.now); g.now == 2 {
+		close(g.two)
+	}
+	g.mu.Unlock()
+	select {
+	case <-g.two:
+	case <-time.After(time.Second): // long enough for the other reads to arrive, were they let in
+	}
+	defer func() { g.mu.Lock(); g.now--; g.mu.Unlock() }()
+	return g.FileSystem.ReadFile(ctx, name, limit)
+}
+
+// Concurrent reads of large files take their turn within the read budget,
+// so the agent never holds more than it at once.
+func TestReadsWithinBudget(t *testing.T) {
+	ctx := context.Background()
+	mem := memfs.New()
+	big := bytes.Repeat([]byte("x"), 3<<20)
+	if err := mem.WriteFile(ctx, "big", big, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	g := &readGate{FileSystem: mem, two: make(chan struct{})}
+	a, b := net.Pipe()
+	go NewServer(g, nil, WithReadBudget(4<<20)).Serve(ctx, b)
+	c, err := NewClient(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			if got, err := c.ReadFile(ctx, "big", 8<<20); err != nil || len(got) != len(big) {
+				t.Errorf("ReadFile: %d bytes, %v", len(got), err)
+			}
+		})
+	}
+	wg.Wait()
+	if g.hi != 1 {
+		t.Errorf("%d reads of 3 MiB were in progress at once within a budget of 4 MiB", g.hi)
+	}
+}

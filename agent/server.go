@@ -11,15 +11,18 @@ import (
 	"log/slog"
 	"sync"
 
+	"golang.org/x/sync/semaphore"
+
 	"github.com/sandboxd/sandboxd/workspace"
 )
 
 // Server serves a FileSystem and a Bash over a stream. It is safe to Serve
 // several streams at once.
 type Server struct {
-	fsys workspace.FileSystem
-	bash workspace.Bash
-	opts serverOptions
+	fsys    workspace.FileSystem
+	bash    workspace.Bash
+	opts    serverOptions
+	reading *semaphore.Weighted // bytes of files being read and sent, all streams together
 }
 
 // ServerOption configures NewServer.
@@ -29,6 +32,7 @@ type serverOptions struct {
 	build    string
 	maxCalls int
 	maxWrite int64
+	maxRead  int64
 	log      *slog.Logger
 }
 
@@ -42,17 +46,28 @@ func WithMaxCalls(n int) ServerOption { return func(o *serverOptions) { o.maxCal
 // WithMaxWrite bounds the size of one WriteFile; the default is 1 GiB.
 func WithMaxWrite(n int64) ServerOption { return func(o *serverOptions) { o.maxWrite = n } }
 
+// WithReadBudget bounds the bytes of files that ReadFile calls hold while
+// they are read and sent, all streams together; the default is 256 MiB. A
+// call waits until its file's size is free (a file over the budget waits
+// for all of it), so concurrent reads of large files — a few downloads at
+// once — are served in turn rather than all held at once: the agent's
+// memory, which is the session container's, stays bounded.
+func WithReadBudget(n int64) ServerOption { return func(o *serverOptions) { o.maxRead = n } }
+
 // WithLogger sets where the server logs; the default discards.
 func WithLogger(l *slog.Logger) ServerOption { return func(o *serverOptions) { o.log = l } }
 
 // NewServer returns a server for fsys and bash. A nil bash refuses every
 // command with workspace.ErrForbidden.
 func NewServer(fsys workspace.FileSystem, bash workspace.Bash, opts ...ServerOption) *Server {
-	o := serverOptions{build: "dev", maxCalls: 1024, maxWrite: 1 << 30, log: slog.New(slog.DiscardHandler)}
+	o := serverOptions{build: "dev", maxCalls: 1024, maxWrite: 1 << 30, maxRead: 256 << 20, log: slog.New(slog.DiscardHandler)}
 	for _, opt := range opts {
 		opt(&o)
 	}
-	return &Server{fsys: fsys, bash: bash, opts: o}
+	if o.maxRead <= 0 {
+		o.maxRead = 256 << 20
+	}
+	return &Server{fsys: fsys, bash: bash, opts: o, reading: semaphore.NewWeighted(o.maxRead)}
 }
 
 // Serve answers the client at the other end of rw until rw reports end of
@@ -105,6 +120,9 @@ type serverCall struct {
 	cancel context.CancelFunc
 	in     *inbox // the call's input, for writefile and run
 	out    *creditGate
+	// held is what the call holds of the server's read budget until its
+	// reply is sent.
+	held int64
 }
 
 // send writes one frame. After a failed write it fails at once and the
@@ -244,6 +262,9 @@ func (c *serverConn) handle(call *serverCall) {
 	if werr := c.reply(call.id, body, err); werr != nil {
 		c.s.opts.log.Debug("agent: reply not sent", "id", call.id, "err", werr)
 	}
+	if call.held > 0 {
+		c.s.reading.Release(call.held)
+	}
 }
 
 // reply sends a call's body, in chunks, and its Reply frame.
@@ -298,6 +319,16 @@ func (c *serverConn) serve(call *serverCall) ([]byte, error) {
 		}
 		return json.Marshal(ws)
 	case opReadFile:
+		// Hold the file's size of the read budget until the reply is sent
+		// (handle gives it back); a file that grows since the Stat is
+		// still bounded by req.Max.
+		if fi, err := fsys.Stat(ctx, req.Name); err == nil && fi.Mode().IsRegular() && fi.Size() <= req.Max {
+			n := min(max(fi.Size(), 1), c.s.opts.maxRead)
+			if err := c.s.reading.Acquire(ctx, n); err != nil {
+				return nil, err
+			}
+			call.held = n
+		}
 		return fsys.ReadFile(ctx, req.Name, req.Max)
 	case opWriteFile:
 		data, err := call.in.readAll()

@@ -105,13 +105,22 @@ func tenantOf(r *http.Request) *Tenant {
 
 // authenticate lets through requests with a tenant's token, 401 otherwise.
 func (s *Server) authenticate(next http.Handler) http.Handler {
+	return s.authenticateWith(s.auth, next)
+}
+
+// authenticateWith lets through requests with a token a knows, 401 otherwise.
+func (s *Server) authenticateWith(a *authenticator, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		t, err := s.auth.tenant(r)
+		t, err := a.tenant(r)
+		if len(a.creds) == 0 && a != s.auth {
+			err = errNoScrapers
+		}
 		if err != nil {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="sandboxd"`)
 			writeError(w, http.StatusUnauthorized, "Unauthorized", err.Error())
 			return
 		}
+		leaseOf(r.Context()).bind(s.tenantShare(t.Name))
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), tenantKey{}, t)))
 	})
 }

@@ -4,13 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/sandboxd/sandboxd/journal"
-	"github.com/sandboxd/sandboxd/workspace"
 	"mime"
 	"net/http"
 	"strings"
 
+	"github.com/sandboxd/sandboxd/journal"
 	"github.com/sandboxd/sandboxd/tools"
+	"github.com/sandboxd/sandboxd/workspace"
 )
 
 func (s *Server) listTools(w http.ResponseWriter, r *http.Request) {
@@ -75,6 +75,10 @@ func (s *Server) callTool(w http.ResponseWriter, r *http.Request) {
 		opts.Progress = func(p tools.Progress) { events.send("output", p) }
 	}
 	res, err := sess.Call(r.Context(), r.PathValue("tool"), req.Arguments, opts)
+	if werr := writeFailure(w); werr != nil {
+		s.o.logger.Warn("call cut: its client stopped reading", "tenant", tenantOf(r).Name, "session", sess.ID(), "tool", r.PathValue("tool"), "error", werr)
+		return
+	}
 	switch {
 	case err != nil && events != nil && events.started:
 		_, kind := classify(err)
@@ -101,7 +105,10 @@ func acceptsEvents(r *http.Request) bool {
 }
 
 // eventStream writes server-sent events, each flushed at once. The
-// response starts with the first event.
+// response starts with the first event. Each write has the server's write
+// deadline (deadlineWriter): a client that stops reading has its call
+// canceled, and bash, whose progress waits in a bounded buffer
+// (tools.ProgressCap), is slowed until then rather than buffered.
 type eventStream struct {
 	w       http.ResponseWriter
 	started bool

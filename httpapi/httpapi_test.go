@@ -8,12 +8,14 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -25,8 +27,9 @@ import (
 )
 
 const (
-	acmeToken = "acme-token"
-	boltToken = "bolt-token"
+	acmeToken    = "acme-token"
+	boltToken    = "bolt-token"
+	scraperToken = "metrics-token"
 )
 
 type env struct {
@@ -61,7 +64,7 @@ func start(t *testing.T, c config) *env {
 		{Name: "acme", Tokens: []string{httpapi.HashToken(acmeToken)}, MaxSessions: c.acmeCap},
 		{Name: "bolt", Tokens: []string{httpapi.HashToken("old"), httpapi.HashToken(boltToken)}},
 	}
-	srv, err := httpapi.New(m, append([]httpapi.Option{httpapi.WithTenants(tenants), httpapi.WithMetrics(metrics)}, c.api...)...)
+	srv, err := httpapi.New(m, append([]httpapi.Option{httpapi.WithTenants(tenants), httpapi.WithMetrics(metrics), httpapi.WithMetricsTokens(httpapi.HashToken(scraperToken))}, c.api...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,10 +164,22 @@ func TestAuth(t *testing.T) {
 			t.Errorf("%s: status %d, WWW-Authenticate %q", tc.name, res.StatusCode, res.Header.Get("WWW-Authenticate"))
 		}
 	}
-	for _, p := range []string{"/healthz", "/readyz", "/metrics", "/openapi.json"} {
+	for _, p := range []string{"/healthz", "/readyz", "/openapi.json"} {
 		if status, _, _ := e.do("", "GET", p, nil); status != http.StatusOK {
 			t.Errorf("GET %s without a token: %d", p, status)
 		}
+	}
+	// /metrics shows every tenant's activity: only a metrics token reads it.
+	for _, tok := range []string{"", acmeToken, boltToken, "nope"} {
+		if status, _, _ := e.do(tok, "GET", "/metrics", nil); status != http.StatusUnauthorized {
+			t.Errorf("GET /metrics with token %q: %d", tok, status)
+		}
+	}
+	if status, _, _ := e.do(scraperToken, "GET", "/metrics", nil); status != http.StatusOK {
+		t.Errorf("GET /metrics with the metrics token: %d", status)
+	}
+	if status, _, _ := e.do(scraperToken, "GET", "/v1/sessions", nil); status != http.StatusUnauthorized {
+		t.Errorf("the metrics token listed sessions: %d", status)
 	}
 	e.json(boltToken, "GET", "/v1/sessions", nil, http.StatusOK, nil) // either of bolt's tokens
 	e.json("old", "GET", "/v1/sessions", nil, http.StatusOK, nil)
@@ -538,7 +553,7 @@ func TestMetrics(t *testing.T) {
 	e.call(acmeToken, s.ID, "write", map[string]any{"path": "a", "content": "x"})
 	e.call(acmeToken, s.ID, "read", map[string]any{"path": "nope"})
 	e.call(acmeToken, s.ID, "no-such-tool", nil)
-	_, body, _ := e.do("", "GET", "/metrics", nil)
+	_, body, _ := e.do(scraperToken, "GET", "/metrics", nil)
 	text := string(body)
 	for _, want := range []string{
 		"sandboxd_sessions 1\n",
@@ -671,4 +686,60 @@ func TestProviderRun(t *testing.T) {
 		t.Fatalf("a.txt after the rollback: %+v", res)
 	}
 	e.json(boltToken, "POST", run, nil, http.StatusNotFound, nil)
+}
+
+// logLines is a slog handler's output that a test can wait on.
+type logLines struct {
+	mu   sync.Mutex
+	buf  bytes.Buffer
+	more chan struct{}
+}
+
+func (l *logLines) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	select {
+	case l.more <- struct{}{}:
+	default:
+	}
+	return l.buf.Write(p)
+}
+
+// wait waits until a line holding s is logged, or fails after within.
+func (l *logLines) wait(t *testing.T, s string, within time.Duration) {
+	t.Helper()
+	deadline := time.After(within)
+	for {
+		l.mu.Lock()
+		found := strings.Contains(l.buf.String(), s)
+		l.mu.Unlock()
+		if found {
+			return
+		}
+		select {
+		case <-l.more:
+		case <-deadline:
+			t.Fatalf("%q not logged within %v:\n%s", s, within, l.buf.String())
+		}
+	}
+}
+
+// A client that stops reading its event stream has its call cut after the
+// write timeout; the command is slowed meanwhile, not buffered.
+func TestEventStreamStalled(t *testing.T) {
+	logs := &logLines{more: make(chan struct{}, 1)}
+	e := start(t, config{api: []httpapi.Option{httpapi.WithWriteTimeout(time.Second), httpapi.WithLogger(slog.New(slog.NewTextHandler(logs, nil)))}})
+	s := e.create(acmeToken, writer)
+	req, _ := http.NewRequest("POST", e.url+"/v1/sessions/"+s.ID+"/tools/bash", strings.NewReader(`{"arguments":{"command":"yes"}}`))
+	req.Header.Set("Authorization", "Bearer "+acmeToken)
+	req.Header.Set("Accept", "text/event-stream")
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	logs.wait(t, "call cut: its client stopped reading", 60*time.Second)
+	if _, err := io.Copy(io.Discard, res.Body); err == nil {
+		t.Error("the cut stream ended as if whole")
+	}
 }

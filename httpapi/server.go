@@ -9,9 +9,23 @@
 //
 // Every /v1 route and /mcp need a tenant's bearer token ("Authorization:
 // Bearer …"); tokens are configured as SHA-256 hashes (HashToken) and
-// compared in constant time. No token or a bad one is 401; another tenant's
-// session is 404, as if it did not exist; a cap reached is 429; a body over
-// its limit is 413. Errors are JSON: {"error": KIND, "message": …}.
+// compared in constant time. /metrics needs a metrics token
+// (WithMetricsTokens), as it shows every tenant's activity. No token or a
+// bad one is 401; another tenant's session is 404, as if it did not exist; a
+// cap reached is 429; a body over its limit is 413; the daemon's memory
+// budget for requests in flight spent is 503 with Retry-After. Errors are
+// JSON: {"error": KIND, "message": …}.
+//
+// # Memory
+//
+// What a request makes the daemon hold is bounded by design: JSON bodies
+// are capped (WithMaxBodyBytes) and, with the file buffers of uploads and
+// downloads, drawn from one budget of bytes in flight (WithMemoryBudget);
+// upload archives wait on disk; bash output waits in a buffer of
+// tools.ProgressCap a stream, so a client that does not read its event
+// stream slows the command; and every response write has a deadline
+// (WithWriteTimeout): a client that takes nothing for that long has its
+// connection closed and its call canceled.
 //
 // Tool calls answer what MCP answers: {"content": [...], "structuredContent":
 // {...}, "isError": bool}. A call whose request accepts text/event-stream is
@@ -21,15 +35,20 @@ package httpapi
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/sync/semaphore"
 
 	"github.com/sandboxd/sandboxd/policy"
 	"github.com/sandboxd/sandboxd/runner"
@@ -44,6 +63,9 @@ type Server struct {
 	mux      *http.ServeMux
 	mcp      *mcpHandler
 	draining atomic.Bool
+	budget   *semaphore.Weighted
+	shares   sync.Map       // tenant name → *semaphore.Weighted, its share of budget
+	scrapers *authenticator // the metrics tokens
 }
 
 // Option configures New.
@@ -59,6 +81,9 @@ type options struct {
 	minRate     int64         // body bytes per second a client must keep up, after grace
 	grace       time.Duration // how long a body may take before minRate applies
 	schema      []byte        // the configuration's JSON Schema
+	budget      int64         // bytes requests in flight may hold
+	writeWait   time.Duration // how long one response write may block
+	scrapers    []string      // hashes of the metrics tokens
 }
 
 // WithTenants sets the tenants and their tokens. Without tenants every
@@ -97,13 +122,40 @@ func WithMinBodyRate(rate int64, grace time.Duration) Option {
 	return func(o *options) { o.minRate, o.grace = rate, grace }
 }
 
+// WithMemoryBudget bounds the bytes that requests in flight may hold at
+// once, all tenants together, and one tenant to half of it (default 512
+// MiB; at least 2×bodyWeight times the body cap): each JSON body counts
+// bodyWeight times its size (its bytes, their decoded form, the tool's
+// copy), each file an upload writes or a download sends counts its size
+// while it is in memory. A request that would pass the budget is 503 with
+// Retry-After, before its response begins. It does not count what a tool
+// holds of its own (bash's output up to maxFileBytes, a read's file): the
+// session options' ceilings bound those.
+func WithMemoryBudget(n int64) Option { return func(o *options) { o.budget = n } }
+
+// WithWriteTimeout bounds how long a client may leave one write of a
+// response untaken (default 30 s): every write of at most writeChunk bytes
+// — an event, a piece of a download — gets that long, so a client must take
+// 64 KiB every 30 s. A client that does not has its connection closed and
+// the call it waits on canceled; streams that are merely idle are not cut.
+func WithWriteTimeout(d time.Duration) Option { return func(o *options) { o.writeWait = d } }
+
+// WithMetricsTokens sets the hashes (HashToken) of the bearer tokens that
+// may read /metrics. Without any, /metrics answers 401 to everyone: its
+// counters describe every tenant's activity, so a tenant's token is not
+// enough.
+func WithMetricsTokens(hashes ...string) Option {
+	return func(o *options) { o.scrapers = append(o.scrapers, hashes...) }
+}
+
 // WithVersion sets the version the MCP server reports.
 func WithVersion(v string) Option { return func(o *options) { o.version = v } }
 
 // New returns the handler of m's sessions. It fails when a tenant is
 // misconfigured (no name, a token that is not "sha256:" and 64 hex digits).
 func New(m *runner.Manager, opts ...Option) (*Server, error) {
-	o := options{maxBody: 64 << 20, maxTransfer: 256 << 20, version: "devel", minRate: 4 << 10, grace: 10 * time.Second}
+	o := options{maxBody: 64 << 20, maxTransfer: 256 << 20, version: "devel", minRate: 4 << 10, grace: 10 * time.Second,
+		budget: 512 << 20, writeWait: 30 * time.Second}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -117,7 +169,14 @@ func New(m *runner.Manager, opts ...Option) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{m: m, o: o, auth: auth, mux: http.NewServeMux()}
+	if o.budget/2 < bodyWeight*o.maxBody {
+		return nil, fmt.Errorf("httpapi: the memory budget (limits.memoryBudgetBytes, %d) must be at least %d times the body cap (limits.maxBodyBytes, %d), or a tenant's share could not hold a largest body", o.budget, 2*bodyWeight, o.maxBody)
+	}
+	scrapers, err := newAuthenticator([]Tenant{{Name: "metrics", Tokens: o.scrapers}})
+	if err != nil {
+		return nil, fmt.Errorf("httpapi: metrics tokens: %w", err)
+	}
+	s := &Server{m: m, o: o, auth: auth, mux: http.NewServeMux(), budget: semaphore.NewWeighted(o.budget), scrapers: scrapers}
 	s.mcp = newMCPHandler(s)
 	for _, r := range s.routes() {
 		h := r.handler
@@ -142,7 +201,7 @@ func (s *Server) routes() []route {
 	return []route{
 		{"GET", "/healthz", false, f(s.healthz)},
 		{"GET", "/readyz", false, f(s.readyz)},
-		{"GET", "/metrics", false, f(s.metrics)},
+		{"GET", "/metrics", false, s.authenticateWith(s.scrapers, f(s.metrics))},
 		{"GET", "/openapi.json", false, f(serveOpenAPI)},
 		{"GET", "/v1/config.schema.json", false, f(s.configSchema)},
 		{"POST", "/v1/sessions", true, f(s.createSession)},
@@ -166,7 +225,180 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if s.o.minRate > 0 && r.Body != nil && r.Body != http.NoBody {
 		r.Body = &paceReader{body: r.Body, rc: http.NewResponseController(w), start: time.Now(), rate: s.o.minRate, grace: s.o.grace}
 	}
-	s.mux.ServeHTTP(w, r)
+	ctx, cancel := context.WithCancelCause(r.Context())
+	defer cancel(nil)
+	l := &lease{budget: s.budget}
+	defer l.release()
+	ctx = context.WithValue(ctx, leaseKey{}, l)
+	if r.Body != nil && r.Body != http.NoBody && r.Method != http.MethodPut {
+		// Every body but an upload's (which waits on disk, see upload) is
+		// read into memory, by decode or by /mcp's server: capped, and
+		// drawn from the budget as it arrives.
+		r.Body = &leasedReader{ReadCloser: http.MaxBytesReader(w, r.Body, s.o.maxBody), l: l, weight: bodyWeight}
+	}
+	if s.o.writeWait > 0 {
+		d := &deadlineWriter{ResponseWriter: w, rc: http.NewResponseController(w), wait: s.o.writeWait, cancel: cancel}
+		// A fresh deadline at the start, for what net/http writes on its own
+		// (the headers of a response with no body), and at the end, for
+		// what it writes after the handler: never one a connection kept
+		// alive still has from an earlier response.
+		d.extend()
+		defer d.extend()
+		w = d
+	}
+	s.mux.ServeHTTP(w, r.WithContext(ctx))
+}
+
+// writeChunk is the most one deadline of a deadlineWriter covers.
+const writeChunk = 64 << 10
+
+// errSlowClient cancels the call of a client that stopped taking its
+// response.
+var errSlowClient = errors.New("the client took none of its response for the write timeout (http.writeTimeout): connection closed, call canceled")
+
+// deadlineWriter gives every write of a response, in pieces of writeChunk,
+// and every flush, a deadline of wait from its start. The first write that
+// fails cancels the request's context, so the call behind a stream a client
+// stopped reading ends instead of waiting on it; later writes fail at once.
+type deadlineWriter struct {
+	http.ResponseWriter
+	rc     *http.ResponseController
+	wait   time.Duration
+	cancel context.CancelCauseFunc
+	err    error
+}
+
+// extend sets the connection's write deadline to wait from now; an error
+// means the connection takes no deadlines (HTTP/2 in tests): none then.
+func (d *deadlineWriter) extend() { d.rc.SetWriteDeadline(time.Now().Add(d.wait)) }
+
+func (d *deadlineWriter) Write(p []byte) (int, error) {
+	n := 0
+	for d.err == nil && n < len(p) {
+		d.extend()
+		m, err := d.ResponseWriter.Write(p[n:min(len(p), n+writeChunk)])
+		n += m
+		d.failed(err)
+	}
+	return n, d.err
+}
+
+// Flush sends what is buffered, under the same deadline.
+func (d *deadlineWriter) Flush() {
+	if d.err == nil {
+		d.extend()
+		d.failed(d.rc.Flush())
+	}
+}
+
+func (d *deadlineWriter) failed(err error) {
+	if err != nil && d.err == nil {
+		d.err = err
+		d.cancel(writeFailure(d))
+	}
+}
+
+// writeFailure returns why a write of w's response failed (errSlowClient
+// when a deadline passed), or nil.
+func writeFailure(w http.ResponseWriter) error {
+	if d, ok := w.(*deadlineWriter); ok && d.err != nil {
+		return fmt.Errorf("%w: %v", errSlowClient, d.err)
+	}
+	return nil
+}
+
+// Unwrap lets http.ResponseController reach the connection.
+func (d *deadlineWriter) Unwrap() http.ResponseWriter { return d.ResponseWriter }
+
+// lease is what one request holds of the server's memory budget, and of
+// its tenant's share of it once authenticate has bound it; ServeHTTP gives
+// it all back when the request ends.
+type lease struct {
+	budget *semaphore.Weighted
+	tenant *semaphore.Weighted // nil until bound
+	held   atomic.Int64
+}
+
+type leaseKey struct{}
+
+// leaseOf returns the request's lease.
+func leaseOf(ctx context.Context) *lease {
+	if l, ok := ctx.Value(leaseKey{}).(*lease); ok {
+		return l
+	}
+	return &lease{budget: semaphore.NewWeighted(math.MaxInt64)}
+}
+
+// tenantShare returns the semaphore of tenant's share of the budget: half
+// of it, so that one tenant's flood of requests leaves room for others'.
+func (s *Server) tenantShare(tenant string) *semaphore.Weighted {
+	if sem, ok := s.shares.Load(tenant); ok {
+		return sem.(*semaphore.Weighted)
+	}
+	sem, _ := s.shares.LoadOrStore(tenant, semaphore.NewWeighted(s.o.budget/2))
+	return sem.(*semaphore.Weighted)
+}
+
+// bind charges the lease to a tenant's share from now on; a lease that
+// already holds bytes stays as it is.
+func (l *lease) bind(share *semaphore.Weighted) {
+	if l.held.Load() == 0 {
+		l.tenant = share
+	}
+}
+
+// errMemory is the memory budget spent: 503 with Retry-After.
+var errMemory = errors.New("the daemon's memory for requests in flight is in use (limits.memoryBudgetBytes); retry shortly")
+
+// take holds n more bytes of the budget, or fails at once with errMemory.
+func (l *lease) take(n int64) error {
+	if n <= 0 {
+		return nil
+	}
+	if l.tenant != nil && !l.tenant.TryAcquire(n) {
+		return fmt.Errorf("%w: this tenant holds its share (half); this request needs %d bytes more", errMemory, n)
+	}
+	if !l.budget.TryAcquire(n) {
+		if l.tenant != nil {
+			l.tenant.Release(n)
+		}
+		return fmt.Errorf("%w: this request needs %d bytes more", errMemory, n)
+	}
+	l.held.Add(n)
+	return nil
+}
+
+// put gives back n bytes taken.
+func (l *lease) put(n int64) {
+	if n > 0 {
+		l.held.Add(-n)
+		l.budget.Release(n)
+		if l.tenant != nil {
+			l.tenant.Release(n)
+		}
+	}
+}
+
+func (l *lease) release() { l.put(l.held.Swap(0)) }
+
+// bodyWeight is how many times a JSON body's size it holds in memory: its
+// bytes, their decoded form and a tool's copy (a write's content).
+const bodyWeight = 3
+
+// leasedReader is a request body that takes weight budget bytes for every
+// byte read; a read that finds the budget spent fails with errMemory.
+type leasedReader struct {
+	io.ReadCloser
+	l      *lease
+	weight int64
+}
+
+func (r *leasedReader) Read(p []byte) (int, error) {
+	n, err := r.ReadCloser.Read(p)
+	if lerr := r.l.take(int64(n) * r.weight); lerr != nil {
+		return 0, lerr
+	}
+	return n, err
 }
 
 // paceReader is a request body that must keep a minimum pace: before each
@@ -217,6 +449,9 @@ func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
 }
+
+// errNoScrapers answers /metrics when no metrics token is configured.
+var errNoScrapers = errors.New("/metrics needs a metrics token: add its hash to metricsTokens in the daemon's configuration (sandboxd token new)")
 
 func (s *Server) metrics(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
@@ -275,10 +510,11 @@ func (s *Server) session(w http.ResponseWriter, r *http.Request) (*runner.Sessio
 	return sess, true
 }
 
-// decode reads a JSON body of at most maxBody bytes into v, strictly;
+// decode reads a JSON body (of at most maxBody bytes, see ServeHTTP) into v, strictly;
 // an empty body leaves v as it is. It answers 400 or 413 itself.
 func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) bool {
-	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.o.maxBody))
+	data, err := io.ReadAll(r.Body) // capped and leased by ServeHTTP
+
 	if err != nil {
 		s.fail(w, r, err)
 		return false
@@ -332,6 +568,8 @@ func classify(err error) (int, string) {
 		return http.StatusTooManyRequests, "Busy"
 	case errors.Is(err, runner.ErrShuttingDown):
 		return http.StatusServiceUnavailable, "ShuttingDown"
+	case errors.Is(err, errMemory):
+		return http.StatusServiceUnavailable, "Overloaded"
 	case errors.Is(err, runner.ErrClosed):
 		return http.StatusGone, "SessionEnded"
 	case errors.As(err, &de):
@@ -363,7 +601,7 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	if status == http.StatusInternalServerError || status == http.StatusBadGateway {
 		s.o.logger.Error("request failed", "method", r.Method, "path", r.URL.Path, "tenant", tenantOf(r).Name, "error", err)
 	}
-	if status == http.StatusTooManyRequests {
+	if status == http.StatusTooManyRequests || errors.Is(err, errMemory) {
 		w.Header().Set("Retry-After", "1")
 	}
 	writeError(w, status, kind, err.Error())

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path"
+	"slices"
 	"strings"
 	"time"
 
@@ -20,8 +21,9 @@ import (
 // maxTarEntries caps the entries of one upload.
 const maxTarEntries = 100_000
 
-// daemonDir is the workspace directory of sandboxd itself (spilled output);
-// uploads may not write into it.
+// daemonDir is the workspace directory of sandboxd itself (spilled output,
+// the journal); uploads may not write into it, under any case of its name,
+// since a case-insensitive file system makes .SANDBOXD the same directory.
 const daemonDir = ".sandboxd"
 
 // transferResult is the answer to an upload.
@@ -58,7 +60,7 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 		if err := checkTargets(ctx, sess.FS(), entries); err != nil {
 			return false, err
 		}
-		res, err = extract(ctx, sess.FS(), dir, entries, spool)
+		res, err = extract(ctx, leaseOf(r.Context()), sess.FS(), dir, entries, spool)
 		return false, err
 	})
 	if err != nil {
@@ -133,6 +135,40 @@ type spoolFile struct {
 	unlinked bool
 }
 
+// fill writes what r holds at the spool's end and returns its length;
+// blocks of zeros are skipped, not written, so that a sparse entry's holes
+// stay holes on disk too.
+func (s *spoolFile) fill(r io.Reader) (int64, error) {
+	buf := make([]byte, 64<<10)
+	var n int64
+	for {
+		m, err := io.ReadFull(r, buf)
+		if m > 0 {
+			var werr error
+			if p := buf[:m]; m == len(buf) && !slices.ContainsFunc(p, func(b byte) bool { return b != 0 }) {
+				_, werr = s.Seek(int64(m), io.SeekCurrent)
+			} else {
+				_, werr = s.Write(p)
+			}
+			if werr != nil {
+				return n, fmt.Errorf("upload: spool: %w", werr)
+			}
+			n += int64(m)
+		}
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			// A hole at the end: give the file its length.
+			end, err := s.Seek(0, io.SeekCurrent)
+			if err == nil {
+				err = s.Truncate(end)
+			}
+			return n, err
+		}
+		if err != nil {
+			return n, err
+		}
+	}
+}
+
 func (s *spoolFile) Close() error {
 	err := s.File.Close()
 	if !s.unlinked {
@@ -146,8 +182,9 @@ func refuse(name string, kind *workspace.Kind, why string) error {
 }
 
 // readTar reads and judges a whole tar stream destined for dir.
-// File contents go to spool, whose size is bounded by max.
-func readTar(r io.Reader, dir, root string, max int64, spool io.Writer) ([]tarEntry, error) {
+// File contents go to spool, whose size is bounded by max: a sparse entry
+// counts its whole size.
+func readTar(r io.Reader, dir, root string, max int64, spool *spoolFile) ([]tarEntry, error) {
 	tr := tar.NewReader(r)
 	var entries []tarEntry
 	var total int64
@@ -175,7 +212,7 @@ func readTar(r io.Reader, dir, root string, max int64, spool io.Writer) ([]tarEn
 			return nil, refuse(hdr.Name, workspace.KindOf(err), "names must be relative and stay below the upload directory")
 		}
 		name := path.Join(dir, rel)
-		if name == daemonDir || strings.HasPrefix(name, daemonDir+"/") {
+		if first, _, _ := strings.Cut(name, "/"); strings.EqualFold(first, daemonDir) {
 			return nil, refuse(hdr.Name, workspace.ErrProtected, daemonDir+"/ belongs to sandboxd")
 		}
 		for p := path.Dir(name); p != "."; p = path.Dir(p) {
@@ -198,7 +235,7 @@ func readTar(r io.Reader, dir, root string, max int64, spool io.Writer) ([]tarEn
 				return nil, tooLarge("the archive's files hold more than %d bytes", max)
 			}
 			e.off = total
-			if e.size, err = io.Copy(spool, io.LimitReader(tr, max-total+1)); err != nil {
+			if e.size, err = spool.fill(io.LimitReader(tr, max-total+1)); err != nil {
 				return nil, err
 			}
 			if total += e.size; total > max {
@@ -314,8 +351,11 @@ func checkTargets(ctx context.Context, fsys workspace.FileSystem, entries []tarE
 	return nil
 }
 
-// extract writes judged entries.
-func extract(ctx context.Context, fsys workspace.FileSystem, dir string, entries []tarEntry, spool io.ReaderAt) (transferResult, error) {
+// extract writes judged entries. Each file's contents are in memory while
+// it is written, drawn from the request's lease of the memory budget: an
+// archive's size counts, not its size on the wire (a sparse entry of 3 KB
+// that holds 256 MB costs 256 MB).
+func extract(ctx context.Context, l *lease, fsys workspace.FileSystem, dir string, entries []tarEntry, spool io.ReaderAt) (transferResult, error) {
 	var res transferResult
 	if err := workspace.MkdirAll(ctx, fsys, dir, 0o755); err != nil {
 		return res, err
@@ -331,11 +371,18 @@ func extract(ctx context.Context, fsys workspace.FileSystem, dir string, entries
 			}
 			res.Dirs++
 		case tar.TypeReg:
+			if err := l.take(e.size); err != nil {
+				return res, err
+			}
 			data := make([]byte, e.size)
-			if _, err := spool.ReadAt(data, e.off); err != nil && !(errors.Is(err, io.EOF) && e.size == 0) {
+			_, err := spool.ReadAt(data, e.off)
+			if err != nil && !(errors.Is(err, io.EOF) && e.size == 0) {
+				l.put(e.size)
 				return res, fmt.Errorf("upload: spool: %w", err)
 			}
-			if err := fsys.WriteFile(ctx, e.name, data, e.mode|0o600); err != nil {
+			err = fsys.WriteFile(ctx, e.name, data, e.mode|0o600)
+			l.put(e.size)
+			if err != nil {
 				return res, err
 			}
 			res.Files++
@@ -355,8 +402,10 @@ func extract(ctx context.Context, fsys workspace.FileSystem, dir string, entries
 
 // download answers a tar stream of a file or a directory of the workspace:
 // a directory's entries are named relative to it, a file by its base name.
-// Links are kept as links; pipes, sockets and devices are left out. Over
-// the transfer cap is 413, before anything is sent.
+// Links are kept as links, except those that lead outside the workspace
+// (an upload would refuse them); pipes, sockets and devices are left out.
+// Over the transfer cap is 413, and no room in the memory budget for its
+// largest file is 503, before anything is sent.
 func (s *Server) download(w http.ResponseWriter, r *http.Request) {
 	sess, name, ok := s.sessionPath(w, r)
 	if !ok {
@@ -364,8 +413,11 @@ func (s *Server) download(w http.ResponseWriter, r *http.Request) {
 	}
 	started := false
 	err := sess.Do(r.Context(), "download", func(ctx context.Context) (bool, error) {
-		plan, err := planDownload(ctx, sess.FS(), name, s.o.maxTransfer)
+		plan, largest, err := planDownload(ctx, sess.FS(), name, s.o.maxTransfer)
 		if err != nil {
+			return false, err
+		}
+		if err := leaseOf(r.Context()).take(largest); err != nil {
 			return false, err
 		}
 		base := path.Base(name)
@@ -376,7 +428,7 @@ func (s *Server) download(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Disposition", fmt.Sprintf("attachment; filename=%q", base+".tar"))
 		w.WriteHeader(http.StatusOK)
 		started = true
-		return false, writeTar(ctx, w, sess.FS(), plan, s.o.maxTransfer)
+		return false, writeTar(ctx, w, sess.FS(), sess.Root(), plan, largest, s.o.maxTransfer)
 	})
 	if err != nil {
 		if started {
@@ -397,24 +449,24 @@ type planned struct {
 	modTime time.Time
 }
 
-// planDownload lists what a download of name holds, and refuses one whose
-// files hold more than max bytes.
-func planDownload(ctx context.Context, fsys workspace.FileSystem, name string, max int64) ([]planned, error) {
+// planDownload lists what a download of name holds and the size of its
+// largest file, and refuses one whose files hold more than max bytes.
+func planDownload(ctx context.Context, fsys workspace.FileSystem, name string, limit int64) ([]planned, int64, error) {
 	info, err := fsys.Stat(ctx, name)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	if !info.IsDir() {
 		if !info.Mode().IsRegular() {
-			return nil, workspace.PathError("download", name, workspace.ErrNotAFile)
+			return nil, 0, workspace.PathError("download", name, workspace.ErrNotAFile)
 		}
-		if info.Size() > max {
-			return nil, tooLarge("%s holds %d bytes, over the transfer cap of %d", name, info.Size(), max)
+		if info.Size() > limit {
+			return nil, 0, tooLarge("%s holds %d bytes, over the transfer cap of %d", name, info.Size(), limit)
 		}
-		return []planned{{name: name, tarName: path.Base(name), mode: info.Mode(), modTime: info.ModTime()}}, nil
+		return []planned{{name: name, tarName: path.Base(name), mode: info.Mode(), modTime: info.ModTime()}}, info.Size(), nil
 	}
 	var plan []planned
-	var total int64
+	var total, largest int64
 	var walk func(dir, prefix string) error
 	walk = func(dir, prefix string) error {
 		list, err := fsys.ReadDir(ctx, dir)
@@ -439,20 +491,24 @@ func planDownload(ctx context.Context, fsys workspace.FileSystem, name string, m
 					plan = append(plan, p)
 				}
 			case info.Mode().IsRegular():
-				if total += info.Size(); total > max {
-					return tooLarge("%s holds more than the transfer cap of %d bytes", name, max)
+				if total += info.Size(); total > limit {
+					return tooLarge("%s holds more than the transfer cap of %d bytes", name, limit)
 				}
+				largest = max(largest, info.Size())
 				plan = append(plan, p)
 			}
 		}
 		return nil
 	}
-	return plan, walk(name, "")
+	err = walk(name, "")
+	return plan, largest, err
 }
 
-// writeTar writes the planned entries, reading each file as it goes; a file
-// removed since the plan is left out.
-func writeTar(ctx context.Context, w io.Writer, fsys workspace.FileSystem, plan []planned, max int64) error {
+// writeTar writes the planned entries, reading each file as it goes: each
+// of at most perFile bytes, all of at most total (a file grown past either
+// since the plan fails the download). A file removed since the plan is
+// left out, and so is a link that leads outside the workspace (root).
+func writeTar(ctx context.Context, w io.Writer, fsys workspace.FileSystem, root string, plan []planned, perFile, total int64) error {
 	tw := tar.NewWriter(w)
 	for _, p := range plan {
 		hdr := &tar.Header{Name: p.tarName, Mode: int64(p.mode.Perm()), ModTime: p.modTime, Format: tar.FormatPAX}
@@ -468,17 +524,20 @@ func writeTar(ctx context.Context, w io.Writer, fsys workspace.FileSystem, plan 
 			if err != nil {
 				return err
 			}
+			if leadsOut(root, p.name, target) {
+				continue
+			}
 			hdr.Typeflag, hdr.Linkname = tar.TypeSymlink, target
 		default:
 			var err error
-			data, err = fsys.ReadFile(ctx, p.name, max)
+			data, err = fsys.ReadFile(ctx, p.name, min(perFile, total))
 			if errors.Is(err, workspace.ErrNotFound) {
 				continue
 			}
 			if err != nil {
 				return err
 			}
-			max -= int64(len(data))
+			total -= int64(len(data))
 			hdr.Typeflag, hdr.Size = tar.TypeReg, int64(len(data))
 		}
 		if err := tw.WriteHeader(hdr); err != nil {

@@ -60,7 +60,7 @@ func BenchmarkUpload(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		if _, err := extract(ctx, fsys, "up", entries, spool); err != nil {
+		if _, err := extract(ctx, leaseOf(ctx), fsys, "up", entries, spool); err != nil {
 			b.Fatal(err)
 		}
 		spool.Close()

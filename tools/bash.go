@@ -79,7 +79,7 @@ func (s *Set) bash(ctx context.Context, args json.RawMessage, c *call) (Result, 
 // the command ended, with the text for the model.
 func (s *Set) runCommand(ctx context.Context, c *call, timeout time.Duration,
 	run func(ctx context.Context, output func(workspace.Stream, []byte)) (workspace.Result, error)) (Result, *BashResult, error) {
-	out := newCapture(s.cfg.MaxFileBytes, s.cfg.MaxBytes)
+	out := newCapture(ctx, s.cfg.MaxFileBytes, s.cfg.MaxBytes)
 	var stop func()
 	if c.opts.Progress != nil {
 		stop = out.publish(time.Duration(s.cfg.ProgressMs)*time.Millisecond, func(stream, text string) {
@@ -183,21 +183,37 @@ func (s *Set) saveOutput(ctx context.Context, data []byte) (string, error) {
 	return name, nil
 }
 
+// ProgressCap bounds the output of one stream that waits to be published as
+// progress, and so the text of one Progress, whatever progressMs says. When
+// a stream's pending output reaches it, it is published at once, and the
+// command's output callback waits until it is: a progress receiver that is
+// slow (an HTTP client that does not read its event stream) slows the
+// command through its adapter's flow control, and never grows the daemon.
+const ProgressCap = 64 << 10
+
 // capture gathers a command's output: all of it up to a cap, its tail, and
-// what is pending publication as progress.
+// what is pending publication as progress (at most ProgressCap a stream).
 type capture struct {
+	ctx      context.Context
 	mu       sync.Mutex
-	all      []byte // the first max bytes
+	room     *sync.Cond // signalled when progress is published, or ctx ends
+	all      []byte     // the first max bytes
 	max      int64
 	total    int64
 	last     []byte // the last keep bytes at least (all of them while few)
 	keep     int
 	pending  [3][]byte // by workspace.Stream, while publishing
 	progress bool
+	full     chan struct{} // a stream's pending output is at the cap: publish now
 }
 
-func newCapture(max int64, keep int) *capture {
-	return &capture{max: max, keep: keep}
+// newCapture returns a capture for a call's ctx: once ctx ends, a write
+// waiting for progress to be published gives up waiting, and what does not
+// fit is not published.
+func newCapture(ctx context.Context, max int64, keep int) *capture {
+	c := &capture{ctx: ctx, max: max, keep: keep, full: make(chan struct{}, 1)}
+	c.room = sync.NewCond(&c.mu)
+	return c
 }
 
 func (c *capture) write(s workspace.Stream, p []byte) {
@@ -211,8 +227,20 @@ func (c *capture) write(s workspace.Stream, p []byte) {
 	if len(c.last) > 2*c.keep {
 		c.last = append(c.last[:0], c.last[len(c.last)-c.keep:]...)
 	}
-	if c.progress && (s == workspace.Stdout || s == workspace.Stderr) {
-		c.pending[s] = append(c.pending[s], p...)
+	if !c.progress || (s != workspace.Stdout && s != workspace.Stderr) {
+		return
+	}
+	for {
+		n := min(len(p), ProgressCap-len(c.pending[s]))
+		c.pending[s] = append(c.pending[s], p[:n]...)
+		if p = p[n:]; len(p) == 0 || !c.progress || c.ctx.Err() != nil {
+			return
+		}
+		select {
+		case c.full <- struct{}{}:
+		default:
+		}
+		c.room.Wait()
 	}
 }
 
@@ -256,6 +284,11 @@ func (c *capture) publish(interval time.Duration, emit func(stream, text string)
 	c.mu.Lock()
 	c.progress = true
 	c.mu.Unlock()
+	stopWake := context.AfterFunc(c.ctx, func() {
+		c.mu.Lock()
+		c.room.Broadcast()
+		c.mu.Unlock()
+	})
 	var emitMu sync.Mutex
 	flush := func(final bool) {
 		emitMu.Lock()
@@ -269,6 +302,7 @@ func (c *capture) publish(interval time.Duration, emit func(stream, text string)
 			}
 			text := string(p[:n])
 			c.pending[s] = append(p[:0], p[n:]...)
+			c.room.Broadcast()
 			c.mu.Unlock()
 			if text != "" {
 				emit(s.String(), strings.ToValidUTF8(text, "\uFFFD"))
@@ -285,6 +319,8 @@ func (c *capture) publish(interval time.Duration, emit func(stream, text string)
 			select {
 			case <-t.C:
 				flush(false)
+			case <-c.full:
+				flush(false)
 			case <-done:
 				return
 			}
@@ -293,6 +329,11 @@ func (c *capture) publish(interval time.Duration, emit func(stream, text string)
 	return func() {
 		close(done)
 		<-finished
+		stopWake()
+		c.mu.Lock()
+		c.progress = false // a late write does not wait for a publisher that is gone
+		c.room.Broadcast()
+		c.mu.Unlock()
 		flush(true)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -193,5 +194,47 @@ func TestBashCanceled(t *testing.T) {
 	cancel()
 	if r := set.Call(ctx, "bash", json.RawMessage(`{"command":"x"}`), tools.CallOptions{}); errKind(r) != "Canceled" {
 		t.Errorf("canceled: %s", r.Text)
+	}
+}
+
+// A progress receiver that stops taking events holds up the command, not
+// the daemon's memory: while it is blocked, the command's output callback
+// returns for at most tools.ProgressCap bytes more, and no event carries
+// more than tools.ProgressCap, whatever progressMs says.
+func TestBashProgressBounded(t *testing.T) {
+	const chunk, total = 16 << 10, 4 << 20
+	var blocked, overrun atomic.Bool
+	var whileBlocked atomic.Int64
+	release := make(chan struct{})
+	set, _ := bashSet(t, memfs.New(), func(_ context.Context, cmd workspace.Command) (workspace.Result, error) {
+		p := []byte(strings.Repeat("y\n", chunk/2))
+		for range total / chunk {
+			cmd.Output(workspace.Stdout, p)
+			if blocked.Load() && whileBlocked.Add(chunk) > tools.ProgressCap+chunk && !overrun.Swap(true) {
+				close(release) // the bug: output piles up behind a blocked receiver
+			}
+		}
+		return workspace.Result{}, nil
+	}, func(c *tools.Config) { c.ProgressMs = 3_600_000; c.MaxFileBytes = 1 << 10 })
+	var got, events int
+	r := set.Call(context.Background(), "bash", json.RawMessage(`{"command":"yes"}`), tools.CallOptions{Progress: func(p tools.Progress) {
+		if len(p.Text) > tools.ProgressCap {
+			t.Errorf("an event of %d bytes, over the cap of %d", len(p.Text), tools.ProgressCap)
+		}
+		if events++; events == 1 {
+			blocked.Store(true)
+			select { // the receiver stalls: a second is long enough to see output pile up
+			case <-release:
+			case <-time.After(time.Second):
+			}
+			blocked.Store(false)
+		}
+		got += len(p.Text)
+	}})
+	if r.IsError || got != total {
+		t.Errorf("published %d of %d bytes in %d events: %s", got, total, events, r.Text)
+	}
+	if overrun.Load() {
+		t.Errorf("the command's output went on while the progress receiver was blocked")
 	}
 }

@@ -53,6 +53,9 @@ type serveConfig struct {
 	// bearer tokens (sandboxd token new, sandboxd token hash). Required
 	// with a configuration file.
 	Tenants []httpapi.Tenant `json:"tenants"`
+	// MetricsTokens are the hashed tokens that may read /metrics, which
+	// shows every tenant's activity (without one, /metrics answers 401).
+	MetricsTokens []string `json:"metricsTokens"`
 	// Limits bound what tenants and requests may hold.
 	Limits struct {
 		// SessionsPerTenant caps each tenant's sessions (0: no cap); a
@@ -68,6 +71,10 @@ type serveConfig struct {
 		MaxTransferBytes int64 `json:"maxTransferBytes"`
 		// WorkspaceBytes caps a session's workspace (default 1 GiB).
 		WorkspaceBytes int64 `json:"workspaceBytes"`
+		// MemoryBudgetBytes bounds what requests in flight hold in the
+		// daemon's memory, all tenants together (default 512 MiB); over it
+		// is 503 with Retry-After.
+		MemoryBudgetBytes int64 `json:"memoryBudgetBytes"`
 	} `json:"limits"`
 	// Sessions are the session lifetimes: durations as "90s", "1h30m" or
 	// a number of seconds.
@@ -111,6 +118,10 @@ type serveConfig struct {
 		// BodyGrace is how long a request body may take before
 		// minBodyRate applies (default 10s).
 		BodyGrace runner.Duration `json:"bodyGrace"`
+		// WriteTimeout is how long a client may leave 64 KiB of its
+		// response untaken before its connection is closed and its call
+		// canceled (default 30s).
+		WriteTimeout runner.Duration `json:"writeTimeout"`
 	} `json:"http"`
 }
 
@@ -223,6 +234,7 @@ func serve(ctx context.Context, sio stdio, cfg serveConfig, dev bool) error {
 	if dev {
 		devToken = "sbx_" + rand.Text()
 		cfg.Tenants = []httpapi.Tenant{{Name: "dev", Tokens: []string{httpapi.HashToken(devToken)}}}
+		cfg.MetricsTokens = cfg.Tenants[0].Tokens // one tenant: its activity is all there is
 	}
 	if len(cfg.Tenants) == 0 {
 		return errors.New("the configuration names no tenants: add \"tenants\": [{\"name\": …, \"tokens\": [\"sha256:…\"]}] (sandboxd token new)")
@@ -272,12 +284,19 @@ func serve(ctx context.Context, sio stdio, cfg serveConfig, dev bool) error {
 	fillCtx, stopFill := context.WithCancel(ctx)
 	defer stopFill()
 	go reportPoolFill(fillCtx, sio, m, 250*time.Millisecond)
-	apiOpts := []httpapi.Option{httpapi.WithTenants(cfg.Tenants), httpapi.WithLogger(logger), httpapi.WithMetrics(metrics), httpapi.WithVersion(sandboxdVersion()), httpapi.WithConfigSchema(configSchema)}
+	apiOpts := []httpapi.Option{httpapi.WithTenants(cfg.Tenants), httpapi.WithLogger(logger), httpapi.WithMetrics(metrics), httpapi.WithVersion(sandboxdVersion()),
+		httpapi.WithConfigSchema(configSchema), httpapi.WithMetricsTokens(cfg.MetricsTokens...)}
 	if cfg.Limits.MaxBodyBytes > 0 {
 		apiOpts = append(apiOpts, httpapi.WithMaxBodyBytes(cfg.Limits.MaxBodyBytes))
 	}
 	if cfg.Limits.MaxTransferBytes > 0 {
 		apiOpts = append(apiOpts, httpapi.WithMaxTransferBytes(cfg.Limits.MaxTransferBytes))
+	}
+	if cfg.Limits.MemoryBudgetBytes > 0 {
+		apiOpts = append(apiOpts, httpapi.WithMemoryBudget(cfg.Limits.MemoryBudgetBytes))
+	}
+	if cfg.HTTP.WriteTimeout > 0 {
+		apiOpts = append(apiOpts, httpapi.WithWriteTimeout(time.Duration(cfg.HTTP.WriteTimeout)))
 	}
 	if rate := cfg.HTTP.MinBodyRate; rate != 0 {
 		apiOpts = append(apiOpts, httpapi.WithMinBodyRate(max(rate, 0), time.Duration(cmp.Or(cfg.HTTP.BodyGrace, runner.Duration(10*time.Second)))))

@@ -380,8 +380,15 @@ func containerConfig(p policy.Profile, env, labels map[string]string, agentVol, 
 	if p.NoNewPrivileges {
 		secOpts = append(secOpts, "no-new-privileges:true")
 	}
-	if p.Seccomp != nil {
-		js, err := json.Marshal(p.Seccomp)
+	sc := p.Seccomp
+	if sc == nil {
+		var err error
+		if sc, err = policy.DefaultSeccomp(); err != nil {
+			return nil, nil, err
+		}
+	}
+	if sc != nil {
+		js, err := json.Marshal(sc)
 		if err != nil {
 			return nil, nil, fmt.Errorf("dockerexec: seccomp profile: %w", err)
 		}

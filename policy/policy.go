@@ -4,8 +4,8 @@
 // A Profile is the full set of isolation settings for one container: no
 // network, no capabilities, no-new-privileges, a read-only root with a
 // writable /workspace volume and a size-capped /tmp, limits on processes,
-// memory and CPU, a non-root user, the OCI runtime and an optional seccomp
-// profile. DefaultProfile returns the hardened defaults. A Policy is the
+// memory and CPU, a non-root user, the OCI runtime and a seccomp profile
+// (sandboxd's own, DefaultSeccomp, unless the operator gives one). DefaultProfile returns the hardened defaults. A Policy is the
 // operator's word on what a session may ask for; Policy.Apply turns a
 // session's Request into a Profile, or refuses it with a *DeniedError naming
 // the setting.
@@ -96,8 +96,9 @@ type Profile struct {
 	MemoryBytes int64
 	// NanoCPUs is the CPU quota in billionths of a CPU.
 	NanoCPUs int64
-	// Seccomp, when set, replaces the engine's default seccomp profile. Nil
-	// keeps the engine's default, which is already a deny list.
+	// Seccomp, when set, is the container's seccomp profile. Nil is
+	// sandboxd's own, DefaultSeccomp: the engine's default allowlist less
+	// DeniedSyscalls (io_uring, bpf, userfaultfd, new namespaces, ...).
 	Seccomp *specs.LinuxSeccomp
 	// HostMounts are host paths bind-mounted into the container. Empty in a
 	// hardened profile.
@@ -230,7 +231,8 @@ type Policy struct {
 	WritableRootfs bool
 	// RootUser lets sessions run as uid 0 inside the container.
 	RootUser bool
-	// Seccomp replaces the engine's seccomp profile in every container.
+	// Seccomp replaces sandboxd's seccomp profile (DefaultSeccomp) in every
+	// container.
 	Seccomp *specs.LinuxSeccomp
 	// Pids, Memory and NanoCPUs are the defaults of those limits (zero: the
 	// package defaults), and MaxPids, MaxMemory and MaxNanoCPUs the most a

@@ -189,7 +189,7 @@ func (c *Container) start(ctx context.Context, spec Spec, uid, gid int) error {
 	logTail := &tailWriter{max: 1024}
 	stderr := io.MultiWriter(logTail, cmp.Or[io.Writer](spec.Stderr, io.Discard))
 	stream := &attachStream{demux: demux{r: att.Reader, stderr: stderr}, conn: att.Conn}
-	opts := append([]agent.ClientOption{agent.WithEndExplained(c.endState)}, spec.AgentOptions...)
+	opts := append([]agent.ClientOption{agent.WithEndExplained(c.endState), agent.WithHangup(c.kill)}, spec.AgentOptions...)
 	ag, err := agent.NewClient(stream, opts...)
 	if err != nil {
 		att.Close()
@@ -198,6 +198,19 @@ func (c *Container) start(ctx context.Context, spec Spec, uid, gid int) error {
 	c.agent = ag
 	c.bash = &Bash{c: c}
 	return nil
+}
+
+// kill ends a container whose agent stopped answering (a command froze
+// it, say): the agent can no longer enforce a command's timeout, so the
+// host does, by killing the whole container. It returns words for the
+// error every call of the session gives from then on.
+func (c *Container) kill() string {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := c.cli.ContainerKill(ctx, c.id, client.ContainerKillOptions{Signal: "KILL"}); err != nil && !cerrdefs.IsNotFound(err) {
+		return "killing the container failed: " + err.Error()
+	}
+	return "the container was killed"
 }
 
 // endState is how the container ended, for the errors of an agent stream

@@ -13,7 +13,9 @@
 // SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2 and SIGPIPE are logged and otherwise
 // ignored (SIGKILL sent from inside the container does not reach PID 1, so
 // no command can end the session by signal), and it reaps the orphans the
-// kernel hands it. When its input closes it ends every command, waits for
+// kernel hands it. It makes itself not dumpable (PR_SET_DUMPABLE 0), so a
+// command running as the same user cannot ptrace it, read its memory or
+// take its descriptors; commands, which it execs, are dumpable again. When its input closes it ends every command, waits for
 // them, and exits with status 0; a protocol error exits with status 1.
 //
 // It needs no shell, no C library and no writable root file system: it is a
@@ -69,6 +71,9 @@ func serve(root, envAllow, shell string, sync bool) int {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	ignoreSignals(log)
+	if err := undumpable(); err != nil {
+		log.Warn("commands may ptrace the agent", "err", err)
+	}
 	if os.Getpid() == 1 {
 		// PID 1 of the container adopts every orphan in it and reaps them,
 		// so a command that runs alone needs no proctree shim: its end kills

@@ -26,10 +26,12 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	mathrand "math/rand/v2"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
@@ -62,6 +64,12 @@ type Spec struct {
 	// relative to the workspace root. Owners are set to the profile's user;
 	// entries other than files, directories and links are dropped.
 	Workspace io.Reader
+	// MaxWorkspaceBytes caps the bytes of files the initial copy writes,
+	// counted at their full size: a sparse file's holes are written as
+	// zeros, so 8 KiB on the host's disk may be 3 GB in the container's.
+	// Start fails, naming the cap, when the copy would pass it. Zero is
+	// DefaultMaxWorkspaceBytes.
+	MaxWorkspaceBytes int64
 	// Agent is the path of the sandboxd-agent binary; "" finds it with
 	// FindAgent.
 	Agent string
@@ -71,6 +79,9 @@ type Spec struct {
 	AgentOptions []agent.ClientOption
 }
 
+// DefaultMaxWorkspaceBytes is the default of Spec.MaxWorkspaceBytes.
+const DefaultMaxWorkspaceBytes = 1 << 30
+
 // Container is a running session container and the agent client talking to
 // its PID 1. Close removes it.
 type Container struct {
@@ -79,6 +90,10 @@ type Container struct {
 	agent            *agent.Client
 	conn             io.Closer
 	bash             *Bash
+	// uid is the session uid the container runs as, taken from
+	// Profile.SessionUIDs, or 0; released once the container is removed.
+	uid     int
+	release sync.Once
 }
 
 // ID is the container's ID.
@@ -111,22 +126,31 @@ func Start(ctx context.Context, cli client.APIClient, spec Spec) (*Container, er
 	if spec.WorkspaceDir != "" && spec.Workspace != nil {
 		return nil, errors.New("dockerexec: set WorkspaceDir or Workspace, not both")
 	}
+	c := &Container{cli: cli, name: containerName(prof.Session)}
+	if prof.SessionUIDs.Count > 0 && !prof.IsRoot() {
+		var err error
+		if c.uid, err = takeUID(prof.SessionUIDs); err != nil {
+			return nil, err
+		}
+		prof.User = fmt.Sprintf("%d:%d", c.uid, c.uid)
+	}
 	uid, gid := ids(prof.User)
 	agentPath := spec.Agent
 	if agentPath == "" {
 		var err error
 		if agentPath, err = FindAgent(); err != nil {
+			c.remove()
 			return nil, err
 		}
 	}
 	agentVol, err := agentVolume(ctx, cli, agentPath, prof.Image)
 	if err != nil {
+		c.remove()
 		return nil, err
 	}
 
 	labels := prof.Labels()
 	maps.Copy(labels, spec.Labels)
-	c := &Container{cli: cli, name: containerName(prof.Session)}
 	c.volume = c.name + "-workspace"
 	if _, err := cli.VolumeCreate(ctx, client.VolumeCreateOptions{Name: c.volume, Labels: labels}); err != nil {
 		return nil, fmt.Errorf("dockerexec: create workspace volume: %w", err)
@@ -169,7 +193,8 @@ func (c *Container) start(ctx context.Context, spec Spec, uid, gid int) error {
 	}
 	if src != nil {
 		pr, pw := io.Pipe()
-		go func() { pw.CloseWithError(ownTar(pw, src, uid, gid)) }()
+		limit := cmp.Or(spec.MaxWorkspaceBytes, DefaultMaxWorkspaceBytes)
+		go func() { pw.CloseWithError(ownTar(pw, src, uid, gid, limit)) }()
 		_, err := c.cli.CopyToContainer(ctx, c.id, client.CopyToContainerOptions{DestinationPath: policy.WorkspaceDir, Content: pr})
 		pr.CloseWithError(err)
 		if err != nil {
@@ -302,10 +327,49 @@ func (c *Container) removeCtx(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("dockerexec: remove container %s: %w", c.name, err))
 		}
 	}
-	if _, err := c.cli.VolumeRemove(ctx, c.volume, client.VolumeRemoveOptions{Force: true}); err != nil && !cerrdefs.IsNotFound(err) {
-		errs = append(errs, fmt.Errorf("dockerexec: remove volume %s: %w", c.volume, err))
+	if c.volume != "" {
+		if _, err := c.cli.VolumeRemove(ctx, c.volume, client.VolumeRemoveOptions{Force: true}); err != nil && !cerrdefs.IsNotFound(err) {
+			errs = append(errs, fmt.Errorf("dockerexec: remove volume %s: %w", c.volume, err))
+		}
+	}
+	if len(errs) == 0 && c.uid != 0 {
+		// No process runs as the uid any more: another container may.
+		c.release.Do(func() { releaseUID(c.uid) })
 	}
 	return errors.Join(errs...)
+}
+
+// sessionUIDs are the uids this process's containers run as
+// (policy.Profile.SessionUIDs).
+var sessionUIDs struct {
+	sync.Mutex
+	used map[int]bool
+}
+
+// takeUID returns a uid of r that no container of this process runs as. The
+// search starts at a random place, so that two daemons given one range
+// rarely meet.
+func takeUID(r policy.UIDRange) (int, error) {
+	sessionUIDs.Lock()
+	defer sessionUIDs.Unlock()
+	if sessionUIDs.used == nil {
+		sessionUIDs.used = map[int]bool{}
+	}
+	start := mathrand.IntN(r.Count)
+	for i := range r.Count {
+		uid := r.First + (start+i)%r.Count
+		if !sessionUIDs.used[uid] {
+			sessionUIDs.used[uid] = true
+			return uid, nil
+		}
+	}
+	return 0, fmt.Errorf("dockerexec: every session uid of %d-%d is in use; give the policy a larger sessionUIDs range", r.First, r.First+r.Count-1)
+}
+
+func releaseUID(uid int) {
+	sessionUIDs.Lock()
+	delete(sessionUIDs.used, uid)
+	sessionUIDs.Unlock()
 }
 
 // Export writes the workspace as a tar stream to w, names relative to the
@@ -488,9 +552,11 @@ func ids(user string) (uid, gid int) {
 // ownTar copies the tar stream src (which may be nil) to w with every entry
 // owned by uid:gid. Only directories,
 // regular files and symbolic links are kept; names are cleaned, and those
-// that would leave the root are dropped.
-func ownTar(w io.Writer, src io.Reader, uid, gid int) error {
+// that would leave the root are dropped. It fails before the regular files'
+// sizes pass limit bytes.
+func ownTar(w io.Writer, src io.Reader, uid, gid int, limit int64) error {
 	tw := tar.NewWriter(w)
+	var total int64
 	if src != nil {
 		tr := tar.NewReader(src)
 		for {
@@ -508,7 +574,12 @@ func ownTar(w io.Writer, src io.Reader, uid, gid int) error {
 			switch h.Typeflag {
 			case tar.TypeDir:
 				name += "/"
-			case tar.TypeReg, tar.TypeSymlink:
+			case tar.TypeReg:
+				if total += h.Size; total > limit {
+					return fmt.Errorf("the initial workspace holds over %d bytes (at %s, %d bytes; sparse files count at their full size, as the copy writes them): "+
+						"leave the large files out or raise the cap (dockerexec.Spec.MaxWorkspaceBytes)", limit, name, h.Size)
+				}
+			case tar.TypeSymlink:
 			default:
 				continue
 			}

@@ -59,6 +59,27 @@ const (
 	DefaultTmpfsBytes  = 256 << 20 // /tmp
 )
 
+// DefaultSessionUIDs is the range of host uids sessions run as, one of
+// its own each: 65536 uids from 1000000000, far from the uids of a host's
+// users, its services and the usual /etc/subuid ranges. Daemons sharing a
+// host should each have a range of their own (Policy.SessionUIDs).
+var DefaultSessionUIDs = UIDRange{First: 1_000_000_000, Count: 65536}
+
+// UIDRange is a range of host uids: First, First+1, ..., First+Count-1.
+type UIDRange struct {
+	First, Count int
+}
+
+// Contains reports whether uid is in the range.
+func (r UIDRange) Contains(uid int) bool { return uid >= r.First && uid-r.First < r.Count }
+
+func (r UIDRange) validate() error {
+	if r.Count < 0 || r.First <= 0 && r.Count > 0 || r.First+r.Count-1 > 1<<31-2 {
+		return fmt.Errorf("policy: session uids %d+%d: want a first uid over 0 and a range below 2147483647", r.First, r.Count)
+	}
+	return nil
+}
+
 // dockerSockets are host paths that hand out control of the engine; no
 // policy lets a session mount them or a directory above them.
 var dockerSockets = []string{"/var/run/docker.sock", "/run/docker.sock"}
@@ -73,6 +94,13 @@ type Profile struct {
 	// User is "uid:gid" for every process in the container. Never root in a
 	// hardened profile.
 	User string
+	// SessionUIDs, when its Count is above 0 and User is not root, gives
+	// the container a host uid of its own in place of User: one of the
+	// range no other container of this process has, as uid and gid, chosen
+	// when it starts. Per-user kernel limits (inotify instances, processes,
+	// keys, locked memory) are then the session's alone; without a user
+	// namespace every session running as one uid shares them.
+	SessionUIDs UIDRange
 	// NetworkMode is "none" unless the operator allows another.
 	NetworkMode string
 	// CapDrop and CapAdd adjust the capability set; the default drops ALL and
@@ -120,6 +148,7 @@ func DefaultProfile(image string) Profile {
 		Image:           image,
 		Runtime:         RuntimeRunc,
 		User:            DefaultUser,
+		SessionUIDs:     DefaultSessionUIDs,
 		NetworkMode:     NetworkNone,
 		CapDrop:         []string{"ALL"},
 		NoNewPrivileges: true,
@@ -160,6 +189,9 @@ func (p Profile) Validate() error {
 		if !path.IsAbs(m.Source) || !path.IsAbs(m.Target) {
 			errs = append(errs, fmt.Errorf("policy: host mount %s:%s must use absolute paths", m.Source, m.Target))
 		}
+	}
+	if err := p.SessionUIDs.validate(); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
@@ -234,6 +266,9 @@ type Policy struct {
 	// Seccomp replaces sandboxd's seccomp profile (DefaultSeccomp) in every
 	// container.
 	Seccomp *specs.LinuxSeccomp
+	// SessionUIDs is the range of host uids sessions run as, one each
+	// (Profile.SessionUIDs); a zero range is DefaultSessionUIDs.
+	SessionUIDs UIDRange
 	// Pids, Memory and NanoCPUs are the defaults of those limits (zero: the
 	// package defaults), and MaxPids, MaxMemory and MaxNanoCPUs the most a
 	// session may ask for (zero: the default is also the maximum).
@@ -277,6 +312,9 @@ func (p Policy) Apply(req Request) (Profile, error) {
 	prof := DefaultProfile(image)
 	prof.Session, prof.Tenant = req.Session, req.Tenant
 	prof.Seccomp = p.Seccomp
+	if p.SessionUIDs != (UIDRange{}) {
+		prof.SessionUIDs = p.SessionUIDs
+	}
 	if p.TmpfsBytes > 0 {
 		prof.TmpfsBytes = p.TmpfsBytes
 	}

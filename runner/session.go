@@ -73,7 +73,7 @@ func (noBash) Run(context.Context, workspace.Command) (workspace.Result, error) 
 func (m *Manager) newSession(id, tenant string, st Settings, cfg tools.Config, inst *Instance, lifetime, idle time.Duration) (*Session, error) {
 	env := tools.Env{
 		FS: inst.FS, Bash: inst.Bash,
-		Session: workspace.Session{ID: id, RunID: id, Root: inst.Root, Vars: st.Vars},
+		Session: workspace.Session{ID: id, RunID: id, Tenant: tenant, Root: inst.Root, Vars: st.Vars},
 		Scope:   st.Scope,
 	}
 	if m.gateway != nil && cfg.Sources.HTTP() {

@@ -1,7 +1,9 @@
 package adversarial
 
 import (
+	"bytes"
 	"context"
+	"crypto/md5"
 	"errors"
 	"fmt"
 	"os"
@@ -193,30 +195,51 @@ func runIn(t *testing.T, ctx context.Context, c *dockerexec.Container, script st
 	return res, b.String()
 }
 
-// TestSparseWorkspace: the initial copy of a workspace directory writes a
-// sparse file at its full size, so a few KiB on the host's disk can fill the
-// engine's; the copy is capped, and a start past the cap fails, naming it,
-// and leaves nothing behind.
+// TestSparseWorkspace: the initial copy of a workspace directory once wrote
+// a sparse file at its full size (8 KiB on the host's disk, 3 GB in the
+// engine's). Now its holes are kept, and the copy is capped by the data it
+// writes: a start past the cap fails, naming it, and leaves nothing behind.
 func TestSparseWorkspace(t *testing.T) {
 	dir := t.TempDir()
-	f, err := os.Create(filepath.Join(dir, "sparse"))
+	data := bytes.Repeat([]byte("0123456789abcde\n"), 4096) // 64 KiB at 1 GiB
+	sparse := filepath.Join(dir, "sparse")
+	f, err := os.Create(sparse)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := f.Truncate(3 << 30); err != nil { // 3 GiB, all hole
+	if _, err := f.WriteAt(data, 1<<30); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(3 << 30); err != nil { // 3 GiB, all hole but the data
 		t.Fatal(err)
 	}
 	f.Close()
 	if err := os.WriteFile(filepath.Join(dir, "small"), []byte("x"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	c := dockertest.Start(t, dockerexec.Spec{WorkspaceDir: dir})
+	sum := md5.Sum(data)
+	script := fmt.Sprintf("stat -c '%%s %%n' sparse small; dd if=sparse bs=%d skip=%d count=1 2>/dev/null | md5sum; stat -c '%%b %%B' sparse",
+		len(data), (1<<30)/len(data))
+	res, out := runIn(t, context.Background(), c, script)
+	want := fmt.Sprintf("3221225472 sparse\n1 small\n%x  -\n", sum)
+	var blocks, blockSize int64
+	rest, _ := strings.CutPrefix(out, want)
+	if _, err := fmt.Sscan(rest, &blocks, &blockSize); res.ExitCode != 0 || !strings.HasPrefix(out, want) || err != nil {
+		t.Errorf("copied workspace:\n%s\nwant:\n%sBLOCKS SIZE", out, want)
+	}
+	if blocks*blockSize > 4<<20 {
+		t.Errorf("the 3 GiB sparse file takes %d bytes in the container", blocks*blockSize)
+	}
+
+	// Past the cap, Start fails and leaves nothing.
 	cli := dockertest.Client(t)
-	spec := dockertest.Spec(t, dockerexec.Spec{WorkspaceDir: dir})
+	spec := dockertest.Spec(t, dockerexec.Spec{WorkspaceDir: dir, MaxWorkspaceBytes: 64 << 10})
 	spec.Profile.Session = "sparse-" + strconv.FormatInt(time.Now().UnixNano(), 36)
-	c, err := dockerexec.Start(context.Background(), cli, spec)
+	c, err = dockerexec.Start(context.Background(), cli, spec)
 	if err == nil {
 		c.Close(context.Background())
-		t.Fatal("a 3 GiB sparse file was copied into the workspace")
+		t.Fatal("a workspace over its cap was copied")
 	}
 	if !strings.Contains(err.Error(), "MaxWorkspaceBytes") {
 		t.Errorf("Start: %v; want the cap named", err)
@@ -225,13 +248,5 @@ func TestSparseWorkspace(t *testing.T) {
 		Filters: make(client.Filters).Add("label", policy.LabelSession+"="+spec.Profile.Session)})
 	if err != nil || len(list.Items) != 0 {
 		t.Errorf("containers left after the refused start: %d, %v", len(list.Items), err)
-	}
-
-	// Under a cap it fits, it is copied.
-	spec.MaxWorkspaceBytes = 4 << 30
-	os.Truncate(filepath.Join(dir, "sparse"), 64<<10)
-	c = dockertest.Start(t, spec)
-	if res, out := runIn(t, context.Background(), c, "stat -c '%s %n' sparse small"); res.ExitCode != 0 || out != "65536 sparse\n1 small\n" {
-		t.Errorf("copied workspace: %q", out)
 	}
 }

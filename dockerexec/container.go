@@ -64,11 +64,11 @@ type Spec struct {
 	// relative to the workspace root. Owners are set to the profile's user;
 	// entries other than files, directories and links are dropped.
 	Workspace io.Reader
-	// MaxWorkspaceBytes caps the bytes of files the initial copy writes,
-	// counted at their full size: a sparse file's holes are written as
-	// zeros, so 8 KiB on the host's disk may be 3 GB in the container's.
-	// Start fails, naming the cap, when the copy would pass it. Zero is
-	// DefaultMaxWorkspaceBytes.
+	// MaxWorkspaceBytes caps the bytes of files the initial copy writes.
+	// The sparse files of WorkspaceDir are written with their holes kept and
+	// count by their data; a Workspace stream's files count at their full
+	// size. Start fails, naming the cap, when the copy would pass it. Zero
+	// is DefaultMaxWorkspaceBytes.
 	MaxWorkspaceBytes int64
 	// Agent is the path of the sandboxd-agent binary; "" finds it with
 	// FindAgent.
@@ -185,16 +185,17 @@ func Start(ctx context.Context, cli client.APIClient, spec Spec) (*Container, er
 
 func (c *Container) start(ctx context.Context, spec Spec, uid, gid int) error {
 	var src io.Reader
+	var sparse []string
 	switch {
 	case spec.WorkspaceDir != "":
-		src = TarDir(spec.WorkspaceDir)
+		src = tarDir(spec.WorkspaceDir, &sparse)
 	case spec.Workspace != nil:
 		src = spec.Workspace
 	}
+	budget := &copyBudget{limit: cmp.Or(spec.MaxWorkspaceBytes, DefaultMaxWorkspaceBytes)}
 	if src != nil {
 		pr, pw := io.Pipe()
-		limit := cmp.Or(spec.MaxWorkspaceBytes, DefaultMaxWorkspaceBytes)
-		go func() { pw.CloseWithError(ownTar(pw, src, uid, gid, limit)) }()
+		go func() { pw.CloseWithError(ownTar(pw, src, uid, gid, budget)) }()
 		_, err := c.cli.CopyToContainer(ctx, c.id, client.CopyToContainerOptions{DestinationPath: policy.WorkspaceDir, Content: pr})
 		pr.CloseWithError(err)
 		if err != nil {
@@ -222,6 +223,14 @@ func (c *Container) start(ctx context.Context, spec Spec, uid, gid int) error {
 	}
 	c.agent = ag
 	c.bash = &Bash{c: c}
+	// Sparse files, which the archive API would write in full, are written
+	// by the agent with their holes, before anyone else can run a command.
+	for _, name := range sparse {
+		if err := c.writeSparse(ctx, spec.WorkspaceDir, name, budget); err != nil {
+			ag.Close()
+			return err
+		}
+	}
 	return nil
 }
 
@@ -553,10 +562,9 @@ func ids(user string) (uid, gid int) {
 // owned by uid:gid. Only directories,
 // regular files and symbolic links are kept; names are cleaned, and those
 // that would leave the root are dropped. It fails before the regular files'
-// sizes pass limit bytes.
-func ownTar(w io.Writer, src io.Reader, uid, gid int, limit int64) error {
+// sizes pass what is left of budget.
+func ownTar(w io.Writer, src io.Reader, uid, gid int, budget *copyBudget) error {
 	tw := tar.NewWriter(w)
-	var total int64
 	if src != nil {
 		tr := tar.NewReader(src)
 		for {
@@ -575,9 +583,8 @@ func ownTar(w io.Writer, src io.Reader, uid, gid int, limit int64) error {
 			case tar.TypeDir:
 				name += "/"
 			case tar.TypeReg:
-				if total += h.Size; total > limit {
-					return fmt.Errorf("the initial workspace holds over %d bytes (at %s, %d bytes; sparse files count at their full size, as the copy writes them): "+
-						"leave the large files out or raise the cap (dockerexec.Spec.MaxWorkspaceBytes)", limit, name, h.Size)
+				if err := budget.take(name, h.Size); err != nil {
+					return err
 				}
 			case tar.TypeSymlink:
 			default:

@@ -99,9 +99,9 @@ func WithCancelGrace(d time.Duration) ClientOption {
 // The agent is taken for hung when it has not answered a call grace (see
 // WithHangGrace) after the call's deadline: the earliest of its context's
 // deadline, a Run's Command.Timeout, and CallBound for a file call; or when
-// a cancelled call is not answered within the grace, nor a cancelled Run
-// within the cancel grace. Lock, and a Run with no timeout in a context with
-// no deadline, have no deadline.
+// a call given up on this side (its context ended; for a Run, the cancel
+// grace passed too) is not answered within the grace. Lock, and a Run with
+// no timeout in a context with no deadline, have no deadline.
 func WithHangup(hangup func() string) ClientOption {
 	return func(o *clientOptions) { o.hangup = hangup }
 }
@@ -755,9 +755,10 @@ func (c *Client) Run(ctx context.Context, cmd workspace.Command) (workspace.Resu
 		select {
 		case r = <-call.reply:
 		case <-grace.C:
-			// The agent did not report the tree killed: it may be hung,
-			// and the command running on unbounded.
-			c.hangup(call, c.opts.cancelGrace)
+			// The agent did not report the tree killed: return now; if it
+			// does not answer within the hang grace either, it is hung and
+			// the command runs on unbounded, so it is hung up.
+			c.abandon(call, ctx.Err())
 			r = <-call.reply
 		}
 		grace.Stop()

@@ -158,24 +158,32 @@ func Start(ctx context.Context, cli client.APIClient, spec Spec) (*Container, er
 	// An image of sandboxd's own hands its /workspace, owned by the session's
 	// user, to the empty volume. Any other image gets a volume whose root is
 	// given to the user first, and mounted without copying the image's.
+	// (A session uid of its own is never the image's, so this is the usual
+	// case; the loader runs while the container is made.)
 	owned := workspaceOwned(ctx, cli, prof.Image, uid, gid)
-	if !owned {
-		if err := chownVolume(ctx, cli, prof.Image, c.volume, uid, gid, labels); err != nil {
-			c.remove()
-			return nil, err
-		}
+	chowned := make(chan error, 1)
+	if owned {
+		chowned <- nil
+	} else {
+		go func() { chowned <- chownVolume(ctx, cli, prof.Image, c.volume, uid, gid, labels) }()
 	}
 	cfg, hc, err := containerConfig(prof, spec.Env, labels, agentVol, c.volume, !owned)
 	if err != nil {
+		<-chowned
 		c.remove()
 		return nil, err
 	}
 	created, err := cli.ContainerCreate(ctx, client.ContainerCreateOptions{Name: c.name, Config: cfg, HostConfig: hc})
+	c.id = created.ID
+	if cerr := <-chowned; err == nil && cerr != nil {
+		err = cerr
+	} else if err != nil {
+		err = fmt.Errorf("dockerexec: create container: %w", err)
+	}
 	if err != nil {
 		c.remove()
-		return nil, fmt.Errorf("dockerexec: create container: %w", err)
+		return nil, err
 	}
-	c.id = created.ID
 	if err := c.start(ctx, spec, uid, gid); err != nil {
 		c.remove()
 		return nil, err

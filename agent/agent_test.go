@@ -734,8 +734,15 @@ func TestHungAgentIsHungUp(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			hung := make(chan struct{})
+			var f *fakeAgent
 			c, f := newFake(t, WithHangGrace(50*time.Millisecond), WithCancelGrace(50*time.Millisecond),
-				WithHangup(func() string { close(hung); return "container killed" }))
+				WithHangup(func() string {
+					// As a killed container's: the stream ends before the
+					// hangup returns; the errors still say why.
+					f.conn.Close()
+					close(hung)
+					return "container killed"
+				}))
 			go func() {
 				for { // read every call and answer none
 					if _, err := readFrame(f.r); err != nil {

@@ -33,6 +33,7 @@ type Client struct {
 	done   chan struct{} // closed when err is set
 
 	hangOnce sync.Once
+	hanging  bool // set, under mu, while hangup runs
 }
 
 var (
@@ -190,8 +191,18 @@ func (c *Client) Close() error {
 
 var errClientClosed = errors.New("client closed")
 
-// fail makes the client unusable and fails every call in flight.
-func (c *Client) fail(cause error) {
+// fail makes the client unusable and fails every call in flight; while
+// the client hangs up, it leaves that to hangup, whose cause says more than
+// the stream's end that the hangup brings about.
+func (c *Client) fail(cause error) { c.end(cause, false) }
+
+func (c *Client) end(cause error, hangup bool) {
+	c.mu.Lock()
+	later := c.hanging && !hangup && cause != errClientClosed
+	c.mu.Unlock()
+	if later {
+		return
+	}
 	if c.opts.explain != nil && cause != errClientClosed && c.Err() == nil {
 		if why := c.opts.explain(); why != "" {
 			cause = fmt.Errorf("%w%s", cause, why)
@@ -226,12 +237,15 @@ func (c *Client) hangup(call *call, late time.Duration) {
 			return
 		}
 		msg := fmt.Sprintf("the agent did not answer %s %q within %v of its deadline", call.op, call.name, late)
+		c.mu.Lock()
+		c.hanging = true
+		c.mu.Unlock()
 		if c.opts.hangup != nil {
 			if words := c.opts.hangup(); words != "" {
 				msg += "; " + words
 			}
 		}
-		c.fail(errors.New(msg))
+		c.end(errors.New(msg), true)
 	})
 }
 

@@ -8,10 +8,12 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/sandboxd/sandboxd/policy"
 	"github.com/sandboxd/sandboxd/tools"
 	"github.com/sandboxd/sandboxd/workspace"
 	"github.com/sandboxd/sandboxd/workspaceshell"
@@ -295,7 +297,11 @@ func TestContainerHardening(t *testing.T) {
 		{"NoPrivileges", func(t *testing.T, w *world) {
 			w.dockerOnly(t, "the local backend runs as the host user by design")
 			status := w.sh(t, `grep -E '^(Uid|Gid|CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs|Seccomp):' /proc/self/status`)
-			for _, want := range []string{"Uid:\t1000\t1000\t1000\t1000", "CapEff:\t0000000000000000", "CapPrm:\t0000000000000000",
+			uid := strings.TrimSpace(w.sh(t, "id -u"))
+			if n, _ := strconv.Atoi(uid); !policy.DefaultSessionUIDs.Contains(n) {
+				t.Errorf("commands run as uid %s, not one of the session uids", uid)
+			}
+			for _, want := range []string{"Uid:\t" + uid + "\t" + uid + "\t" + uid + "\t" + uid, "CapEff:\t0000000000000000", "CapPrm:\t0000000000000000",
 				"CapBnd:\t0000000000000000", "NoNewPrivs:\t1", "Seccomp:\t2"} {
 				if !strings.Contains(status, want) {
 					t.Errorf("/proc/self/status lacks %q:\n%s", want, status)
@@ -313,7 +319,7 @@ func TestContainerHardening(t *testing.T) {
 					t.Errorf("wrote %s: %s", target, out)
 				}
 			}
-			w.sh(t, `[ "$(stat -c %u /.sandboxd-agent/sandboxd-agent)" != 1000 ]`)
+			w.sh(t, `[ "$(stat -c %u /.sandboxd-agent/sandboxd-agent)" != "$(id -u)" ]`)
 		}},
 		{"NoLeakedDescriptors", func(t *testing.T, w *world) {
 			w.dockerOnly(t, "the local backend runs as the host user by design")

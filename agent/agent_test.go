@@ -193,11 +193,17 @@ func TestManyCallsInFlight(t *testing.T) {
 	if err != nil || len(entries) != 32*20 {
 		t.Fatalf("ReadDir: %d entries, %v", len(entries), err)
 	}
-	c.mu.Lock()
-	n := len(c.calls)
-	c.mu.Unlock()
-	if n != 0 {
-		t.Errorf("%d calls left in the table", n)
+	// A cancelled call leaves the table once the agent has answered it.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		c.mu.Lock()
+		n := len(c.calls)
+		c.mu.Unlock()
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d calls left in the table after 30 s", n)
+		}
 	}
 }
 
@@ -685,11 +691,114 @@ func TestCancelledCallsLeaveNoTrace(t *testing.T) {
 	if _, err := c.Stat(context.Background(), "."); err != nil {
 		t.Errorf("the stream after cancellations: %v", err)
 	}
-	c.mu.Lock()
-	n := len(c.calls)
-	c.mu.Unlock()
-	if n != 0 {
-		t.Errorf("%d calls left in the table", n)
+	// A cancelled call leaves the table once the agent has answered it.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		c.mu.Lock()
+		n := len(c.calls)
+		c.mu.Unlock()
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d calls left in the table after 30 s", n)
+		}
+	}
+}
+
+// TestHungAgentIsHungUp: an agent that stops answering (frozen by a
+// command, say) is hung up on the host side once a call is past its
+// deadline and the grace, whatever the call's context says, and every call
+// fails with ErrUnavailable naming why.
+func TestHungAgentIsHungUp(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		call func(c *Client) error
+		want error // what the call itself returns
+	}{
+		{"RunPastItsTimeout", func(c *Client) error {
+			_, err := c.Run(context.Background(), workspace.Command{Script: "sleep 600", Timeout: 50 * time.Millisecond})
+			return err
+		}, workspace.ErrUnavailable},
+		{"RunCancelledNotReported", func(c *Client) error {
+			ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+			defer cancel()
+			_, err := c.Run(ctx, workspace.Command{Script: "sleep 600"})
+			return err
+		}, context.DeadlineExceeded},
+		{"FileCallPastItsDeadline", func(c *Client) error {
+			ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+			defer cancel()
+			_, err := c.Stat(ctx, "x")
+			return err
+		}, context.DeadlineExceeded},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			hung := make(chan struct{})
+			var f *fakeAgent
+			c, f := newFake(t, WithHangGrace(50*time.Millisecond), WithCancelGrace(50*time.Millisecond),
+				WithHangup(func() string {
+					// As a killed container's: the stream ends before the
+					// hangup returns; the errors still say why.
+					f.conn.Close()
+					close(hung)
+					return "container killed"
+				}))
+			go func() {
+				for { // read every call and answer none
+					if _, err := readFrame(f.r); err != nil {
+						return
+					}
+				}
+			}()
+			errc := make(chan error, 1)
+			go func() { errc <- tc.call(c) }()
+			select {
+			case err := <-errc:
+				if !errors.Is(err, tc.want) {
+					t.Errorf("the call returned %v; want %v", err, tc.want)
+				}
+			case <-time.After(60 * time.Second):
+				t.Fatal("the call did not return within 60 s of its deadline")
+			}
+			select {
+			case <-hung:
+			case <-time.After(60 * time.Second):
+				t.Fatal("the hung agent was not hung up within 60 s")
+			}
+			<-c.Done()
+			_, err := c.Stat(context.Background(), "y")
+			if !errors.Is(err, workspace.ErrUnavailable) || !strings.Contains(err.Error(), "did not answer") || !strings.Contains(err.Error(), "container killed") {
+				t.Errorf("a call after the hangup: %v", err)
+			}
+		})
+	}
+}
+
+// TestAnsweringAgentIsNotHungUp: an agent that answers a cancelled call,
+// however late the call was cancelled, is not taken for hung.
+func TestAnsweringAgentIsNotHungUp(t *testing.T) {
+	c, f := newFake(t, WithHangGrace(time.Hour), WithHangup(func() string { t.Error("hung up"); return "" }))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	answered := make(chan struct{})
+	go func() {
+		fr, _ := f.next()
+		for { // answer once the client has given up and cancelled
+			cf, err := readFrame(f.r)
+			if err != nil || cf.typ == frameCancel && cf.id == fr.id {
+				break
+			}
+		}
+		f.write(replyFrame(fr.id, `{"n":"x","m":420}`))
+		close(answered)
+		f.answer(func(id uint32) []byte { return replyFrame(id, `{"n":"y","m":420}`) })
+	}()
+	if _, err := c.Stat(ctx, "x"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Stat: %v", err)
+	}
+	<-answered
+	if _, err := c.Stat(context.Background(), "y"); err != nil {
+		t.Errorf("Stat after a late answer: %v", err)
 	}
 }
 

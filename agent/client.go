@@ -31,6 +31,9 @@ type Client struct {
 	nextID uint32
 	err    error         // why the client is unusable; set once
 	done   chan struct{} // closed when err is set
+
+	hangOnce sync.Once
+	hanging  bool // set, under mu, while hangup runs
 }
 
 var (
@@ -58,7 +61,17 @@ type clientOptions struct {
 	maxResponse int64
 	cancelGrace time.Duration
 	explain     func() string
+	hangGrace   time.Duration
+	hangup      func() string
 }
+
+// DefaultHangGrace is how long after a call's deadline the client waits for
+// the agent's answer before it takes the agent for hung (WithHangup).
+const DefaultHangGrace = 30 * time.Second
+
+// CallBound is the host's deadline of a file call whose context has none:
+// no call but Run and Lock may take longer, however slow the agent.
+const CallBound = 10 * time.Minute
 
 // WithHandshakeTimeout bounds the wait for the agent's Hello; the default is
 // 10 seconds.
@@ -78,6 +91,29 @@ func WithCancelGrace(d time.Duration) ClientOption {
 	return func(o *clientOptions) { o.cancelGrace = d }
 }
 
+// WithHangup sets what the client does when the agent stops answering, as
+// one that a command has frozen would: hangup is called once, and may take a
+// moment (dockerexec kills the container; its words go into the error), and
+// then the client fails every call with workspace.ErrUnavailable, saying so.
+// Without it the client only closes its stream.
+//
+// The agent is taken for hung when it has not answered a call grace (see
+// WithHangGrace) after the call's deadline: the earliest of its context's
+// deadline, a Run's Command.Timeout, and CallBound for a file call; or when
+// a call given up on this side (its context ended; for a Run, the cancel
+// grace passed too) is not answered within the grace. Lock, and a Run with
+// no timeout in a context with no deadline, have no deadline.
+func WithHangup(hangup func() string) ClientOption {
+	return func(o *clientOptions) { o.hangup = hangup }
+}
+
+// WithHangGrace sets how long past a call's deadline the client waits for
+// the agent's answer before it takes the agent for hung; the default is
+// DefaultHangGrace.
+func WithHangGrace(d time.Duration) ClientOption {
+	return func(o *clientOptions) { o.hangGrace = d }
+}
+
 // WithEndExplained adds explain's words to the reason the stream ended —
 // when it ended otherwise than by Close — and so to every error the client
 // gives from then on. dockerexec uses it to say how the container ended
@@ -93,7 +129,7 @@ func WithEndExplained(explain func() string) ClientOption {
 // speaks another protocol version; rwc is closed then. The Client owns rwc
 // and closes it on Close.
 func NewClient(rwc io.ReadWriteCloser, opts ...ClientOption) (*Client, error) {
-	o := clientOptions{handshake: 10 * time.Second, maxResponse: 64 << 20, cancelGrace: 10 * time.Second}
+	o := clientOptions{handshake: 10 * time.Second, maxResponse: 64 << 20, cancelGrace: 10 * time.Second, hangGrace: DefaultHangGrace}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -155,8 +191,18 @@ func (c *Client) Close() error {
 
 var errClientClosed = errors.New("client closed")
 
-// fail makes the client unusable and fails every call in flight.
-func (c *Client) fail(cause error) {
+// fail makes the client unusable and fails every call in flight; while
+// the client hangs up, it leaves that to hangup, whose cause says more than
+// the stream's end that the hangup brings about.
+func (c *Client) fail(cause error) { c.end(cause, false) }
+
+func (c *Client) end(cause error, hangup bool) {
+	c.mu.Lock()
+	later := c.hanging && !hangup && cause != errClientClosed
+	c.mu.Unlock()
+	if later {
+		return
+	}
 	if c.opts.explain != nil && cause != errClientClosed && c.Err() == nil {
 		if why := c.opts.explain(); why != "" {
 			cause = fmt.Errorf("%w%s", cause, why)
@@ -170,12 +216,37 @@ func (c *Client) fail(cause error) {
 	c.err = cause
 	calls := c.calls
 	c.calls = nil
+	for _, call := range calls {
+		call.stopWatch()
+	}
 	close(c.done)
 	c.mu.Unlock()
 	c.rwc.Close()
 	for _, call := range calls {
-		call.finish(reply{err: c.unavailable(call)})
+		if !call.gone {
+			call.finish(reply{err: c.unavailable(call)})
+		}
 	}
+}
+
+// hangup ends a client whose agent stopped answering: see WithHangup.
+// The first caller hangs up; others wait until it has.
+func (c *Client) hangup(call *call, late time.Duration) {
+	c.hangOnce.Do(func() {
+		if c.Err() != nil {
+			return
+		}
+		msg := fmt.Sprintf("the agent did not answer %s %q within %v of its deadline", call.op, call.name, late)
+		c.mu.Lock()
+		c.hanging = true
+		c.mu.Unlock()
+		if c.opts.hangup != nil {
+			if words := c.opts.hangup(); words != "" {
+				msg += "; " + words
+			}
+		}
+		c.end(errors.New(msg), true)
+	})
 }
 
 func (c *Client) unavailable(call *call) error {
@@ -226,6 +297,18 @@ type call struct {
 	// stdin is the credit for a command's input, when it has one.
 	stdin *creditGate
 	reply chan reply // receives exactly once
+	// gone is set, under Client.mu, when the call was finished on this side
+	// (abandoned) but stays in the table until the agent answers it, so a
+	// hung agent is still noticed.
+	gone bool
+	// watch, when set, fires at the call's deadline on the host side.
+	watch *time.Timer
+}
+
+func (call *call) stopWatch() {
+	if call.watch != nil {
+		call.watch.Stop()
+	}
 }
 
 type reply struct {
@@ -264,21 +347,63 @@ func (c *Client) register(call *call) error {
 }
 
 // remove takes the call out of the table; only the one who removes it
-// finishes it.
+// finishes it, unless it is gone (already finished).
 func (c *Client) remove(id uint32) *call {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	call := c.calls[id]
 	delete(c.calls, id)
+	if call != nil {
+		call.stopWatch()
+	}
 	return call
 }
 
-// abandon ends a call on this side and tells the agent to stop it.
+// abandon ends a call on this side and tells the agent to stop it. The call
+// stays in the table, gone, until the agent answers; if it does not within
+// the hang grace, the agent is taken for hung.
 func (c *Client) abandon(call *call, err error) {
-	if c.remove(call.id) == call {
+	c.mu.Lock()
+	live := c.calls[call.id] == call && !call.gone
+	if live {
+		call.gone = true
+	}
+	c.mu.Unlock()
+	if live {
+		c.watch(call, time.Now())
 		call.finish(reply{err: err})
 	}
 	go c.send(frameCancel, 0, call.id, nil, nil)
+}
+
+// watch sets the call's host-side deadline: if the agent has not answered
+// it the hang grace after deadline (a zero deadline: none), the agent is
+// taken for hung.
+func (c *Client) watch(call *call, deadline time.Time) {
+	if deadline.IsZero() {
+		return
+	}
+	late := c.opts.hangGrace
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	call.stopWatch()
+	call.watch = time.AfterFunc(time.Until(deadline)+late, func() {
+		c.mu.Lock()
+		hung := c.calls[call.id] == call
+		c.mu.Unlock()
+		if hung {
+			c.hangup(call, late)
+		}
+	})
+}
+
+// deadline is the earliest of ctx's deadline and now+bound (bound 0: none).
+func deadline(ctx context.Context, bound time.Duration) time.Time {
+	d, ok := ctx.Deadline()
+	if bound > 0 && (!ok || time.Now().Add(bound).Before(d)) {
+		return time.Now().Add(bound)
+	}
+	return d
 }
 
 func (c *Client) readLoop(r *bufio.Reader) {
@@ -310,7 +435,7 @@ func (c *Client) dispatch(f frame) error {
 	default:
 		return fmt.Errorf("%w: unexpected frame type %d", errFrame, f.typ)
 	}
-	if call == nil {
+	if call == nil || call.gone {
 		return nil // the answer to a call this side has abandoned
 	}
 	switch f.typ {
@@ -371,6 +496,7 @@ func (c *Client) roundTrip(ctx context.Context, req request, input []byte, limit
 	if err := c.start(call, req, &input); err != nil {
 		return nil, err
 	}
+	c.watch(call, deadline(ctx, CallBound))
 	for len(input) > 0 && ctx.Err() == nil {
 		n := min(len(input), chunkSize)
 		flags := byte(0)
@@ -614,6 +740,7 @@ func (c *Client) Run(ctx context.Context, cmd workspace.Command) (workspace.Resu
 	if err := c.start(call, req, nil); err != nil {
 		return workspace.Result{}, err
 	}
+	c.watch(call, deadline(ctx, cmd.Timeout))
 	delivered := make(chan struct{})
 	go func() {
 		defer close(delivered)
@@ -642,6 +769,9 @@ func (c *Client) Run(ctx context.Context, cmd workspace.Command) (workspace.Resu
 		select {
 		case r = <-call.reply:
 		case <-grace.C:
+			// The agent did not report the tree killed: return now; if it
+			// does not answer within the hang grace either, it is hung and
+			// the command runs on unbounded, so it is hung up.
 			c.abandon(call, ctx.Err())
 			r = <-call.reply
 		}

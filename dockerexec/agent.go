@@ -14,16 +14,21 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/api/types/mount"
 	"github.com/moby/moby/client"
+	"golang.org/x/sys/unix"
 
 	"github.com/sandboxd/sandboxd/images"
 	"github.com/sandboxd/sandboxd/policy"
+	"github.com/sandboxd/sandboxd/workspace"
 )
 
 // EnvAgent names the environment variable that points at the agent binary.
@@ -221,7 +226,12 @@ func chownVolume(ctx context.Context, cli client.APIClient, image, volume string
 // relative to dir: directories, regular files and symbolic links (stored as
 // links, never followed). Other kinds of file are skipped. An error walking
 // the directory ends the stream with that error.
-func TarDir(dir string) io.Reader {
+func TarDir(dir string) io.Reader { return tarDir(dir, nil) }
+
+// tarDir is TarDir; when sparse is set, a sparse file (fewer bytes on disk
+// than its size) goes in as an empty file and is added to *sparse, for
+// writeSparse to fill with its holes kept.
+func tarDir(dir string, sparse *[]string) io.Reader {
 	pr, pw := io.Pipe()
 	go func() {
 		tw := tar.NewWriter(pw)
@@ -254,10 +264,14 @@ func TarDir(dir string) io.Reader {
 			if d.IsDir() {
 				h.Name += "/"
 			}
+			if sparse != nil && d.Type().IsRegular() && isSparse(info) {
+				*sparse = append(*sparse, h.Name)
+				h.Size = 0
+			}
 			if err := tw.WriteHeader(h); err != nil {
 				return err
 			}
-			if d.Type().IsRegular() {
+			if d.Type().IsRegular() && h.Size > 0 {
 				return copyFile(tw, p, h.Size)
 			}
 			return nil
@@ -288,4 +302,96 @@ type zeros struct{}
 func (zeros) Read(p []byte) (int, error) {
 	clear(p)
 	return len(p), nil
+}
+
+// isSparse reports whether a file takes fewer bytes on disk than its size.
+func isSparse(info fs.FileInfo) bool {
+	st, ok := info.Sys().(*syscall.Stat_t)
+	return ok && st.Blocks*512 < info.Size()
+}
+
+// writeSparse writes the sparse file name of the host directory dir into
+// the workspace with its holes kept: its data extents (found with
+// SEEK_DATA and SEEK_HOLE) go to `sandboxd-agent sparse` run in the
+// container as the session's user, which writes them at their offsets into
+// the empty file the initial copy made. Every extent is counted against
+// budget.
+func (c *Container) writeSparse(ctx context.Context, dir, name string, budget *copyBudget) error {
+	f, err := os.Open(filepath.Join(dir, filepath.FromSlash(name)))
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	info, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	size := info.Size()
+	pr, pw := io.Pipe()
+	sent := make(chan error, 1)
+	go func() {
+		var err error
+		defer func() { sent <- err }()
+		for off := int64(0); off < size && err == nil; {
+			var start, end int64
+			if start, err = f.Seek(off, unix.SEEK_DATA); err != nil {
+				if errors.Is(err, syscall.ENXIO) { // no data past off
+					err = nil
+				}
+				break
+			}
+			if end, err = f.Seek(start, unix.SEEK_HOLE); err != nil {
+				break
+			}
+			end = min(end, size)
+			if err = budget.take(name, end-start); err != nil {
+				break
+			}
+			if _, err = fmt.Fprintf(pw, "%d %d\n", start, end-start); err == nil {
+				_, err = io.Copy(pw, io.NewSectionReader(f, start, end-start))
+			}
+			off = end
+		}
+		pw.CloseWithError(err)
+	}()
+	var stderr strings.Builder
+	res, err := c.agent.Run(ctx, workspace.Command{
+		Argv:    []string{mountAgent + "/sandboxd-agent", "sparse", policy.WorkspaceDir, name, strconv.FormatInt(size, 10)},
+		Stdin:   pr,
+		Timeout: 10 * time.Minute,
+		Output: func(_ workspace.Stream, p []byte) {
+			if stderr.Len() < 1024 {
+				stderr.Write(p)
+			}
+		},
+	})
+	pr.Close()
+	if serr := <-sent; err == nil && serr != nil {
+		err = serr // the agent saw the input end, not why
+	}
+	if err == nil && res.ExitCode != 0 {
+		err = fmt.Errorf("exit code %d: %s", res.ExitCode, strings.TrimSpace(stderr.String()))
+	}
+	if err != nil {
+		return fmt.Errorf("dockerexec: copy the sparse file %s in: %w", name, err)
+	}
+	return nil
+}
+
+// copyBudget is what is left of Spec.MaxWorkspaceBytes as the initial copy
+// writes; it is safe for concurrent use.
+type copyBudget struct {
+	mu          sync.Mutex
+	limit, used int64
+}
+
+// take counts n bytes of the file name, or fails naming the cap when they
+// would pass it.
+func (b *copyBudget) take(name string, n int64) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.used += n; b.used > b.limit {
+		return fmt.Errorf("the initial workspace holds over %d bytes (at %s): leave the large files out or raise the cap (dockerexec.Spec.MaxWorkspaceBytes)", b.limit, name)
+	}
+	return nil
 }

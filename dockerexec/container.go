@@ -26,10 +26,12 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	mathrand "math/rand/v2"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
@@ -62,6 +64,12 @@ type Spec struct {
 	// relative to the workspace root. Owners are set to the profile's user;
 	// entries other than files, directories and links are dropped.
 	Workspace io.Reader
+	// MaxWorkspaceBytes caps the bytes of files the initial copy writes.
+	// The sparse files of WorkspaceDir are written with their holes kept and
+	// count by their data; a Workspace stream's files count at their full
+	// size. Start fails, naming the cap, when the copy would pass it. Zero
+	// is DefaultMaxWorkspaceBytes.
+	MaxWorkspaceBytes int64
 	// Agent is the path of the sandboxd-agent binary; "" finds it with
 	// FindAgent.
 	Agent string
@@ -71,6 +79,9 @@ type Spec struct {
 	AgentOptions []agent.ClientOption
 }
 
+// DefaultMaxWorkspaceBytes is the default of Spec.MaxWorkspaceBytes.
+const DefaultMaxWorkspaceBytes = 1 << 30
+
 // Container is a running session container and the agent client talking to
 // its PID 1. Close removes it.
 type Container struct {
@@ -79,6 +90,10 @@ type Container struct {
 	agent            *agent.Client
 	conn             io.Closer
 	bash             *Bash
+	// uid is the session uid the container runs as, taken from
+	// Profile.SessionUIDs, or 0; released once the container is removed.
+	uid     int
+	release sync.Once
 }
 
 // ID is the container's ID.
@@ -111,22 +126,31 @@ func Start(ctx context.Context, cli client.APIClient, spec Spec) (*Container, er
 	if spec.WorkspaceDir != "" && spec.Workspace != nil {
 		return nil, errors.New("dockerexec: set WorkspaceDir or Workspace, not both")
 	}
+	c := &Container{cli: cli, name: containerName(prof.Session)}
+	if prof.SessionUIDs.Count > 0 && !prof.IsRoot() {
+		var err error
+		if c.uid, err = takeUID(prof.SessionUIDs); err != nil {
+			return nil, err
+		}
+		prof.User = fmt.Sprintf("%d:%d", c.uid, c.uid)
+	}
 	uid, gid := ids(prof.User)
 	agentPath := spec.Agent
 	if agentPath == "" {
 		var err error
 		if agentPath, err = FindAgent(); err != nil {
+			c.remove()
 			return nil, err
 		}
 	}
 	agentVol, err := agentVolume(ctx, cli, agentPath, prof.Image)
 	if err != nil {
+		c.remove()
 		return nil, err
 	}
 
 	labels := prof.Labels()
 	maps.Copy(labels, spec.Labels)
-	c := &Container{cli: cli, name: containerName(prof.Session)}
 	c.volume = c.name + "-workspace"
 	if _, err := cli.VolumeCreate(ctx, client.VolumeCreateOptions{Name: c.volume, Labels: labels}); err != nil {
 		return nil, fmt.Errorf("dockerexec: create workspace volume: %w", err)
@@ -134,24 +158,32 @@ func Start(ctx context.Context, cli client.APIClient, spec Spec) (*Container, er
 	// An image of sandboxd's own hands its /workspace, owned by the session's
 	// user, to the empty volume. Any other image gets a volume whose root is
 	// given to the user first, and mounted without copying the image's.
+	// (A session uid of its own is never the image's, so this is the usual
+	// case; the loader runs while the container is made.)
 	owned := workspaceOwned(ctx, cli, prof.Image, uid, gid)
-	if !owned {
-		if err := chownVolume(ctx, cli, prof.Image, c.volume, uid, gid, labels); err != nil {
-			c.remove()
-			return nil, err
-		}
+	chowned := make(chan error, 1)
+	if owned {
+		chowned <- nil
+	} else {
+		go func() { chowned <- chownVolume(ctx, cli, prof.Image, c.volume, uid, gid, labels) }()
 	}
 	cfg, hc, err := containerConfig(prof, spec.Env, labels, agentVol, c.volume, !owned)
 	if err != nil {
+		<-chowned
 		c.remove()
 		return nil, err
 	}
 	created, err := cli.ContainerCreate(ctx, client.ContainerCreateOptions{Name: c.name, Config: cfg, HostConfig: hc})
+	c.id = created.ID
+	if cerr := <-chowned; err == nil && cerr != nil {
+		err = cerr
+	} else if err != nil {
+		err = fmt.Errorf("dockerexec: create container: %w", err)
+	}
 	if err != nil {
 		c.remove()
-		return nil, fmt.Errorf("dockerexec: create container: %w", err)
+		return nil, err
 	}
-	c.id = created.ID
 	if err := c.start(ctx, spec, uid, gid); err != nil {
 		c.remove()
 		return nil, err
@@ -161,15 +193,17 @@ func Start(ctx context.Context, cli client.APIClient, spec Spec) (*Container, er
 
 func (c *Container) start(ctx context.Context, spec Spec, uid, gid int) error {
 	var src io.Reader
+	var sparse []string
 	switch {
 	case spec.WorkspaceDir != "":
-		src = TarDir(spec.WorkspaceDir)
+		src = tarDir(spec.WorkspaceDir, &sparse)
 	case spec.Workspace != nil:
 		src = spec.Workspace
 	}
+	budget := &copyBudget{limit: cmp.Or(spec.MaxWorkspaceBytes, DefaultMaxWorkspaceBytes)}
 	if src != nil {
 		pr, pw := io.Pipe()
-		go func() { pw.CloseWithError(ownTar(pw, src, uid, gid)) }()
+		go func() { pw.CloseWithError(ownTar(pw, src, uid, gid, budget)) }()
 		_, err := c.cli.CopyToContainer(ctx, c.id, client.CopyToContainerOptions{DestinationPath: policy.WorkspaceDir, Content: pr})
 		pr.CloseWithError(err)
 		if err != nil {
@@ -189,7 +223,7 @@ func (c *Container) start(ctx context.Context, spec Spec, uid, gid int) error {
 	logTail := &tailWriter{max: 1024}
 	stderr := io.MultiWriter(logTail, cmp.Or[io.Writer](spec.Stderr, io.Discard))
 	stream := &attachStream{demux: demux{r: att.Reader, stderr: stderr}, conn: att.Conn}
-	opts := append([]agent.ClientOption{agent.WithEndExplained(c.endState)}, spec.AgentOptions...)
+	opts := append([]agent.ClientOption{agent.WithEndExplained(c.endState), agent.WithHangup(c.kill)}, spec.AgentOptions...)
 	ag, err := agent.NewClient(stream, opts...)
 	if err != nil {
 		att.Close()
@@ -197,7 +231,28 @@ func (c *Container) start(ctx context.Context, spec Spec, uid, gid int) error {
 	}
 	c.agent = ag
 	c.bash = &Bash{c: c}
+	// Sparse files, which the archive API would write in full, are written
+	// by the agent with their holes, before anyone else can run a command.
+	for _, name := range sparse {
+		if err := c.writeSparse(ctx, spec.WorkspaceDir, name, budget); err != nil {
+			ag.Close()
+			return err
+		}
+	}
 	return nil
+}
+
+// kill ends a container whose agent stopped answering (a command froze
+// it, say): the agent can no longer enforce a command's timeout, so the
+// host does, by killing the whole container. It returns words for the
+// error every call of the session gives from then on.
+func (c *Container) kill() string {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := c.cli.ContainerKill(ctx, c.id, client.ContainerKillOptions{Signal: "KILL"}); err != nil && !cerrdefs.IsNotFound(err) {
+		return "killing the container failed: " + err.Error()
+	}
+	return "the container was killed"
 }
 
 // endState is how the container ended, for the errors of an agent stream
@@ -289,10 +344,49 @@ func (c *Container) removeCtx(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("dockerexec: remove container %s: %w", c.name, err))
 		}
 	}
-	if _, err := c.cli.VolumeRemove(ctx, c.volume, client.VolumeRemoveOptions{Force: true}); err != nil && !cerrdefs.IsNotFound(err) {
-		errs = append(errs, fmt.Errorf("dockerexec: remove volume %s: %w", c.volume, err))
+	if c.volume != "" {
+		if _, err := c.cli.VolumeRemove(ctx, c.volume, client.VolumeRemoveOptions{Force: true}); err != nil && !cerrdefs.IsNotFound(err) {
+			errs = append(errs, fmt.Errorf("dockerexec: remove volume %s: %w", c.volume, err))
+		}
+	}
+	if len(errs) == 0 && c.uid != 0 {
+		// No process runs as the uid any more: another container may.
+		c.release.Do(func() { releaseUID(c.uid) })
 	}
 	return errors.Join(errs...)
+}
+
+// sessionUIDs are the uids this process's containers run as
+// (policy.Profile.SessionUIDs).
+var sessionUIDs struct {
+	sync.Mutex
+	used map[int]bool
+}
+
+// takeUID returns a uid of r that no container of this process runs as. The
+// search starts at a random place, so that two daemons given one range
+// rarely meet.
+func takeUID(r policy.UIDRange) (int, error) {
+	sessionUIDs.Lock()
+	defer sessionUIDs.Unlock()
+	if sessionUIDs.used == nil {
+		sessionUIDs.used = map[int]bool{}
+	}
+	start := mathrand.IntN(r.Count)
+	for i := range r.Count {
+		uid := r.First + (start+i)%r.Count
+		if !sessionUIDs.used[uid] {
+			sessionUIDs.used[uid] = true
+			return uid, nil
+		}
+	}
+	return 0, fmt.Errorf("dockerexec: every session uid of %d-%d is in use; give the policy a larger sessionUIDs range", r.First, r.First+r.Count-1)
+}
+
+func releaseUID(uid int) {
+	sessionUIDs.Lock()
+	delete(sessionUIDs.used, uid)
+	sessionUIDs.Unlock()
 }
 
 // Export writes the workspace as a tar stream to w, names relative to the
@@ -396,8 +490,15 @@ func containerConfig(p policy.Profile, env, labels map[string]string, agentVol, 
 	if p.NoNewPrivileges {
 		secOpts = append(secOpts, "no-new-privileges:true")
 	}
-	if p.Seccomp != nil {
-		js, err := json.Marshal(p.Seccomp)
+	sc := p.Seccomp
+	if sc == nil {
+		var err error
+		if sc, err = policy.DefaultSeccomp(); err != nil {
+			return nil, nil, err
+		}
+	}
+	if sc != nil {
+		js, err := json.Marshal(sc)
 		if err != nil {
 			return nil, nil, fmt.Errorf("dockerexec: seccomp profile: %w", err)
 		}
@@ -484,8 +585,9 @@ func ids(user string) (uid, gid int) {
 // ownTar copies the tar stream src (which may be nil) to w with every entry
 // owned by uid:gid. Only directories,
 // regular files and symbolic links are kept; names are cleaned, and those
-// that would leave the root are dropped.
-func ownTar(w io.Writer, src io.Reader, uid, gid int) error {
+// that would leave the root are dropped. It fails before the regular files'
+// sizes pass what is left of budget.
+func ownTar(w io.Writer, src io.Reader, uid, gid int, budget *copyBudget) error {
 	tw := tar.NewWriter(w)
 	if src != nil {
 		tr := tar.NewReader(src)
@@ -504,7 +606,11 @@ func ownTar(w io.Writer, src io.Reader, uid, gid int) error {
 			switch h.Typeflag {
 			case tar.TypeDir:
 				name += "/"
-			case tar.TypeReg, tar.TypeSymlink:
+			case tar.TypeReg:
+				if err := budget.take(name, h.Size); err != nil {
+					return err
+				}
+			case tar.TypeSymlink:
 			default:
 				continue
 			}

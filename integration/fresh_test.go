@@ -2,15 +2,19 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/moby/moby/client"
+
+	"github.com/sandboxd/sandboxd/policy"
 )
 
 // TestServeOnFreshEngine is `sandboxd serve` on a machine that has Docker
@@ -66,7 +70,8 @@ func TestServeOnFreshEngine(t *testing.T) {
 	var info struct{ ID, Backend string }
 	d.do(acmeToken, "POST", "/v1/sessions", everything, http.StatusCreated, &info)
 	r := d.call(acmeToken, info.ID, "bash", map[string]any{"command": "id -u; hostname"})
-	if info.Backend != "docker" || r.IsError || r.StructuredContent["output"] != "1000\nsandbox\n" {
+	uid, host, _ := strings.Cut(fmt.Sprint(r.StructuredContent["output"]), "\n")
+	if n, _ := strconv.Atoi(uid); info.Backend != "docker" || r.IsError || host != "sandbox\n" || !policy.DefaultSessionUIDs.Contains(n) {
 		t.Fatalf("session %+v, bash %+v", info, r)
 	}
 	d.stop()

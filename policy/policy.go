@@ -4,8 +4,8 @@
 // A Profile is the full set of isolation settings for one container: no
 // network, no capabilities, no-new-privileges, a read-only root with a
 // writable /workspace volume and a size-capped /tmp, limits on processes,
-// memory and CPU, a non-root user, the OCI runtime and an optional seccomp
-// profile. DefaultProfile returns the hardened defaults. A Policy is the
+// memory and CPU, a non-root user, the OCI runtime and a seccomp profile
+// (sandboxd's own, DefaultSeccomp, unless the operator gives one). DefaultProfile returns the hardened defaults. A Policy is the
 // operator's word on what a session may ask for; Policy.Apply turns a
 // session's Request into a Profile, or refuses it with a *DeniedError naming
 // the setting.
@@ -60,6 +60,30 @@ const (
 	DefaultTmpfsBytes  = 256 << 20 // /tmp
 )
 
+// DefaultSessionUIDs is the range of host uids sessions run as, one of
+// its own each: 65536 uids from 1000000000, far from the uids of a host's
+// users, its services and the usual /etc/subuid ranges. Daemons sharing a
+// host should each have a range of their own (Policy.SessionUIDs).
+var DefaultSessionUIDs = UIDRange{First: 1_000_000_000, Count: 65536}
+
+// UIDRange is a range of host uids: First, First+1, ..., First+Count-1.
+type UIDRange struct {
+	// First is the first uid of the range.
+	First int `json:"first"`
+	// Count is how many uids the range holds.
+	Count int `json:"count"`
+}
+
+// Contains reports whether uid is in the range.
+func (r UIDRange) Contains(uid int) bool { return uid >= r.First && uid-r.First < r.Count }
+
+func (r UIDRange) validate() error {
+	if r.Count < 0 || r.First <= 0 && r.Count > 0 || r.First+r.Count-1 > 1<<31-2 {
+		return fmt.Errorf("policy: session uids %d+%d: want a first uid over 0 and a range below 2147483647", r.First, r.Count)
+	}
+	return nil
+}
+
 // dockerSockets are host paths that hand out control of the engine; no
 // policy lets a session mount them or a directory above them.
 var dockerSockets = []string{"/var/run/docker.sock", "/run/docker.sock"}
@@ -74,6 +98,13 @@ type Profile struct {
 	// User is "uid:gid" for every process in the container. Never root in a
 	// hardened profile.
 	User string
+	// SessionUIDs, when its Count is above 0 and User is not root, gives
+	// the container a host uid of its own in place of User: one of the
+	// range no other container of this process has, as uid and gid, chosen
+	// when it starts. Per-user kernel limits (inotify instances, processes,
+	// keys, locked memory) are then the session's alone; without a user
+	// namespace every session running as one uid shares them.
+	SessionUIDs UIDRange
 	// NetworkMode is "none" unless the operator allows another.
 	NetworkMode string
 	// CapDrop and CapAdd adjust the capability set; the default drops ALL and
@@ -97,8 +128,9 @@ type Profile struct {
 	MemoryBytes int64
 	// NanoCPUs is the CPU quota in billionths of a CPU.
 	NanoCPUs int64
-	// Seccomp, when set, replaces the engine's default seccomp profile. Nil
-	// keeps the engine's default, which is already a deny list.
+	// Seccomp, when set, is the container's seccomp profile. Nil is
+	// sandboxd's own, DefaultSeccomp: the engine's default allowlist less
+	// DeniedSyscalls (io_uring, bpf, userfaultfd, new namespaces, ...).
 	Seccomp *specs.LinuxSeccomp
 	// HostMounts are host paths bind-mounted into the container. Empty in a
 	// hardened profile.
@@ -120,6 +152,7 @@ func DefaultProfile(image string) Profile {
 		Image:           image,
 		Runtime:         RuntimeRunc,
 		User:            DefaultUser,
+		SessionUIDs:     DefaultSessionUIDs,
 		NetworkMode:     NetworkNone,
 		CapDrop:         []string{"ALL"},
 		NoNewPrivileges: true,
@@ -160,6 +193,9 @@ func (p Profile) Validate() error {
 		if !path.IsAbs(m.Source) || !path.IsAbs(m.Target) {
 			errs = append(errs, fmt.Errorf("policy: host mount %s:%s must use absolute paths", m.Source, m.Target))
 		}
+	}
+	if err := p.SessionUIDs.validate(); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
@@ -234,8 +270,12 @@ type Policy struct {
 	WritableRootfs bool `json:"writableRootfs,omitempty"`
 	// RootUser lets sessions run as uid 0 inside the container.
 	RootUser bool `json:"rootUser,omitempty"`
-	// Seccomp replaces the engine's seccomp profile in every container.
+	// Seccomp replaces sandboxd's seccomp profile (DefaultSeccomp) in every
+	// container.
 	Seccomp *specs.LinuxSeccomp `json:"seccomp,omitempty"`
+	// SessionUIDs is the range of host uids sessions run as, one each
+	// (Profile.SessionUIDs); a zero range is DefaultSessionUIDs.
+	SessionUIDs UIDRange `json:"sessionUids,omitzero"`
 	// Pids is the default process limit (zero: DefaultPidsLimit).
 	Pids int64 `json:"pids,omitempty"`
 	// Memory is the default memory limit in bytes, swap included (zero:
@@ -305,6 +345,9 @@ func (p Policy) Apply(req Request) (Profile, error) {
 	prof := DefaultProfile(image)
 	prof.Session, prof.Tenant = req.Session, req.Tenant
 	prof.Seccomp = p.Seccomp
+	if p.SessionUIDs != (UIDRange{}) {
+		prof.SessionUIDs = p.SessionUIDs
+	}
 	if p.TmpfsBytes > 0 {
 		prof.TmpfsBytes = p.TmpfsBytes
 	}

@@ -168,6 +168,10 @@ func TestValidate(t *testing.T) {
 		{"zero pids", func(p *Profile) { p.PidsLimit = 0 }, "pids limit"},
 		{"zero memory", func(p *Profile) { p.MemoryBytes = 0 }, "memory"},
 		{"relative mount", func(p *Profile) { p.HostMounts = []HostMount{{Source: "/a", Target: "b"}} }, "absolute"},
+		{"no session uids", func(p *Profile) { p.SessionUIDs = UIDRange{} }, ""},
+		{"session uids from 0", func(p *Profile) { p.SessionUIDs = UIDRange{First: 0, Count: 10} }, "session uids"},
+		{"session uids past 2^31-2", func(p *Profile) { p.SessionUIDs = UIDRange{First: 1<<31 - 10, Count: 10} }, "session uids"},
+		{"session uids up to 2^31-2", func(p *Profile) { p.SessionUIDs = UIDRange{First: 1<<31 - 11, Count: 10} }, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -191,6 +195,22 @@ func TestIsRoot(t *testing.T) {
 	for user, want := range map[string]bool{"0": true, "0:0": true, "00:1000": true, "1000:0": false, "1000": false, "10": false} {
 		if got := (Profile{User: user}).IsRoot(); got != want {
 			t.Errorf("IsRoot(%q) = %v, want %v", user, got, want)
+		}
+	}
+}
+
+func TestApplySessionUIDs(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		policy UIDRange
+		want   UIDRange
+	}{
+		{"default", UIDRange{}, DefaultSessionUIDs},
+		{"operator's", UIDRange{First: 500000, Count: 100}, UIDRange{First: 500000, Count: 100}},
+	} {
+		prof, err := Policy{DefaultImage: "img", SessionUIDs: tc.policy}.Apply(Request{})
+		if err != nil || prof.SessionUIDs != tc.want {
+			t.Errorf("%s: SessionUIDs = %+v, %v; want %+v", tc.name, prof.SessionUIDs, err, tc.want)
 		}
 	}
 }

@@ -26,6 +26,10 @@ type Docker struct {
 	Client client.APIClient
 	// Agent is the sandboxd-agent binary; "" finds it (dockerexec.FindAgent).
 	Agent string
+	// MaxWorkspaceBytes caps the initial copy of a session's Source, sparse
+	// files counted at their full size; 0 is
+	// dockerexec.DefaultMaxWorkspaceBytes.
+	MaxWorkspaceBytes int64
 }
 
 var (
@@ -53,7 +57,7 @@ func (d *Docker) Warm(ctx context.Context, spec Spec) (*Instance, error) {
 }
 
 func (d *Docker) start(ctx context.Context, spec Spec, prof policy.Profile) (*Instance, error) {
-	c, err := dockerexec.Start(ctx, d.Client, dockerexec.Spec{Profile: prof, Labels: spec.Labels, Agent: d.Agent, WorkspaceDir: spec.Source})
+	c, err := dockerexec.Start(ctx, d.Client, dockerexec.Spec{Profile: prof, Labels: spec.Labels, Agent: d.Agent, WorkspaceDir: spec.Source, MaxWorkspaceBytes: d.MaxWorkspaceBytes})
 	if err != nil {
 		return nil, fmt.Errorf("docker backend: %w", err)
 	}

@@ -98,7 +98,7 @@ func (m *Manager) newSession(id, tenant string, st Settings, cfg tools.Config, i
 	}
 	env := tools.Env{
 		FS: inst.FS, Bash: inst.Bash,
-		Session:      workspace.Session{ID: id, RunID: id, Root: inst.Root, Vars: st.Vars},
+		Session:      workspace.Session{ID: id, RunID: id, Tenant: tenant, Root: inst.Root, Vars: st.Vars},
 		Scope:        st.Scope,
 		JournalStore: store,
 	}

@@ -84,6 +84,8 @@ type Result struct {
 type Session struct {
 	// ID names the session; RunID names the current run (an agent's turn).
 	ID, RunID string
+	// Tenant names the session's owner, where a daemon has tenants.
+	Tenant string
 	// Root is the workspace root as an absolute path, as commands see it
 	// ("/workspace" inside a container, the directory itself on local disk).
 	Root string

@@ -3,6 +3,7 @@ package workspaceshell
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"mvdan.cc/sh/v3/expand"
@@ -26,6 +28,12 @@ const (
 	DefaultMaxOutput    = 8 << 20
 	DefaultMaxFileBytes = 64 << 20
 	DefaultShellTimeout = 60 * time.Second
+	// The interpreter runs in the daemon's process, outside every
+	// container's CPU quota; these bound what one line, one session and one
+	// tenant take of the daemon's CPUs.
+	DefaultMaxSteps     = 10_000 // statements a line runs, loop rounds included
+	DefaultSessionLines = 1      // lines of one session that run at once
+	DefaultTenantLines  = 2      // lines of one tenant that run at once
 )
 
 // Env is the workspace the shell and the mutation operations work on.
@@ -47,8 +55,18 @@ type Env struct {
 	MaxOutput int
 	// MaxFileBytes is the largest file a command reads or a redirect writes.
 	MaxFileBytes int64
-	// Timeout bounds a whole command line (Result.TimedOut).
+	// Timeout bounds a whole command line (Result.TimedOut), the wait for a
+	// slot (SessionLines, TenantLines) included.
 	Timeout time.Duration
+	// MaxSteps bounds the statements a line runs, every round of a loop
+	// counted; a line past it is stopped with exit status 124. It bounds
+	// the daemon's CPU time a line takes (well under a second at the default),
+	// where Timeout bounds only its wall time.
+	MaxSteps int64
+	// SessionLines and TenantLines bound how many lines of Session.ID, and
+	// of Session.Tenant, run at once in this process; others wait for a
+	// slot. An empty ID or Tenant is not bounded.
+	SessionLines, TenantLines int
 	// Sources, when set, gives the shell a curl that sends the requests
 	// of the workspace's API-backed sources through it (see cmdCurl).
 	Sources SourceClient
@@ -112,7 +130,82 @@ func errorf(kind *workspace.Kind, format string, args ...any) error {
 var (
 	errOutputFull = errors.New("output limit reached")
 	errTimedOut   = errors.New("command line timed out")
+	errSteps      = errors.New("command line ran past its steps")
 )
+
+// lineSlots bounds the lines running at once per session and per tenant.
+var lineSlots = slots{held: map[string]*slot{}}
+
+// slots are counting semaphores by key, made on first use and dropped when
+// no line holds or waits for them.
+type slots struct {
+	mu   sync.Mutex
+	held map[string]*slot
+}
+
+type slot struct {
+	c     chan struct{}
+	users int
+}
+
+// take waits for a slot of sess's session (n of them) and then of its tenant
+// (m), and returns their release; false when ctx ended first.
+func (s *slots) take(ctx context.Context, sess workspace.Session, n, m int) (release func(), ok bool) {
+	var taken []string
+	release = func() {
+		for _, k := range taken {
+			s.put(k)
+		}
+	}
+	for _, k := range []struct {
+		key string
+		n   int
+	}{{"session " + sess.ID, n}, {"tenant " + sess.Tenant, m}} {
+		if strings.HasSuffix(k.key, " ") {
+			continue // no ID or tenant: not bounded
+		}
+		if !s.get(ctx, k.key, k.n) {
+			release()
+			return nil, false
+		}
+		taken = append(taken, k.key)
+	}
+	return release, true
+}
+
+func (s *slots) get(ctx context.Context, key string, n int) bool {
+	s.mu.Lock()
+	sl := s.held[key]
+	if sl == nil {
+		sl = &slot{c: make(chan struct{}, n)}
+		s.held[key] = sl
+	}
+	sl.users++
+	s.mu.Unlock()
+	select {
+	case sl.c <- struct{}{}:
+		return true
+	case <-ctx.Done():
+		s.drop(key, sl)
+		return false
+	}
+}
+
+func (s *slots) put(key string) {
+	s.mu.Lock()
+	sl := s.held[key]
+	s.mu.Unlock()
+	<-sl.c
+	s.drop(key, sl)
+}
+
+func (s *slots) drop(key string, sl *slot) {
+	s.mu.Lock()
+	if sl.users--; sl.users == 0 {
+		delete(s.held, key)
+	}
+	s.mu.Unlock()
+}
 
 // Run runs one command line of the shell tool in the workspace.
 //
@@ -166,17 +259,25 @@ func Run(ctx context.Context, env Env, line string, mode Mode) (Result, error) {
 	if max <= 0 {
 		max = DefaultMaxOutput
 	}
-	r := &runner{env: env, mode: mode, root: env.root(), cancel: cancel, left: max, noInput: strings.NewReader("")}
+	r := &runner{env: env, mode: mode, root: env.root(), cancel: cancel, left: max, noInput: strings.NewReader(""),
+		steps: cmp.Or(env.MaxSteps, DefaultMaxSteps)}
 	stopPipes := context.AfterFunc(ctx, r.closePipes)
 	defer stopPipes()
 	stdout, stderr := &capture{r: r}, &capture{r: r}
-	sh := &shell{vars: map[string]string{}}
-	status := r.stmts(ctx, sh, f.Stmts, stdio{in: r.noInput, out: stdout, err: stderr})
+	status := 0
+	if release, ok := lineSlots.take(ctx, env.Session, cmp.Or(env.SessionLines, DefaultSessionLines), cmp.Or(env.TenantLines, DefaultTenantLines)); ok {
+		sh := &shell{vars: map[string]string{}}
+		status = r.stmts(ctx, sh, f.Stmts, stdio{in: r.noInput, out: stdout, err: stderr})
+		release()
+	}
 
 	res := Result{ExitCode: status}
 	cause := context.Cause(ctx)
 	switch {
 	case cause == nil:
+	case errors.Is(cause, errSteps):
+		res.ExitCode = 124
+		stderr.note(fmt.Sprintf("shell: the command line was stopped after %d statements, its CPU budget; use bash for long loops\n", r.steps))
 	case errors.Is(cause, errOutputFull):
 		res.Truncated = true
 		stderr.note(fmt.Sprintf("shell: output stopped after %d bytes\n", max))
@@ -207,6 +308,9 @@ type runner struct {
 	left   int // output bytes still allowed
 	pipes  []*io.PipeReader
 	closed bool
+
+	steps int64        // the line's budget of statements
+	ran   atomic.Int64 // statements run so far
 }
 
 // stop ends the line with cause (a refusal, or errOutputFull).
@@ -295,6 +399,10 @@ func (r *runner) stmts(ctx context.Context, sh *shell, list []*syntax.Stmt, sio 
 }
 
 func (r *runner) stmt(ctx context.Context, sh *shell, st *syntax.Stmt, sio stdio) int {
+	if r.ran.Add(1) > r.steps {
+		r.stop(errSteps)
+		return 124
+	}
 	sio, sinks, status := r.redirect(ctx, sh, st.Redirs, sio)
 	if status == 0 {
 		status = r.command(ctx, sh, st.Cmd, sio)

@@ -13,7 +13,9 @@
 // SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2 and SIGPIPE are logged and otherwise
 // ignored (SIGKILL sent from inside the container does not reach PID 1, so
 // no command can end the session by signal), and it reaps the orphans the
-// kernel hands it. When its input closes it ends every command, waits for
+// kernel hands it. It makes itself not dumpable (PR_SET_DUMPABLE 0), so a
+// command running as the same user cannot ptrace it, read its memory or
+// take its descriptors; commands, which it execs, are dumpable again. When its input closes it ends every command, waits for
 // them, and exits with status 0; a protocol error exits with status 1.
 //
 // It needs no shell, no C library and no writable root file system: it is a
@@ -23,6 +25,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"flag"
 	"fmt"
@@ -32,6 +35,7 @@ import (
 	"os/signal"
 	"runtime"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -51,8 +55,16 @@ func main() {
 	if os.Getenv(probeEnv) != "" {
 		os.Exit(0) // the reaper's probe child (see reap_linux.go)
 	}
+	if len(os.Args) == 5 && os.Args[1] == "sparse" {
+		if err := writeSparse(os.Args[2], os.Args[3], os.Args[4], os.Stdin); err != nil {
+			fmt.Fprintln(os.Stderr, "sandboxd-agent sparse:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	if len(os.Args) < 2 || os.Args[1] != "serve" {
-		fmt.Fprintln(os.Stderr, "usage: sandboxd-agent serve [--root DIR] [--env-allow NAMES] [--shell PATH] [--sync]")
+		fmt.Fprintln(os.Stderr, "usage: sandboxd-agent serve [--root DIR] [--env-allow NAMES] [--shell PATH] [--sync]\n"+
+			"       sandboxd-agent sparse ROOT NAME SIZE < extents")
 		os.Exit(2)
 	}
 	flags := flag.NewFlagSet("serve", flag.ExitOnError)
@@ -69,6 +81,9 @@ func serve(root, envAllow, shell string, sync bool) int {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	ignoreSignals(log)
+	if err := undumpable(); err != nil {
+		log.Warn("commands may ptrace the agent", "err", err)
+	}
 	if os.Getpid() == 1 {
 		// PID 1 of the container adopts every orphan in it and reaps them,
 		// so a command that runs alone needs no proctree shim: its end kills
@@ -113,6 +128,51 @@ func serve(root, envAllow, shell string, sync bool) int {
 	}
 	log.Info("input closed; exiting")
 	return 0
+}
+
+// writeSparse writes the file name under root (which must exist; a link
+// is followed only while it stays under root) from extents, keeping its
+// holes: extents is a sequence of "OFFSET LENGTH\n" lines, each followed by
+// LENGTH bytes of data; everything between them stays a hole, and the file
+// is cut or extended to size. dockerexec uses it for the sparse files of an
+// initial workspace, which the engine's archive API would write in full.
+func writeSparse(root, name, size string, extents io.Reader) error {
+	n, err := strconv.ParseInt(size, 10, 64)
+	if err != nil || n < 0 {
+		return fmt.Errorf("size %q", size)
+	}
+	r, err := os.OpenRoot(root)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	f, err := r.OpenFile(name, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := f.Truncate(0); err != nil {
+		return err
+	}
+	br := bufio.NewReader(extents)
+	for {
+		var off, length int64
+		if _, err := fmt.Fscanf(br, "%d %d\n", &off, &length); err == io.EOF {
+			break
+		} else if err != nil {
+			return fmt.Errorf("extent: %w", err)
+		}
+		if off < 0 || length < 0 || off+length > n {
+			return fmt.Errorf("extent %d+%d outside the file's %d bytes", off, length, n)
+		}
+		if _, err := io.CopyN(io.NewOffsetWriter(f, off), br, length); err != nil {
+			return err
+		}
+	}
+	if err := f.Truncate(n); err != nil {
+		return err
+	}
+	return f.Close()
 }
 
 // stdio is the agent's stream: frames in on standard input, out on standard

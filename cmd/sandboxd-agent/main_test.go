@@ -146,3 +146,49 @@ func TestServeOverStdio(t *testing.T) {
 	}
 	p.closeAndWait(t)
 }
+
+// TestWriteSparse: extents land at their offsets, the rest stays a hole, the
+// size is the one given; bad extents and names that leave the root fail.
+func TestWriteSparse(t *testing.T) {
+	for _, tc := range []struct {
+		name, file, size, extents string
+		want                      string // the file's contents; "" with bad set
+		bad                       string
+	}{
+		{"holes kept", "f", "8", "1 2\nab5 1\nc", "\x00ab\x00\x00c\x00\x00", ""},
+		{"no extents", "f", "3", "", "\x00\x00\x00", ""},
+		{"extent past the size", "f", "2", "1 2\nab", "", "outside"},
+		{"short data", "f", "8", "0 4\nab", "", "EOF"},
+		{"garbled extent", "f", "8", "x y\n", "", "extent"},
+		{"bad size", "f", "-1", "", "", "size"},
+		{"name leaves the root", "../f", "1", "", "", "escapes"},
+		{"link out of the root", "out", "1", "", "", "escapes"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			base := t.TempDir()
+			root := base + "/root"
+			if err := os.Mkdir(root, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			os.WriteFile(root+"/f", []byte("old contents"), 0o644)
+			os.WriteFile(base+"/f", []byte("outside"), 0o644)
+			os.Symlink("../f", root+"/out")
+			err := writeSparse(root, tc.file, tc.size, strings.NewReader(tc.extents))
+			if tc.bad != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.bad) {
+					t.Errorf("writeSparse = %v; want an error about %q", err, tc.bad)
+				}
+				if b, _ := os.ReadFile(base + "/f"); string(b) != "outside" {
+					t.Errorf("the file outside the root became %q", b)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if b, _ := os.ReadFile(root + "/" + tc.file); string(b) != tc.want {
+				t.Errorf("file = %q, want %q", b, tc.want)
+			}
+		})
+	}
+}

@@ -163,3 +163,12 @@ func pidfdPids() map[int]bool {
 	}
 	return out
 }
+
+// undumpable keeps the agent out of its commands' reach: a process that is
+// not dumpable can be traced (ptrace, process_vm_readv, pidfd_getfd) and
+// its /proc files read only by one with CAP_SYS_PTRACE, which no command
+// has, although they run as the agent's user. execve makes a command
+// dumpable again, so debuggers keep working on the command's own processes.
+func undumpable() error {
+	return unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
+}

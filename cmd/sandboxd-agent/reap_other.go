@@ -14,3 +14,6 @@ func reapOrphans(context.Context, *slog.Logger, bool) {}
 
 // probePidfds reports false: there are no pidfds.
 func probePidfds() bool { return false }
+
+// undumpable does nothing: ptrace protection is Linux's PR_SET_DUMPABLE.
+func undumpable() error { return nil }

@@ -38,7 +38,7 @@ func connect(t testing.TB, fsys workspace.FileSystem, bash workspace.Bash, copts
 			if err != nil && !errors.Is(err, io.ErrClosedPipe) {
 				t.Errorf("Serve: %v", err)
 			}
-		case <-time.After(5 * time.Second):
+		case <-time.After(time.Minute):
 			t.Error("Serve did not return after the client closed")
 		}
 	})
@@ -404,7 +404,7 @@ func TestServerEndsCallsWhenStreamEnds(t *testing.T) {
 		if err != nil && !errors.Is(err, io.ErrClosedPipe) {
 			t.Errorf("Serve: %v", err)
 		}
-	case <-time.After(5 * time.Second):
+	case <-time.After(time.Minute):
 		t.Fatal("Serve did not return")
 	}
 	select {
@@ -423,7 +423,7 @@ func expectBroken(t *testing.T, c *Client, errc <-chan error) {
 		if !errors.Is(err, workspace.ErrUnavailable) {
 			t.Errorf("err = %v, want Unavailable", err)
 		}
-	case <-time.After(5 * time.Second):
+	case <-time.After(time.Minute):
 		t.Fatal("the call hangs on a broken stream")
 	}
 	<-c.Done()

@@ -269,14 +269,14 @@ func TestReap(t *testing.T) {
 	cli := dockertest.Client(t)
 	ctx := context.Background()
 	c := dockertest.Start(t, dockerexec.Spec{})
-	n, err := dockerexec.Reap(ctx, cli, map[string]string{policy.LabelSession: "dockerexec", "sandboxd.case": "none"})
+	n, err := dockerexec.Reap(ctx, cli, map[string]string{policy.LabelSession: dockertest.Label(), "sandboxd.case": "none"})
 	if err != nil || n != 0 {
 		t.Fatalf("Reap of a label nothing has = %d, %v", n, err)
 	}
 	if _, err := dockerexec.Reap(ctx, cli, nil); err == nil {
 		t.Error("Reap with no labels must refuse")
 	}
-	n, err = dockerexec.Reap(ctx, cli, map[string]string{policy.LabelSession: "dockerexec", dockertest.LabelTest: dockertest.Label()})
+	n, err = dockerexec.Reap(ctx, cli, map[string]string{policy.LabelSession: dockertest.Label(), dockertest.LabelTest: dockertest.Label()})
 	if err != nil || n < 1 {
 		t.Fatalf("Reap = %d, %v", n, err)
 	}

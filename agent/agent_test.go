@@ -692,3 +692,27 @@ func TestCancelledCallsLeaveNoTrace(t *testing.T) {
 		t.Errorf("%d calls left in the table", n)
 	}
 }
+
+// Output the command wrote before it was killed, but which reaches the
+// agent only after the cancel (still in a pipe on a loaded machine), is
+// delivered: Run returns the output so far with ctx's error.
+func TestOutputAfterCancelDelivered(t *testing.T) {
+	c := connect(t, memfs.New(), bashFunc(func(ctx context.Context, cmd workspace.Command) (workspace.Result, error) {
+		cmd.Output(workspace.Stdout, []byte("started\n"))
+		<-ctx.Done()
+		cmd.Output(workspace.Stdout, []byte("written before the kill\n"))
+		return workspace.Result{ExitCode: -1, Signal: "SIGKILL"}, ctx.Err()
+	}))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out strings.Builder
+	_, err := c.Run(ctx, workspace.Command{Script: "x", Output: func(_ workspace.Stream, p []byte) {
+		out.Write(p)
+		if out.String() == "started\n" {
+			cancel()
+		}
+	}})
+	if !errors.Is(err, context.Canceled) || out.String() != "started\nwritten before the kill\n" {
+		t.Errorf("Run = %v, output %q; want Canceled and all the output", err, out.String())
+	}
+}

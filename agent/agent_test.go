@@ -38,7 +38,7 @@ func connect(t testing.TB, fsys workspace.FileSystem, bash workspace.Bash, copts
 			if err != nil && !errors.Is(err, io.ErrClosedPipe) {
 				t.Errorf("Serve: %v", err)
 			}
-		case <-time.After(5 * time.Second):
+		case <-time.After(time.Minute):
 			t.Error("Serve did not return after the client closed")
 		}
 	})
@@ -410,7 +410,7 @@ func TestServerEndsCallsWhenStreamEnds(t *testing.T) {
 		if err != nil && !errors.Is(err, io.ErrClosedPipe) {
 			t.Errorf("Serve: %v", err)
 		}
-	case <-time.After(5 * time.Second):
+	case <-time.After(time.Minute):
 		t.Fatal("Serve did not return")
 	}
 	select {
@@ -429,7 +429,7 @@ func expectBroken(t *testing.T, c *Client, errc <-chan error) {
 		if !errors.Is(err, workspace.ErrUnavailable) {
 			t.Errorf("err = %v, want Unavailable", err)
 		}
-	case <-time.After(5 * time.Second):
+	case <-time.After(time.Minute):
 		t.Fatal("the call hangs on a broken stream")
 	}
 	<-c.Done()
@@ -854,5 +854,29 @@ func TestReadsWithinBudget(t *testing.T) {
 	wg.Wait()
 	if g.hi != 1 {
 		t.Errorf("%d reads of 3 MiB were in progress at once within a budget of 4 MiB", g.hi)
+	}
+}
+
+// Output the command wrote before it was killed, but which reaches the
+// agent only after the cancel (still in a pipe on a loaded machine), is
+// delivered: Run returns the output so far with ctx's error.
+func TestOutputAfterCancelDelivered(t *testing.T) {
+	c := connect(t, memfs.New(), bashFunc(func(ctx context.Context, cmd workspace.Command) (workspace.Result, error) {
+		cmd.Output(workspace.Stdout, []byte("started\n"))
+		<-ctx.Done()
+		cmd.Output(workspace.Stdout, []byte("written before the kill\n"))
+		return workspace.Result{ExitCode: -1, Signal: "SIGKILL"}, ctx.Err()
+	}))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out strings.Builder
+	_, err := c.Run(ctx, workspace.Command{Script: "x", Output: func(_ workspace.Stream, p []byte) {
+		out.Write(p)
+		if out.String() == "started\n" {
+			cancel()
+		}
+	}})
+	if !errors.Is(err, context.Canceled) || out.String() != "started\nwritten before the kill\n" {
+		t.Errorf("Run = %v, output %q; want Canceled and all the output", err, out.String())
 	}
 }

@@ -35,7 +35,7 @@ func overPipe(t *testing.T, dir string, opts ...localexec.Option) *agent.Client 
 		c.Close()
 		select {
 		case <-served:
-		case <-time.After(10 * time.Second):
+		case <-time.After(time.Minute):
 			t.Error("Serve did not return")
 		}
 		fsys.Close()

@@ -122,7 +122,16 @@ type serverCall struct {
 	out    *creditGate
 	// held is what the call holds of the server's read budget until its
 	// reply is sent.
-	held int64
+	held   int64
+	endOut context.CancelFunc // closes out: when the call ends, not at a cancel
+}
+
+// end releases the call's contexts, its output's included.
+func (call *serverCall) end() {
+	call.cancel()
+	if call.endOut != nil {
+		call.endOut()
+	}
 }
 
 // send writes one frame. After a failed write it fails at once and the
@@ -224,7 +233,11 @@ func (c *serverConn) start(f frame) error {
 		call.in = newInbox(ctx, window, func(n int) { c.sendWindow(f.id, n) })
 	}
 	if req.Op == opRun {
-		call.out = newCreditGate(ctx, window)
+		// A cancelled command's output up to its kill is still delivered,
+		// as long as the client grants credit: the gate closes when the
+		// call ends, or the connection.
+		outCtx, endOut := context.WithCancel(c.ctx)
+		call.out, call.endOut = newCreditGate(outCtx, window), endOut
 	}
 
 	c.mu.Lock()
@@ -234,12 +247,13 @@ func (c *serverConn) start(f frame) error {
 		c.calls[f.id] = call
 	}
 	c.mu.Unlock()
+	if dup || full {
+		call.end()
+	}
 	if dup {
-		cancel()
 		return fmt.Errorf("%w: call %d is already in flight", errFrame, f.id)
 	}
 	if full {
-		cancel()
 		return c.reply(f.id, nil, &RemoteError{Kind: workspace.ErrUnavailable, Msg: "too many calls in flight"})
 	}
 	if call.in != nil {
@@ -258,7 +272,7 @@ func (c *serverConn) handle(call *serverCall) {
 	c.mu.Lock()
 	delete(c.calls, call.id)
 	c.mu.Unlock()
-	call.cancel()
+	call.end()
 	if werr := c.reply(call.id, body, err); werr != nil {
 		c.s.opts.log.Debug("agent: reply not sent", "id", call.id, "err", werr)
 	}

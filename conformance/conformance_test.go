@@ -43,7 +43,7 @@ var mutants = []mutant{
 		fs: func(f *memfs.FS) workspace.FileSystem { return eager{f} }},
 	{name: "hides-outside", run: "Confine/ReadFileChainOut", want: "FAIL", text: "want OutsideWorkspace",
 		fs: func(f *memfs.FS) workspace.FileSystem { return hidesOutside{f} }},
-	{name: "fifo-hang", run: "ReadFile/FIFO", want: "FAIL", text: "did not return within 1s",
+	{name: "fifo-hang", run: "ReadFile/FIFO", want: "FAIL", text: "did not return within 20s",
 		fs: func(f *memfs.FS) workspace.FileSystem { return fifoHang{f} }},
 	{name: "bad-walk", run: "Walk/All", want: "FAIL", text: "differs from the generic helper",
 		fs: func(f *memfs.FS) workspace.FileSystem { return badWalk{f} }},

@@ -69,7 +69,7 @@ func layoutNeeds(layout []string) []Capability {
 // refused at once; anything else only must not hang.
 func timeoutFor(caps []Capability) time.Duration {
 	if slices.Contains(caps, CapFIFOs) || slices.Contains(caps, CapSockets) {
-		return fastTimeout
+		return eventTimeout
 	}
 	return hangTimeout
 }

@@ -151,12 +151,16 @@ type result[T any] struct {
 	err error
 }
 
-// hangTimeout bounds any call that should be quick, so a hang fails the
-// subtest instead of blocking the run; fastTimeout bounds calls the contract
-// says must not block (special files).
+// The kit waits for events, never for time: these bounds only turn a hang
+// into a failure, and are generous so that a loaded machine (a load average
+// of 16 on 2 cores) does not trip them. hangTimeout bounds any call that
+// should end (a Run included); eventTimeout bounds the wait for something
+// that should happen at once — a call the contract says must not block
+// (special files, a free lock), a line reaching Output, a killed process
+// disappearing — since what does not happen within it never will.
 const (
-	hangTimeout = 10 * time.Second
-	fastTimeout = time.Second
+	hangTimeout  = 60 * time.Second
+	eventTimeout = 20 * time.Second
 )
 
 // within runs f on its own goroutine and waits at most d for it. When f does

@@ -254,7 +254,7 @@ func lockContext(x *fixture) {
 	if err != nil {
 		x.t.Fatal(err)
 	}
-	err = within(x.t, fastTimeout, "Lock of a held lock with a 100ms context", func() error {
+	err = within(x.t, eventTimeout, "Lock of a held lock with a 100ms context", func() error {
 		ctx, cancel := context.WithTimeout(x.ctx, 100*time.Millisecond)
 		defer cancel()
 		u, err := workspace.Lock(ctx, x.FS, "f")
@@ -278,7 +278,7 @@ func lockContext(x *fixture) {
 // at once.
 func lockAtOnce(x *fixture, name, what string) {
 	x.t.Helper()
-	err := within(x.t, fastTimeout, fmt.Sprintf("Lock(%q) of %s", name, what), func() error {
+	err := within(x.t, eventTimeout, fmt.Sprintf("Lock(%q) of %s", name, what), func() error {
 		u, err := workspace.Lock(x.ctx, x.FS, name)
 		if err == nil {
 			u()

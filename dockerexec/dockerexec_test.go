@@ -75,7 +75,7 @@ func TestHardening(t *testing.T) {
 	}
 	for _, ck := range checks {
 		t.Run(ck.name, func(t *testing.T) {
-			res, out := run(t, b, ck.script, 10*time.Second)
+			res, out := run(t, b, ck.script, time.Minute)
 			if !ck.want(out) {
 				t.Errorf("%s: exit %d, output %q", ck.script, res.ExitCode, out)
 			}
@@ -93,14 +93,14 @@ func limited(t *testing.T) *dockerexec.Container {
 
 func TestForkBombEndsAtPidsLimit(t *testing.T) {
 	c := limited(t)
-	res, out := run(t, c.Bash(), "bomb() { bomb | bomb & }; bomb; sleep 30", 3*time.Second)
+	res, out := run(t, c.Bash(), "bomb() { bomb | bomb & }; bomb; sleep 600", 10*time.Second)
 	if !res.TimedOut {
 		t.Errorf("fork bomb: %+v %q", res, tail(out))
 	}
 	if !strings.Contains(out, "fork") && !strings.Contains(out, "Resource temporarily unavailable") {
 		t.Errorf("fork bomb never hit the pids limit: %q", tail(out))
 	}
-	res, out = run(t, c.Bash(), "echo alive; ps -o pid,stat,args", 10*time.Second)
+	res, out = run(t, c.Bash(), "echo alive; ps -o pid,stat,args", time.Minute)
 	if res.ExitCode != 0 || !strings.HasPrefix(out, "alive\n") {
 		t.Fatalf("after the fork bomb: %+v %q", res, out)
 	}
@@ -118,25 +118,35 @@ func TestForkBombEndsAtPidsLimit(t *testing.T) {
 
 func TestMemoryHogIsKilled(t *testing.T) {
 	c := limited(t)
-	res, out := run(t, c.Bash(), "s=xxxxxxxxxxxxxxxx; while :; do s=$s$s; done", 30*time.Second)
+	res, out := run(t, c.Bash(), "s=xxxxxxxxxxxxxxxx; while :; do s=$s$s; done", time.Minute)
 	if res.TimedOut || (res.Signal != "SIGKILL" && res.ExitCode != 137) {
 		t.Errorf("memory hog: %+v %q, want killed by SIGKILL", res, tail(out))
 	}
-	if res, out := run(t, c.Bash(), "echo alive", 10*time.Second); res.ExitCode != 0 || out != "alive\n" {
+	if res, out := run(t, c.Bash(), "echo alive", time.Minute); res.ExitCode != 0 || out != "alive\n" {
 		t.Fatalf("after the memory hog: %+v %q", res, out)
 	}
 }
 
 func TestTimeoutKillsEverything(t *testing.T) {
 	c := dockertest.Start(t, dockerexec.Spec{})
-	script := "sleep 1001 & nohup sleep 1002 >/dev/null 2>&1 & setsid sleep 1003 & (setsid sh -c 'sleep 1004 &' &) ; sleep 1005"
-	res, _ := run(t, c.Bash(), script, time.Second)
-	if !res.TimedOut {
-		t.Fatalf("result %+v, want a timeout", res)
-	}
-	_, out := run(t, c.Bash(), "ps -o pid,comm,args", 10*time.Second)
-	if strings.Contains(out, "sleep") {
-		t.Errorf("processes of the timed-out command survive:\n%s", out)
+	script := "sleep 1001 & nohup sleep 1002 >/dev/null 2>&1 & setsid sleep 1003 & (setsid sh -c 'sleep 1004 &' &) ; echo started; sleep 1005"
+	// A timeout that passed before the escapes started proves little: it is
+	// doubled until they had.
+	for limit := time.Second; ; limit *= 2 {
+		res, out := run(t, c.Bash(), script, limit)
+		if !res.TimedOut {
+			t.Fatalf("result %+v, want a timeout", res)
+		}
+		_, ps := run(t, c.Bash(), "ps -o pid,comm,args", time.Minute)
+		if strings.Contains(ps, "sleep") {
+			t.Fatalf("processes of the timed-out command survive:\n%s", ps)
+		}
+		if strings.Contains(out, "started") {
+			return
+		}
+		if limit > 30*time.Second {
+			t.Fatalf("the escapes never started within %v: output %q", limit, out)
+		}
 	}
 }
 
@@ -156,14 +166,14 @@ func TestWorkspaceInAndOut(t *testing.T) {
 	must(t, os.Symlink("sub/a.txt", filepath.Join(dir, "src/link")))
 	c := dockertest.Start(t, dockerexec.Spec{WorkspaceDir: dir})
 
-	_, out := run(t, c.Bash(), "cat src/link; stat -c '%u:%g %a %n' . src src/sub/a.txt; readlink src/link", 10*time.Second)
+	_, out := run(t, c.Bash(), "cat src/link; stat -c '%u:%g %a %n' . src src/sub/a.txt; readlink src/link", time.Minute)
 	u := sessionUID(strings.TrimPrefix(out, "alpha\n"))
 	want := strings.ReplaceAll("alpha\nU:U 755 .\nU:U 755 src\nU:U 640 src/sub/a.txt\nsub/a.txt\n", "U", u)
 	if out != want {
 		t.Errorf("workspace as copied in:\n%s\nwant:\n%s", out, want)
 	}
 
-	run(t, c.Bash(), "echo beta > b.txt", 10*time.Second)
+	run(t, c.Bash(), "echo beta > b.txt", time.Minute)
 	var buf bytes.Buffer
 	must(t, c.Export(context.Background(), &buf))
 	got := map[string]string{}
@@ -189,7 +199,7 @@ func TestWorkspaceInAndOut(t *testing.T) {
 	must(t, tw.WriteHeader(&tar.Header{Name: "dev", Typeflag: tar.TypeChar, Devmajor: 1, Devminor: 3}))
 	must(t, tw.Close())
 	must(t, c.Import(context.Background(), &in))
-	_, out = run(t, c.Bash(), "stat -c '%u %n' imported/x; cat imported/x; ls -A / | grep -c escape; ls dev 2>&1", 10*time.Second)
+	_, out = run(t, c.Bash(), "stat -c '%u %n' imported/x; cat imported/x; ls -A / | grep -c escape; ls dev 2>&1", time.Minute)
 	if u := sessionUID(out); u == "" || !strings.HasPrefix(out, u+" imported/x\nx\n0\n") || !strings.Contains(out, "No such file") {
 		t.Errorf("after import: %q", out)
 	}
@@ -261,7 +271,7 @@ func TestReap(t *testing.T) {
 	cli := dockertest.Client(t)
 	ctx := context.Background()
 	c := dockertest.Start(t, dockerexec.Spec{})
-	n, err := dockerexec.Reap(ctx, cli, map[string]string{policy.LabelSession: "dockerexec", "sandboxd.case": "none"})
+	n, err := dockerexec.Reap(ctx, cli, map[string]string{policy.LabelSession: dockertest.Label(), "sandboxd.case": "none"})
 	if err != nil || n != 0 {
 		t.Fatalf("Reap of a label nothing has = %d, %v", n, err)
 	}
@@ -299,7 +309,7 @@ func TestSeccomp(t *testing.T) {
 		Syscalls:      []specs.LinuxSyscall{{Names: []string{"mkdir", "mkdirat"}, Action: specs.ActErrno}},
 	}
 	c := dockertest.Start(t, dockerexec.Spec{Profile: prof})
-	res, out := run(t, c.Bash(), "mkdir /tmp/d", 10*time.Second)
+	res, out := run(t, c.Bash(), "mkdir /tmp/d", time.Minute)
 	if res.ExitCode == 0 || !strings.Contains(out, "not permitted") {
 		t.Errorf("mkdir under a profile that refuses it: %+v %q", res, out)
 	}
@@ -360,7 +370,7 @@ func TestForeignImage(t *testing.T) {
 	dir := t.TempDir()
 	must(t, os.WriteFile(filepath.Join(dir, "given"), []byte("g"), 0o644))
 	c := dockertest.Start(t, dockerexec.Spec{Profile: policy.DefaultProfile(ref), WorkspaceDir: dir})
-	r, out := run(t, c.Bash(), "touch made && stat -c '%u:%g %n' . given made", 10*time.Second)
+	r, out := run(t, c.Bash(), "touch made && stat -c '%u:%g %n' . given made", time.Minute)
 	if u := sessionUID(out); r.ExitCode != 0 || out != strings.ReplaceAll("U:U .\nU:U given\nU:U made\n", "U", u) {
 		t.Errorf("workspace in a foreign image: %+v %q", r, out)
 	}

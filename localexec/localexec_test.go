@@ -216,7 +216,7 @@ func TestStdin(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			res, stdout, _, err := run(t, b, t.Context(), workspace.Command{Script: tt.script, Stdin: tt.stdin, Timeout: 10 * time.Second})
+			res, stdout, _, err := run(t, b, t.Context(), workspace.Command{Script: tt.script, Stdin: tt.stdin, Timeout: time.Minute})
 			if err != nil || res.ExitCode != 0 || strings.TrimLeft(stdout, " ") != tt.stdout {
 				t.Errorf("Run = %+v, %v, %q; want %q", res, err, stdout, tt.stdout)
 			}
@@ -250,8 +250,8 @@ func TestOutputSerialAndStreaming(t *testing.T) {
 		Script: `for i in $(seq 200); do echo out$i; echo err$i >&2; done; echo ready; read answer; echo "got $answer"`,
 		Stdin:  stdinR,
 		// If output only came at the end, the command would wait for its
-		// answer until this timeout.
-		Timeout: 10 * time.Second,
+		// answer until this timeout, which only bounds that failure.
+		Timeout: time.Minute,
 		Output: func(s workspace.Stream, p []byte) {
 			if inFlight.Add(1) > 1 {
 				overlaps.Add(1)
@@ -311,36 +311,76 @@ func TestTreeKilled(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			b, dir := newBash(t)
-			ctx, cancel := context.WithCancel(t.Context())
-			defer cancel()
-			res, err := b.Run(ctx, workspace.Command{Script: tt.script, Timeout: tt.timeout, Output: func(s workspace.Stream, p []byte) {
-				if tt.cancel && strings.Contains(string(p), "started") {
-					cancel()
+			// A timeout may pass before the escapes have started on a loaded
+			// machine: what did start must die, and the run is repeated with
+			// twice the timeout until all have.
+			for timeout := tt.timeout; ; timeout *= 2 {
+				b, dir := newBash(t)
+				ctx, cancel := context.WithCancel(t.Context())
+				defer cancel()
+				var out strings.Builder
+				res, err := b.Run(ctx, workspace.Command{Script: tt.script, Timeout: timeout, Output: func(s workspace.Stream, p []byte) {
+					out.Write(p)
+					if tt.cancel && strings.Contains(out.String(), "started\n") {
+						cancel()
+					}
+				}})
+				res.Duration = 0
+				if res != tt.want || !errors.Is(err, tt.err) {
+					t.Errorf("Run = %+v, %v; want %+v, %v", res, err, tt.want, tt.err)
 				}
-			}})
-			res.Duration = 0
-			if res != tt.want || !errors.Is(err, tt.err) {
-				t.Errorf("Run = %+v, %v; want %+v, %v", res, err, tt.want, tt.err)
-			}
-			for _, f := range escapeFiles {
-				b, err := os.ReadFile(filepath.Join(dir, f))
-				pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
-				if err != nil || pid <= 0 {
-					t.Errorf("%s: no pid (%v)", f, err)
-					continue
+				started := strings.Contains(out.String(), "started\n")
+				treeGone(t, dir, started)
+				if started || timeout == 0 || timeout > 30*time.Second {
+					if !started {
+						t.Errorf("the escapes never started: output %q", out.String())
+					}
+					break
 				}
-				// kill -0 fails for a process that is gone; a pid reused
-				// since is not a sleep 600.
-				cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-				if syscall.Kill(pid, 0) == nil && string(cmdline) == "sleep\x00600\x00" {
-					syscall.Kill(pid, syscall.SIGKILL)
-					t.Errorf("%s: process %d survived", f, pid)
-				}
+				t.Logf("the escapes had not started within %v (a slow machine); again with %v", timeout, 2*timeout)
 			}
 		})
 	}
 	noChildren(t)
+}
+
+// treeGone fails the test unless every process whose pid an escape file in
+// dir holds has ended (all of them must hold one when all started). Run
+// promises the tree gone when it returns, so the check is immediate; a
+// process still running is then watched for a minute, so that the failure
+// says which it was: the tree survived, or Run returned before the kill
+// completed.
+func treeGone(t *testing.T, dir string, all bool) {
+	t.Helper()
+	alive := func(pid int) bool {
+		// kill -0 fails for a process that is gone; a pid reused since is
+		// not a sleep 600, nor is a zombie.
+		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		return syscall.Kill(pid, 0) == nil && string(cmdline) == "sleep\x00600\x00"
+	}
+	for _, f := range escapeFiles {
+		b, err := os.ReadFile(filepath.Join(dir, f))
+		pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil || pid <= 0 {
+			if all {
+				t.Errorf("%s: no pid (%v)", f, err)
+			}
+			continue
+		}
+		if !alive(pid) {
+			continue
+		}
+		deadline := time.Now().Add(time.Minute)
+		for alive(pid) && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if alive(pid) {
+			syscall.Kill(pid, syscall.SIGKILL)
+			t.Errorf("%s: the tree survived: process %d still ran a minute after Run returned", f, pid)
+		} else {
+			t.Errorf("%s: Run returned before the kill completed: process %d still ran when it returned, and ended later", f, pid)
+		}
+	}
 }
 
 // A killed tree ends Run promptly, with the duration it ran.
@@ -353,17 +393,28 @@ func TestTimeoutDuration(t *testing.T) {
 }
 
 func TestContextDone(t *testing.T) {
-	b, _ := newBash(t)
+	b, dir := newBash(t)
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
 	if _, err := b.Run(ctx, workspace.Command{Script: "true"}); !errors.Is(err, context.Canceled) {
 		t.Errorf("Run with a done context = %v", err)
 	}
-	ctx, cancel = context.WithTimeout(t.Context(), 100*time.Millisecond)
-	defer cancel()
-	res, err := b.Run(ctx, workspace.Command{Script: "sleep 600", Timeout: time.Minute})
-	if !errors.Is(err, context.DeadlineExceeded) || res.TimedOut || res.Signal != "SIGKILL" {
-		t.Errorf("Run = %+v, %v; want killed, with ctx's error", res, err)
+	// The deadline must pass while the command runs: it is doubled until the
+	// command had started (wrote its marker) before it passed.
+	for limit := 100 * time.Millisecond; ; limit *= 2 {
+		marker := filepath.Join(dir, fmt.Sprint("started-", limit))
+		ctx, cancel := context.WithTimeout(t.Context(), limit)
+		res, err := b.Run(ctx, workspace.Command{Script: ": > " + marker + "; sleep 600", Timeout: time.Minute})
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) || res.TimedOut {
+			t.Fatalf("Run = %+v, %v; want ctx's error", res, err)
+		}
+		if _, serr := os.Stat(marker); serr == nil || limit > 30*time.Second {
+			if res.Signal != "SIGKILL" {
+				t.Errorf("Run = %+v, %v; want killed, with ctx's error", res, err)
+			}
+			return
+		}
 	}
 }
 
@@ -376,7 +427,7 @@ func TestNoLeaks(t *testing.T) {
 	}
 	noChildren(t)
 	var after int
-	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 		if after = runtime.NumGoroutine(); after <= before {
 			return
 		}

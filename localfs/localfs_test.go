@@ -251,17 +251,15 @@ func TestOperations(t *testing.T) {
 			fsys, top := newFS(t, append(tc.layout, outside...)...)
 			before := snapshot(t, filepath.Join(top, "out"))
 
+			// A call that blocks (on a FIFO) blocks for good: the bound
+			// only turns that hang into a failure.
 			done := make(chan error, 1)
-			start := time.Now()
 			go func() { done <- runOp(context.Background(), fsys, tc.op, tc.path) }()
 			var err error
 			select {
 			case err = <-done:
-			case <-time.After(5 * time.Second):
+			case <-time.After(30 * time.Second):
 				t.Fatalf("%s %q blocked", tc.op, tc.path)
-			}
-			if d := time.Since(start); d > 500*time.Millisecond {
-				t.Errorf("%s %q took %v", tc.op, tc.path, d)
 			}
 
 			if tc.want == nil && err != nil {
@@ -631,7 +629,7 @@ func TestLockInProcess(t *testing.T) {
 	select {
 	case u := <-got:
 		u()
-	case <-time.After(5 * time.Second):
+	case <-time.After(time.Minute):
 		t.Fatal("the lock was not released")
 	}
 	if after := snapshot(t, filepath.Join(top, "ws")); !maps.Equal(before, after) {

@@ -65,7 +65,7 @@ func runCmd(t *testing.T, ctx context.Context, sh *memexec.Bash, cmd workspace.C
 // sh runs a script that must succeed quietly and returns its output.
 func sh(t *testing.T, b *memexec.Bash, script string) string {
 	t.Helper()
-	r := runCmd(t, t.Context(), b, workspace.Command{Script: script, Timeout: 10 * time.Second})
+	r := runCmd(t, t.Context(), b, workspace.Command{Script: script, Timeout: time.Minute})
 	if r.err != nil || r.res.ExitCode != 0 || r.stderr != "" {
 		t.Fatalf("Run(%q) = %+v, %v; stdout %q, stderr %q", script, r.res, r.err, r.stdout, r.stderr)
 	}
@@ -299,7 +299,7 @@ func TestConflictWorkspaceWins(t *testing.T) {
 	r := runCmd(t, ctx, b, workspace.Command{
 		Script: `echo ready; while [ ! -e go ]; do sleep 0.01; done
 echo command > both; rm removed; echo command > created; echo command > cmdonly`,
-		Timeout: 10 * time.Second,
+		Timeout: time.Minute,
 		Output: func(s workspace.Stream, p []byte) {
 			if s == workspace.Stdout && bytes.Contains(p, []byte("ready")) {
 				once.Do(func() {
@@ -347,26 +347,40 @@ func TestWorkspaceFull(t *testing.T) {
 	}
 }
 
-// TestChangesKeptAfterTimeout: what a command wrote before it was killed is
-// copied back.
+// TestChangesKeptAfterTimeout: what a command wrote before it was killed, at
+// its timeout or its context's deadline, is copied back. A limit that passed
+// before the command wrote (it marks the moment in a directory outside the
+// workspace) proves nothing, and is doubled.
 func TestChangesKeptAfterTimeout(t *testing.T) {
 	fsys, b := setup(t, nil)
-	r := runCmd(t, t.Context(), b, workspace.Command{Script: "echo partial > out; sleep 10", Timeout: 200 * time.Millisecond})
-	if !r.res.TimedOut || r.err != nil {
-		t.Fatalf("Run = %+v, %v; want TimedOut", r.res, r.err)
-	}
-	if got := readMem(t, fsys, "out"); got != "partial\n" {
-		t.Errorf("out = %q", got)
-	}
-
-	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
-	defer cancel()
-	r = runCmd(t, ctx, b, workspace.Command{Script: "echo cancelled > out2; sleep 10"})
-	if !errors.Is(r.err, context.DeadlineExceeded) {
-		t.Fatalf("Run = %+v, %v; want the deadline", r.res, r.err)
-	}
-	if got := readMem(t, fsys, "out2"); got != "cancelled\n" {
-		t.Errorf("out2 = %q", got)
+	marks := t.TempDir()
+	for _, deadline := range []bool{false, true} {
+		for i, limit := 0, 200*time.Millisecond; ; i, limit = i+1, 2*limit {
+			name := fmt.Sprintf("out-%v-%d", deadline, i)
+			mark := filepath.Join(marks, name)
+			cmd := workspace.Command{Script: fmt.Sprintf("echo partial > %s; : > %s; sleep 600", name, mark)}
+			ctx, cancel := t.Context(), context.CancelFunc(func() {})
+			if deadline {
+				ctx, cancel = context.WithTimeout(ctx, limit)
+			} else {
+				cmd.Timeout = limit
+			}
+			r := runCmd(t, ctx, b, cmd)
+			cancel()
+			if deadline && !errors.Is(r.err, context.DeadlineExceeded) || !deadline && (!r.res.TimedOut || r.err != nil) {
+				t.Fatalf("Run with a limit of %v = %+v, %v; want it cut short", limit, r.res, r.err)
+			}
+			if _, err := os.Stat(mark); err != nil {
+				if limit > 30*time.Second {
+					t.Fatalf("the command never ran: %v", err)
+				}
+				continue
+			}
+			if got := readMem(t, fsys, name); got != "partial\n" {
+				t.Errorf("%s = %q", name, got)
+			}
+			break
+		}
 	}
 }
 
@@ -388,20 +402,24 @@ func TestRunsAreSerial(t *testing.T) {
 		t.Errorf("log = %q: Runs overlapped", got)
 	}
 
-	started := make(chan struct{})
+	// The first runs until the second has given up: the second returning
+	// at all shows that it stopped waiting for its turn.
+	started, first := make(chan struct{}), make(chan error, 1)
+	holdCtx, release := context.WithCancel(t.Context())
 	go func() {
 		var once sync.Once
-		b.Run(t.Context(), workspace.Command{Script: "echo go; sleep 1", Output: func(workspace.Stream, []byte) { once.Do(func() { close(started) }) }})
+		_, err := b.Run(holdCtx, workspace.Command{Script: "echo go; sleep 600", Output: func(workspace.Stream, []byte) { once.Do(func() { close(started) }) }})
+		first <- err
 	}()
 	<-started
 	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
 	defer cancel()
-	begin := time.Now()
 	if _, err := b.Run(ctx, workspace.Command{Script: "true"}); !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("Run waiting for its turn = %v, want the deadline", err)
 	}
-	if d := time.Since(begin); d > 700*time.Millisecond {
-		t.Errorf("Run waited %v after its ctx ended", d)
+	release()
+	if err := <-first; !errors.Is(err, context.Canceled) {
+		t.Errorf("the Run holding the turn = %v, want it cancelled", err)
 	}
 }
 

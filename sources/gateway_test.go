@@ -112,7 +112,7 @@ func itemsAPI(t *testing.T, elsewhere string) *api {
 		case "/v1/items/slow":
 			select {
 			case <-r.Context().Done():
-			case <-time.After(3 * time.Second):
+			case <-time.After(time.Minute): // only until the client gives up, as it must
 			}
 		case "/v1/items":
 			body, _ := io.ReadAll(r.Body)
@@ -390,7 +390,11 @@ func TestGatewayConcurrent(t *testing.T) {
 	srv := itemsAPI(t, "")
 	var mu sync.Mutex
 	audited := map[string]int{}
-	g, err := sources.NewGateway(sources.Decls{itemsSource(srv.URL)},
+	// 1,000 requests at once on a loaded machine: the time limit only
+	// bounds a hang here.
+	decl := itemsSource(srv.URL)
+	decl.TimeoutMs = time.Minute.Milliseconds()
+	g, err := sources.NewGateway(sources.Decls{decl},
 		sources.WithLookupEnv(func(string) (string, bool) { return secret, true }),
 		sources.WithAudit(func(r sources.AuditRecord) {
 			mu.Lock()

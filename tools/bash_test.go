@@ -154,21 +154,34 @@ func TestBashSpill(t *testing.T) {
 }
 
 func TestBashProgress(t *testing.T) {
+	// The command waits, after every other round of output, until a
+	// progress event has come: events while it runs, not at its end.
+	var mu sync.Mutex
+	arrived := sync.NewCond(&mu)
+	got := map[string]string{}
+	events := 0
+	done, gaveUp := false, false
+	defer time.AfterFunc(time.Minute, func() { // only a hang lasts that long
+		mu.Lock()
+		defer mu.Unlock()
+		gaveUp = true
+		arrived.Broadcast()
+	}).Stop()
 	set, _ := bashSet(t, memfs.New(), func(_ context.Context, cmd workspace.Command) (workspace.Result, error) {
 		for i := range 6 {
 			cmd.Output(workspace.Stdout, []byte("out"))
 			cmd.Output(workspace.Stderr, []byte("err\xc3")) // a rune split between writes
 			cmd.Output(workspace.Stderr, []byte("\xa9"))
 			if i%2 == 1 {
-				time.Sleep(15 * time.Millisecond)
+				mu.Lock()
+				for want := events + 1; events < want && !gaveUp; {
+					arrived.Wait()
+				}
+				mu.Unlock()
 			}
 		}
 		return workspace.Result{}, nil
 	}, func(c *tools.Config) { c.ProgressMs = 5 })
-	var mu sync.Mutex
-	got := map[string]string{}
-	events := 0
-	done := false
 	r := set.Call(context.Background(), "bash", json.RawMessage(`{"command":"x"}`), tools.CallOptions{Progress: func(p tools.Progress) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -177,11 +190,12 @@ func TestBashProgress(t *testing.T) {
 		}
 		got[p.Stream] += p.Text
 		events++
+		arrived.Broadcast()
 	}})
 	mu.Lock()
 	done = true
 	mu.Unlock()
-	if r.IsError || got["stdout"] != strings.Repeat("out", 6) || got["stderr"] != strings.Repeat("err\u00e9", 6) || events < 4 {
+	if r.IsError || got["stdout"] != strings.Repeat("out", 6) || got["stderr"] != strings.Repeat("err\u00e9", 6) || events < 3 {
 		t.Errorf("progress %q, %d events", got, events)
 	}
 }

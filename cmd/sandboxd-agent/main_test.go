@@ -66,7 +66,7 @@ func startAgent(t *testing.T, wrap ...string) (*agentProc, string) {
 		cmd.Process.Kill()
 		cmd.Wait()
 	})
-	p.client, err = agent.NewClient(pipes{stdin, stdout}, agent.WithHandshakeTimeout(10*time.Second))
+	p.client, err = agent.NewClient(pipes{stdin, stdout}, agent.WithHandshakeTimeout(time.Minute))
 	if err != nil {
 		t.Fatalf("%v; agent's stderr:\n%s", err, p.stderr)
 	}
@@ -95,7 +95,7 @@ func (p *agentProc) closeAndWait(t *testing.T) {
 		if err != nil {
 			t.Errorf("agent exited with %v; stderr:\n%s", err, p.stderr)
 		}
-	case <-time.After(10 * time.Second):
+	case <-time.After(time.Minute):
 		t.Fatal("the agent did not exit when its input closed")
 	}
 }
@@ -103,7 +103,7 @@ func (p *agentProc) closeAndWait(t *testing.T) {
 func run(t *testing.T, c *agent.Client, script string) (workspace.Result, string) {
 	t.Helper()
 	var out strings.Builder
-	res, err := c.Run(context.Background(), workspace.Command{Script: script, Timeout: 10 * time.Second,
+	res, err := c.Run(context.Background(), workspace.Command{Script: script, Timeout: time.Minute,
 		Output: func(_ workspace.Stream, p []byte) { out.Write(p) }})
 	if err != nil {
 		t.Fatalf("%s: %v", script, err)

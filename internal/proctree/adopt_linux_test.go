@@ -73,7 +73,7 @@ func TestAdoptedDirectAlone(t *testing.T) {
 	if exit, err := p.Wait(); err != nil || exit.Code != 7 {
 		t.Fatalf("Wait = %+v, %v", exit, err)
 	}
-	checkGone(t, dir)
+	checkGone(t, dir, true)
 	noChildren(t)
 }
 
@@ -118,7 +118,7 @@ func TestAdoptedOverlap(t *testing.T) {
 	if exit, err := direct.Wait(); err != nil || exit.Code != 0 {
 		t.Fatalf("direct command: Wait = %+v, %v", exit, err)
 	}
-	checkGone(t, ddir)
+	checkGone(t, ddir, true)
 	for _, f := range escapeFiles {
 		// Not alive: the process may not have executed sleep yet.
 		if pid := readPid(t, filepath.Join(sdir, f)); !running(pid) {
@@ -134,7 +134,7 @@ func TestAdoptedOverlap(t *testing.T) {
 	if exit, err := shimmed.Wait(); err != nil || !exit.Killed {
 		t.Fatalf("shimmed command: Wait = %+v, %v; want it killed", exit, err)
 	}
-	checkGone(t, sdir)
+	checkGone(t, sdir, true)
 	runTrue(t, "*proctree.directTree") // alone again
 	noChildren(t)
 }
@@ -156,7 +156,6 @@ func runTrue(t *testing.T, want string) {
 
 // running reports whether pid is a process that has not exited.
 func running(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	i := strings.LastIndexByte(string(b), ')') // "pid (comm) S …"
-	return err == nil && i > 0 && i+2 < len(b) && b[i+2] != 'Z'
+	s := procState(pid)
+	return s != 0 && s != 'Z'
 }

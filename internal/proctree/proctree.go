@@ -64,6 +64,12 @@ const DefaultWaitDelay = 2 * time.Second
 // (or after the program ended) before it kills the shim itself.
 const killGrace = 5 * time.Second
 
+// readyTimeout is how long Start waits for a new shim to say it is ready.
+// Nothing the program does can delay that (the program starts after), so
+// only a hang in the binary's initialisers should trip it — not a loaded
+// machine, where a large (or race-built) binary may take seconds to start.
+const readyTimeout = time.Minute
+
 // ErrOutputHeld is returned by Wait, with a valid Exit, when the output pipes
 // were still open WaitDelay after the process tree was gone: a process outside
 // the tree holds them. The output read until then was delivered.

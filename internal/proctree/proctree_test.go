@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -170,9 +171,7 @@ func TestGroupKill(t *testing.T) {
 	if exit.Code != 0 || !errors.Is(err, ErrOutputHeld) {
 		t.Errorf("Wait = %+v, %v; want exit 0 and ErrOutputHeld", exit, err)
 	}
-	if pid := readPid(t, filepath.Join(dir, "bg")); alive(pid) {
-		t.Errorf("background job %d survived", pid)
-	}
+	pidsGone(t, dir, false, "bg") // killed with the group; Wait waited for the output only
 	if !alive(escaped) {
 		t.Errorf("setsid escapee %d died; this test documents that the group kill misses it", escaped)
 	}
@@ -206,6 +205,88 @@ func alive(pid int) bool {
 	}
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
 	return err != nil || string(b) == "sleep\x00600\x00"
+}
+
+// goneTimeout bounds the wait for a killed process to end: only a hang
+// (a process that was never killed) outlasts it.
+const goneTimeout = 60 * time.Second
+
+// pidsGone fails the test unless the processes whose pids the files names in
+// dir hold have ended. With promised, Wait has returned and promised the tree
+// gone, so a process still running at the check is an error even if it ends
+// later; without, the kill was sent from outside and nothing waited for it,
+// so the processes are given goneTimeout to end. The failure says which it
+// was: the tree survived (a process still runs after goneTimeout, with or
+// without a SIGKILL pending), or the check ran before the kill had completed.
+func pidsGone(t *testing.T, dir string, promised bool, names ...string) {
+	t.Helper()
+	pids := make([]int, len(names))
+	var early []string
+	for i, name := range names {
+		pids[i] = readPid(t, filepath.Join(dir, name))
+		if alive(pids[i]) {
+			early = append(early, describePid(name, pids[i]))
+		}
+	}
+	deadline := time.Now().Add(goneTimeout)
+	var survivors []string
+	for i, pid := range pids {
+		for alive(pid) && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if alive(pid) {
+			survivors = append(survivors, describePid(names[i], pid))
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	switch {
+	case len(survivors) > 0:
+		t.Errorf("the tree survived: still running %v after the check began: %s", goneTimeout, strings.Join(survivors, ", "))
+	case promised && len(early) > 0:
+		t.Errorf("Wait returned before the kill completed: still running when it returned, gone later: %s", strings.Join(early, ", "))
+	case len(early) > 0:
+		t.Logf("still dying when checked (the kill was sent from outside; nothing waits for it): %s", strings.Join(early, ", "))
+	}
+}
+
+// describePid names the process pid, recorded in the file name, with its
+// state and whether a SIGKILL is pending: one that is has been killed and
+// not yet run to its end, one that is not was never killed.
+func describePid(name string, pid int) string {
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	state, killed := "?", false
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, _ := strings.Cut(line, ":")
+		v = strings.TrimSpace(v)
+		switch k {
+		case "State":
+			state = v
+		case "SigPnd", "ShdPnd":
+			if mask, err := strconv.ParseUint(v, 16, 64); err == nil && mask&(1<<(syscall.SIGKILL-1)) != 0 {
+				killed = true
+			}
+		}
+	}
+	pending := "no SIGKILL pending"
+	if killed {
+		pending = "SIGKILL pending"
+	}
+	return fmt.Sprintf("%s %d (%s, %s)", name, pid, state, pending)
+}
+
+// awaitFile waits until the file name is not empty, or fails the test after
+// goneTimeout, calling cleanup first.
+func awaitFile(t *testing.T, name string, cleanup func()) {
+	t.Helper()
+	for deadline := time.Now().Add(goneTimeout); ; time.Sleep(10 * time.Millisecond) {
+		if fi, err := os.Stat(name); err == nil && fi.Size() > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			cleanup()
+			t.Fatalf("the command never wrote %s", filepath.Base(name))
+		}
+	}
 }
 
 // noChildren fails when the test process has children left: zombies the

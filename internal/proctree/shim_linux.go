@@ -159,7 +159,7 @@ type shimTree struct {
 }
 
 // startShim starts the shim, hands it the program, and returns once the
-// shim is ready (at most killGrace later). It does not wait for the program
+// shim is ready (at most readyTimeout later). It does not wait for the program
 // to start: the program may stop the shim (kill -STOP $PPID) before the
 // shim has said so, and only kill, which the caller can reach once Start
 // returns, gets past that. An adopted shim is counted in adopt.active (the
@@ -212,14 +212,14 @@ func startShim(path string, spec Spec, stdio [3]*os.File, adopted bool) (tree, e
 		}
 		ready <- err
 	}()
-	timer := time.NewTimer(killGrace)
+	timer := time.NewTimer(readyTimeout)
 	defer timer.Stop()
 	select {
 	case err = <-ready:
 	case <-timer.C:
 		proc.Kill()
 		<-ready
-		err = fmt.Errorf("not ready after %v", killGrace)
+		err = fmt.Errorf("not ready after %v", readyTimeout)
 	}
 	if err != nil {
 		proc.Kill()

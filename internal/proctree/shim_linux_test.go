@@ -36,14 +36,11 @@ func escapes(dir string) string {
 
 var escapeFiles = []string{"background", "nohup", "setsid", "doublefork", "setsid-child", "ignores-term"}
 
-func checkGone(t *testing.T, dir string) {
+// checkGone fails the test unless every escape recorded in dir has ended
+// (see pidsGone).
+func checkGone(t *testing.T, dir string, promised bool) {
 	t.Helper()
-	for _, f := range escapeFiles {
-		if pid := readPid(t, filepath.Join(dir, f)); alive(pid) {
-			syscall.Kill(pid, syscall.SIGKILL)
-			t.Errorf("%s: process %d survived", f, pid)
-		}
-	}
+	pidsGone(t, dir, promised, escapeFiles...)
 }
 
 func TestShimKillsTreeWhenMainExits(t *testing.T) {
@@ -52,7 +49,7 @@ func TestShimKillsTreeWhenMainExits(t *testing.T) {
 	if err != nil || exit.Code != 7 || exit.Killed {
 		t.Fatalf("Wait = %+v, %v (output %q); want exit 7, no error: the tree kill closes the pipes", exit, err, out)
 	}
-	checkGone(t, dir)
+	checkGone(t, dir, true)
 	noChildren(t)
 }
 
@@ -79,7 +76,7 @@ func TestShimKillsTreeOnCancel(t *testing.T) {
 	if err != nil || exit.Code != -1 || exit.Signal != "SIGKILL" || !exit.Killed {
 		t.Fatalf("Wait = %+v, %v; want killed by SIGKILL", exit, err)
 	}
-	checkGone(t, dir)
+	checkGone(t, dir, true)
 	noChildren(t)
 }
 
@@ -108,26 +105,10 @@ func TestShimKillsTreeWhenParentDies(t *testing.T) {
 	if err := parent.Start(); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if fi, err := os.Stat(filepath.Join(dir, "started")); err == nil && fi.Size() > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			parent.Process.Kill()
-			t.Fatal("the command never started")
-		}
-	}
+	awaitFile(t, filepath.Join(dir, "started"), func() { parent.Process.Kill() })
 	parent.Process.Kill()
 	parent.Wait()
-	// The shim's cleanup runs on its own now; give it a moment.
-	deadline := time.Now().Add(5 * time.Second)
-	for _, f := range escapeFiles {
-		pid := readPid(t, filepath.Join(dir, f))
-		for alive(pid) && time.Now().Before(deadline) {
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
-	checkGone(t, dir)
+	checkGone(t, dir, false) // the shim's cleanup runs on its own now
 }
 
 // The shim must not leak its protocol descriptors into the command, nor
@@ -151,47 +132,55 @@ func TestShimKilled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		if b, _ := os.ReadFile(filepath.Join(dir, "background")); len(b) > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the command never started")
-		}
-	}
+	awaitFile(t, filepath.Join(dir, "main"), func() { p.KillTree(); p.Wait() })
 	p.tree.(*shimTree).proc.Kill()
 	if exit, err := p.Wait(); err == nil || exit.Code != -1 {
 		t.Errorf("Wait = %+v, %v; want an error", exit, err)
 	}
-	for _, f := range []string{"background", "main"} {
-		pid := readPid(t, filepath.Join(dir, f))
-		for deadline := time.Now().Add(2 * time.Second); alive(pid) && time.Now().Before(deadline); {
-			time.Sleep(5 * time.Millisecond)
-		}
-		if alive(pid) {
-			syscall.Kill(pid, syscall.SIGKILL)
-			t.Errorf("%s: process %d survived", f, pid)
-		}
-	}
+	// Wait killed the group on its way out, and did not wait for it.
+	pidsGone(t, dir, false, "background", "main")
 }
 
 // A command that stops the shim, once or again and again, does not stop the
-// tree kill.
+// tree kill: the context ends once the shim has been seen stopped.
 func TestShimStopped(t *testing.T) {
 	for _, script := range []string{
 		"kill -STOP $PPID; sleep 600",
 		"(while :; do kill -STOP $PPID; done) & sleep 600",
 	} {
 		t.Run(script, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+			ctx, cancel := context.WithCancel(t.Context())
 			defer cancel()
-			exit, _, err := bash(t, ctx, false, script)
-			if err != nil || !exit.Killed {
+			p, err := Start(ctx, Spec{Argv: []string{"bash", "-c", script}, Env: os.Environ()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			shim := p.tree.(*shimTree).proc.Pid
+			for deadline := time.Now().Add(goneTimeout); procState(shim) != 'T'; time.Sleep(10 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					cancel()
+					p.Wait()
+					t.Fatalf("the command did not stop the shim within %v", goneTimeout)
+				}
+			}
+			cancel()
+			if exit, err := p.Wait(); err != nil || !exit.Killed {
 				t.Fatalf("Wait = %+v, %v; want the tree killed", exit, err)
 			}
 		})
 	}
 	noChildren(t)
+}
+
+// procState is the state letter of pid ('R', 'S', 'T', 'Z' …), or 0 when
+// there is no such process.
+func procState(pid int) byte {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	i := bytes.LastIndexByte(b, ')') // "pid (comm) S …"
+	if err != nil || i < 0 || i+2 >= len(b) {
+		return 0
+	}
+	return b[i+2]
 }
 
 // When the shim cannot finish (here: it is stopped and its deadline has
@@ -220,7 +209,8 @@ func TestShimLastResort(t *testing.T) {
 	if exit, err := p.Wait(); err == nil {
 		t.Errorf("Wait = %+v, nil; want an error: the shim did not report", exit)
 	}
-	checkGone(t, dir)
+	checkGone(t, dir, false) // killed from outside, and nothing waits for them
+
 	noChildren(t)
 }
 

@@ -264,7 +264,7 @@ func (r *Report) String() string {
 	}
 	say("the session changed %d paths of %s: %d added, %d modified, %d deleted", len(r.Changes), r.Dir, added, modified, deleted)
 	if len(r.Commits) > 0 {
-		say("the agent's %d commits in the session are delivered as one change, their subjects in its message", len(r.Commits))
+		say("commits made in the session: %d; their work is delivered as one change, their subjects in its message", len(r.Commits))
 	}
 	switch {
 	case r.Mode == None:
@@ -285,12 +285,11 @@ func (r *Report) String() string {
 	if r.Fallback != "" {
 		say("no branch (%s): a patch instead", r.Fallback)
 	}
-	if r.PatchFile != "" {
-		what := "the patch"
-		if r.Applied != nil {
-			what = "the conflicting changes, as a patch,"
-		}
-		say("wrote %s to %s; apply it: git -C %s apply %s", what, r.PatchFile, r.Dir, r.PatchFile)
+	switch {
+	case r.PatchFile != "" && r.Applied != nil:
+		say("the session's side of the conflicts is kept as a patch against the copy in %s; merge it by hand, or in a git repository: git -C %s apply --3way %s", r.PatchFile, r.Dir, r.PatchFile)
+	case r.PatchFile != "":
+		say("wrote the patch to %s; apply it: git -C %s apply %s", r.PatchFile, r.Dir, r.PatchFile)
 	}
 	return b.String()
 }

@@ -269,3 +269,30 @@ func gitModes(tree map[string]string) map[string]string {
 	}
 	return tree
 }
+
+// TestBranchFromSubdirectory: a directory below a repository's top is
+// committed at its place in the repository's tree.
+func TestBranchFromSubdirectory(t *testing.T) {
+	top := project(t, true)
+	dir := filepath.Join(top, "sub")
+	b, err := delivery.Begin(t.Context(), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	fsys, err := memfs.FromDir(t.Context(), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fsys.WriteFile(t.Context(), "deep.txt", []byte("deeper\n"), 0o644)
+	r, err := b.Deliver(t.Context(), fsys, delivery.Request{Mode: delivery.Auto, Session: "s-sub"})
+	if err != nil || r.Mode != delivery.Branch {
+		t.Fatalf("deliver: %v, %+v", err, r)
+	}
+	if got := run(t, top, "git", "show", "sandboxd/s-sub:sub/deep.txt"); got != "deeper\n" {
+		t.Errorf("sub/deep.txt on the branch: %q", got)
+	}
+	if got := run(t, top, "git", "diff", "--name-only", "HEAD", "sandboxd/s-sub"); got != "sub/deep.txt\n" {
+		t.Errorf("the branch changes %q, want only sub/deep.txt", got)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -260,5 +261,35 @@ func TestMCPNoCallCap(t *testing.T) {
 	}
 	if res, sc := call("run-2"); res.IsError {
 		t.Errorf("a new run ID counts afresh: %v", sc)
+	}
+}
+
+// TestMCPDeliversOnSIGTERM: a client that stops sandboxd mcp with SIGTERM
+// (as clients do after closing) still gets the work delivered.
+func TestMCPDeliversOnSIGTERM(t *testing.T) {
+	for _, backend := range []string{"memory", "docker"} {
+		t.Run(backend, func(t *testing.T) {
+			if backend == "docker" {
+				dockertest.Client(t)
+				dockertest.Image(t)
+			}
+			dir, _ := newWorkspace(t)
+			patch := filepath.Join(t.TempDir(), "work.patch")
+			c := startRaw(t, "--backend", backend, "--workspace", dir, "--grant", "fs.write", "--always", "read,edit", "--patch", patch)
+			c.send(`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"write","arguments":{"path":"work.txt","content":"kept\n"}}}`)
+			if r := c.next("2")["result"].(map[string]any); r["isError"] == true {
+				t.Fatalf("write: %v", r)
+			}
+			if err := c.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.cmd.Wait(); err != nil {
+				t.Errorf("sandboxd mcp after SIGTERM: %v", err)
+			}
+			data, err := os.ReadFile(patch)
+			if err != nil || !bytes.Contains(data, []byte("+++ b/work.txt\n@@ -0,0 +1 @@\n+kept\n")) {
+				t.Errorf("the patch after SIGTERM: %v\n%s", err, data)
+			}
+		})
 	}
 }

@@ -23,8 +23,10 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/sandboxd/sandboxd/workspace"
+	"golang.org/x/sync/errgroup"
 )
 
 // MaxFileBytes is the largest file a tree holds; a larger one is listed in
@@ -132,7 +134,8 @@ func BlobOID(data []byte) string {
 // Snapshot reads the tree of fsys (its regular files and symbolic links,
 // leaving out what Excluded names and other special files) and keeps the
 // contents in st. It reads through the FileSystem port, so a workspace in a
-// container, in memory or on disk is read the same way; it does not stop
+// container, in memory or on disk is read the same way, several files at a
+// time (a container's agent serves calls concurrently); it does not stop
 // writers meanwhile.
 func Snapshot(ctx context.Context, fsys workspace.FileSystem, st *Store) (*Tree, error) {
 	walk, err := workspace.Walk(ctx, fsys, workspace.WalkRequest{FilesOnly: true, Exclude: bookkeeping})
@@ -140,26 +143,40 @@ func Snapshot(ctx context.Context, fsys workspace.FileSystem, st *Store) (*Tree,
 		return nil, fmt.Errorf("delivery: listing the workspace: %w", err)
 	}
 	t := &Tree{Files: map[string]Entry{}, Skipped: map[string]string{}}
+	var mu sync.Mutex
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(snapshotReaders)
 	for _, e := range walk.Entries {
 		if Excluded(e.Path) {
 			continue
 		}
-		entry, why, err := readEntry(ctx, fsys, st, e.Path, e.Type)
-		switch {
-		case err != nil:
-			return nil, fmt.Errorf("delivery: reading %s: %w", e.Path, err)
-		case why != "":
-			t.Skipped[e.Path] = why
-		case entry != nil:
-			t.Files[e.Path] = *entry
-		}
+		g.Go(func() error {
+			entry, why, err := readEntry(gctx, fsys, st, e.Path)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err != nil:
+				return fmt.Errorf("delivery: reading %s: %w", e.Path, err)
+			case why != "":
+				t.Skipped[e.Path] = why
+			case entry != nil:
+				t.Files[e.Path] = *entry
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
 	}
 	return t, nil
 }
 
+// snapshotReaders is how many files Snapshot reads at a time.
+const snapshotReaders = 8
+
 // readEntry reads one entry of a walk: nil for a special file, why for one
 // that cannot be delivered, an error when the workspace failed.
-func readEntry(ctx context.Context, fsys workspace.FileSystem, st *Store, name string, typ fs.FileMode) (_ *Entry, why string, _ error) {
+func readEntry(ctx context.Context, fsys workspace.FileSystem, st *Store, name string) (_ *Entry, why string, _ error) {
 	info, err := fsys.Lstat(ctx, name)
 	if errors.Is(err, workspace.ErrNotFound) {
 		return nil, "", nil // gone since the listing

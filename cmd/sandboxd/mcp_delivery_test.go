@@ -293,3 +293,20 @@ func TestMCPDeliversOnSIGTERM(t *testing.T) {
 		})
 	}
 }
+
+func TestMCPDeliverFlags(t *testing.T) {
+	ws := t.TempDir()
+	for _, tc := range []struct {
+		args []string
+		says string
+	}{
+		{[]string{"--backend", "local", "--deliver", "patch"}, "apply to the memory and docker backends"},
+		{[]string{"--backend", "local", "--patch", "p"}, "apply to the memory and docker backends"},
+		{[]string{"--backend", "memory", "--deliver", "email"}, `unknown delivery "email"`},
+	} {
+		code, _, errs := runInProcess(t, append([]string{"mcp", "--workspace", ws}, tc.args...)...)
+		if code != 2 || !strings.Contains(errs, tc.says) {
+			t.Errorf("mcp %v: exit %d, %q; want 2 saying %q", tc.args, code, errs, tc.says)
+		}
+	}
+}

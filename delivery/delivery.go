@@ -273,8 +273,13 @@ func (r *Report) String() string {
 		branch := strings.TrimPrefix(r.Committed.Branch, "refs/heads/")
 		say("committed onto branch %s (%s, on %s) in %s; the work tree and index are untouched", branch, short(r.Committed.Commit), cmp.Or(short(r.Committed.Parent), "no commit"), r.Dir)
 		say("see it: git -C %s show %s; take it: git -C %s merge %s", r.Dir, branch, r.Dir, branch)
-		for _, p := range r.Committed.Ignored {
-			say("left out of the commit, ignored by the repository: %s", p)
+		if n := len(r.Committed.Ignored); n > 0 {
+			shown := r.Committed.Ignored[:min(n, 10)]
+			more := ""
+			if n > len(shown) {
+				more = fmt.Sprintf(" and %d more", n-len(shown))
+			}
+			say("left out of the commit, ignored by the repository: %s%s", strings.Join(shown, ", "), more)
 		}
 	case r.Applied != nil:
 		say("applied to %s: %d written, %d removed, %d already so", r.Dir, len(r.Applied.Written), len(r.Applied.Removed), len(r.Applied.Same))

@@ -43,7 +43,7 @@ func RepoPrefix(ctx context.Context, dir string) (prefix string, ok bool) {
 // the new ref are added to the repository. The commit's tree is HEAD's
 // with the changed paths (below dir) replaced or removed: what the session
 // changed, not the state of dir's work tree. Added files the repository
-// ignores are left out. Without user.name and user.email configured the
+// ignores are left out. The commit is not signed. Without user.name and user.email configured the
 // commit is made as "sandboxd <sandboxd@localhost>".
 func Commit(ctx context.Context, dir, branch, message string, changes []Change, st *Store) (*Committed, error) {
 	prefix, ok := RepoPrefix(ctx, dir)
@@ -101,7 +101,8 @@ func Commit(ctx context.Context, dir, branch, message string, changes []Change, 
 	if err != nil {
 		return nil, err
 	}
-	args := []string{"commit-tree", strings.TrimSpace(tree), "-F", "-"}
+	// Unsigned: signing may ask for a passphrase, and nobody is there.
+	args := []string{"commit-tree", "--no-gpg-sign", strings.TrimSpace(tree), "-F", "-"}
 	if res.Parent != "" {
 		args = append(args, "-p", res.Parent)
 	}
@@ -145,7 +146,8 @@ func ignoredAdds(ctx context.Context, dir string, env []string, changes []Change
 // git runs git in dir with env added and stdin (nil: none), and returns
 // its output. Its error names the command and carries git's standard error.
 func git(ctx context.Context, dir string, env []string, stdin io.Reader, args ...string) (string, error) {
-	cmd := exec.CommandContext(ctx, "git", args...)
+	// No hook runs (update-ref would run reference-transaction).
+	cmd := exec.CommandContext(ctx, "git", append([]string{"-c", "core.hooksPath=/dev/null"}, args...)...)
 	cmd.Dir, cmd.Stdin = dir, stdin
 	cmd.Env = append(os.Environ(), env...)
 	var stderr bytes.Buffer

@@ -296,3 +296,33 @@ func TestBranchFromSubdirectory(t *testing.T) {
 		t.Errorf("the branch changes %q, want only sub/deep.txt", got)
 	}
 }
+
+// TestBranchHooksAndUnborn: a repository without a commit gets a root
+// commit, and its hooks do not run.
+func TestBranchHooksAndUnborn(t *testing.T) {
+	dir := t.TempDir()
+	run(t, dir, "git", "init", "-q")
+	os.WriteFile(filepath.Join(dir, "a.txt"), []byte("a\n"), 0o644)
+	hook := filepath.Join(dir, ".git/hooks/reference-transaction")
+	os.WriteFile(hook, []byte("#!/bin/sh\ntouch \"$GIT_DIR/../hook-ran\"\nexit 1\n"), 0o755)
+	b, err := delivery.Begin(t.Context(), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	fsys, _ := memfs.FromDir(t.Context(), dir)
+	fsys.WriteFile(t.Context(), "b.txt", []byte("b\n"), 0o644)
+	r, err := b.Deliver(t.Context(), fsys, delivery.Request{Mode: delivery.Branch, Session: "s-root"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Committed.Parent != "" {
+		t.Errorf("parent %q, want a root commit", r.Committed.Parent)
+	}
+	if got := run(t, dir, "git", "ls-tree", "--name-only", "sandboxd/s-root"); got != "b.txt\n" {
+		t.Errorf("the root commit holds %q, want the session's change alone", got)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "hook-ran")); err == nil {
+		t.Errorf("a hook ran")
+	}
+}

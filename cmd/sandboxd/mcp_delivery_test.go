@@ -310,3 +310,45 @@ func TestMCPDeliverFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestMCPUntouchedIsNotDelivered: a session that changes nothing delivers
+// nothing, whatever the files' modes (a copy must keep them exactly, or
+// every file would look changed and be written back).
+func TestMCPUntouchedIsNotDelivered(t *testing.T) {
+	for _, backend := range []string{"memory", "docker"} {
+		t.Run(backend, func(t *testing.T) {
+			if backend == "docker" {
+				dockertest.Client(t)
+				dockertest.Image(t)
+			}
+			modes := map[string]os.FileMode{"group.txt": 0o664, "private.txt": 0o600, "tool": 0o775, "readonly.txt": 0o444, "d/plain.txt": 0o644}
+			dir := t.TempDir()
+			for name, mode := range modes {
+				p := filepath.Join(dir, name)
+				os.MkdirAll(filepath.Dir(p), 0o755)
+				if err := os.WriteFile(p, []byte(name+"\n"), 0o600); err != nil {
+					t.Fatal(err)
+				}
+				os.Chmod(p, mode)
+			}
+			patch := filepath.Join(t.TempDir(), "p.patch")
+			for _, mode := range []string{"patch", "apply"} {
+				c := startRaw(t, "--backend", backend, "--workspace", dir, "--deliver", mode, "--patch", patch)
+				c.send(`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"ls","arguments":{}}}`)
+				c.next("2")
+				c.stdin.Close()
+				if err := c.cmd.Wait(); err != nil {
+					t.Fatalf("sandboxd mcp: %v", err)
+				}
+			}
+			if data, err := os.ReadFile(patch); err == nil {
+				t.Errorf("a session that changed nothing wrote a patch:\n%s", data)
+			}
+			for name, mode := range modes {
+				if info, err := os.Stat(filepath.Join(dir, name)); err != nil || info.Mode().Perm() != mode {
+					t.Errorf("%s: %v %v after delivery, want %v", name, info.Mode(), err, mode)
+				}
+			}
+		})
+	}
+}

@@ -77,6 +77,9 @@ func Commit(ctx context.Context, dir, branch, message string, changes []Change, 
 	}
 	var paths, info bytes.Buffer
 	for _, c := range changes {
+		if c.gitInvisible() {
+			continue
+		}
 		if ignored[c.Path] {
 			res.Ignored = append(res.Ignored, c.Path)
 			continue

@@ -326,3 +326,39 @@ func TestBranchHooksAndUnborn(t *testing.T) {
 		t.Errorf("a hook ran")
 	}
 }
+
+// TestPermissionsGitDoesNotKeep: a change of permission bits git does not
+// keep is applied back, and left out of a patch and a commit.
+func TestPermissionsGitDoesNotKeep(t *testing.T) {
+	dir := project(t, true)
+	b, err := delivery.Begin(t.Context(), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	fsys, _ := memfs.FromDir(t.Context(), dir, memfs.WithUmask(0))
+	fsys.Remove(t.Context(), "keep.txt")
+	fsys.WriteFile(t.Context(), "keep.txt", []byte("same\n"), 0o600)
+	for _, mode := range []delivery.Mode{delivery.Patch, delivery.Branch, delivery.Apply} {
+		patch := filepath.Join(t.TempDir(), "p.patch")
+		r, err := b.Deliver(t.Context(), fsys, delivery.Request{Mode: mode, Session: "s-" + string(mode), PatchFile: patch})
+		if err != nil {
+			t.Fatalf("%s: %v", mode, err)
+		}
+		switch mode {
+		case delivery.Patch:
+			data, _ := os.ReadFile(patch)
+			if bytes.Contains(data, []byte("diff --git")) {
+				t.Errorf("the patch has a diff git cannot apply:\n%s", data)
+			}
+		case delivery.Branch:
+			if r.Committed.Files != 0 {
+				t.Errorf("the commit counts %d files", r.Committed.Files)
+			}
+		case delivery.Apply:
+			if info, _ := os.Stat(filepath.Join(dir, "keep.txt")); info.Mode().Perm() != 0o600 {
+				t.Errorf("keep.txt is %v after sync-back, want 0600", info.Mode())
+			}
+		}
+	}
+}

@@ -19,7 +19,8 @@ const zeroOID = "0000000000000000000000000000000000000000"
 // (a NUL in its first 8000 bytes, git's test) as a "GIT binary patch"
 // literal, mode changes as git writes them, and a change between a file
 // and a link as a deletion and an addition. Index lines carry full object
-// names, which git needs to apply a binary patch. Text before the first
+// names, which git needs to apply a binary patch. A change of permission
+// bits git does not keep (0600 to 0644) is left out. Text before the first
 // "diff --git" line, the header, is ignored by git apply; every line of it
 // is indented so none can be read as part of a diff.
 func WritePatch(w io.Writer, header string, changes []Change, st *Store) error {
@@ -34,6 +35,9 @@ func WritePatch(w io.Writer, header string, changes []Change, st *Store) error {
 		return err
 	}
 	for _, c := range changes {
+		if c.gitInvisible() {
+			continue
+		}
 		if c.Old != nil && c.New != nil && c.Old.isLink() != c.New.isLink() {
 			// git writes a change of type as a deletion and an addition.
 			if err := writeFileDiff(w, Change{Path: c.Path, Old: c.Old}, st); err != nil {

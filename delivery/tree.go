@@ -228,6 +228,14 @@ type Change struct {
 	Old, New *Entry
 }
 
+// gitInvisible reports whether git cannot express the change: both sides
+// there, same content, permission bits that differ but not in git's one
+// bit (executable or not). A patch and a commit leave it out; SyncBack
+// applies it.
+func (c Change) gitInvisible() bool {
+	return c.Old != nil && c.New != nil && c.Old.OID == c.New.OID && c.Old.gitMode() == c.New.gitMode()
+}
+
 // Changes lists what differs from base to final, sorted by path.
 func Changes(base, final *Tree) []Change {
 	var out []Change

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"os"
@@ -110,15 +111,16 @@ type Report struct {
 	Applied   *Applied
 	// PatchFile is the patch written, if any; for Apply, the conflicts'.
 	PatchFile string
-	// Fallback says why Auto wrote a patch rather than a branch.
+	// Fallback says why a patch was written instead of the mode asked for.
 	Fallback string
 }
 
 // Deliver reads the session's final tree from fsys and delivers what
 // changed since the baseline as req says. It never overwrites a change made
 // in the directory since the copy, and short of an error it never loses the
-// session's work: a branch that cannot be made under Auto becomes a patch,
-// and Apply's conflicts are written as a patch.
+// session's work: a branch that cannot be made, or a directory that cannot
+// be written, gives a patch instead (an error unless under Auto), and
+// Apply's conflicts are written as a patch.
 func (b *Baseline) Deliver(ctx context.Context, fsys workspace.FileSystem, req Request) (*Report, error) {
 	final, err := Snapshot(ctx, fsys, b.store)
 	if err != nil {
@@ -143,15 +145,13 @@ func (b *Baseline) Deliver(ctx context.Context, fsys workspace.FileSystem, req R
 	}
 	switch r.Mode {
 	case Branch:
-		r.Committed, err = Commit(ctx, b.dir, "sandboxd/"+req.Session, message, r.Changes, b.store)
-		if err != nil && req.Mode == Auto {
-			r.Mode, r.Fallback = Patch, err.Error()
-			return r, b.writePatch(req.PatchFile, message, r.Changes, r)
+		if r.Committed, err = Commit(ctx, b.dir, "sandboxd/"+req.Session, message, r.Changes, b.store); err != nil {
+			return r, b.fallback(req, message, r, err)
 		}
-		return r, err
+		return r, nil
 	case Apply:
 		if r.Applied, err = SyncBack(b.dir, r.Changes, final, b.store); err != nil {
-			return r, err
+			return r, b.fallback(req, message, r, err)
 		}
 		var kept []Change
 		for _, c := range r.Changes {
@@ -166,6 +166,20 @@ func (b *Baseline) Deliver(ctx context.Context, fsys workspace.FileSystem, req R
 	default:
 		return r, b.writePatch(req.PatchFile, message, r.Changes, r)
 	}
+}
+
+// fallback writes the whole work as a patch when the mode asked for failed
+// with err, so the work is not lost. Under Auto that is the delivery; a
+// mode named explicitly still fails, saying where the work went.
+func (b *Baseline) fallback(req Request, message string, r *Report, err error) error {
+	r.Mode, r.Fallback, r.Committed, r.Applied = Patch, err.Error(), nil, nil
+	if perr := b.writePatch(req.PatchFile, message, r.Changes, r); perr != nil {
+		return errors.Join(err, perr)
+	}
+	if req.Mode == Auto {
+		return nil
+	}
+	return fmt.Errorf("%w (the work is in the patch %s)", err, r.PatchFile)
 }
 
 // writePatch writes changes to a new file name (never replacing one).
@@ -288,7 +302,7 @@ func (r *Report) String() string {
 		}
 	}
 	if r.Fallback != "" {
-		say("no branch (%s): a patch instead", r.Fallback)
+		say("could not deliver as asked (%s): a patch instead", r.Fallback)
 	}
 	switch {
 	case r.PatchFile != "" && r.Applied != nil:

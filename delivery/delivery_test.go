@@ -362,3 +362,21 @@ func TestPermissionsGitDoesNotKeep(t *testing.T) {
 		}
 	}
 }
+
+// TestBranchOutsideARepositoryKeepsTheWork: asked for a branch where there
+// is no repository, the work goes to a patch and the error says where.
+func TestBranchOutsideARepositoryKeepsTheWork(t *testing.T) {
+	dir := project(t, false)
+	b, err := delivery.Begin(t.Context(), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	fsys := work(t, dir)
+	patch := filepath.Join(t.TempDir(), "p.patch")
+	r, err := b.Deliver(t.Context(), fsys, delivery.Request{Mode: delivery.Branch, Session: "s-x", PatchFile: patch})
+	if err == nil || !strings.Contains(err.Error(), patch) || r.PatchFile != patch {
+		t.Fatalf("err %v, report %+v; want an error naming the patch written", err, r)
+	}
+	run(t, dir, "git", "apply", "--check", patch)
+}

@@ -155,11 +155,7 @@ func final(t *testing.T, fsys workspace.FileSystem) map[string]string {
 
 func deliver(t *testing.T, dir string, between func(), req delivery.Request) (*delivery.Report, workspace.FileSystem) {
 	t.Helper()
-	b, err := delivery.Begin(t.Context(), dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	b := begin(t, dir)
 	fsys := work(t, dir)
 	if between != nil {
 		between()
@@ -275,11 +271,7 @@ func gitModes(tree map[string]string) map[string]string {
 func TestBranchFromSubdirectory(t *testing.T) {
 	top := project(t, true)
 	dir := filepath.Join(top, "sub")
-	b, err := delivery.Begin(t.Context(), dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	b := begin(t, dir)
 	fsys, err := memfs.FromDir(t.Context(), dir)
 	if err != nil {
 		t.Fatal(err)
@@ -305,11 +297,7 @@ func TestBranchHooksAndUnborn(t *testing.T) {
 	os.WriteFile(filepath.Join(dir, "a.txt"), []byte("a\n"), 0o644)
 	hook := filepath.Join(dir, ".git/hooks/reference-transaction")
 	os.WriteFile(hook, []byte("#!/bin/sh\ntouch \"$GIT_DIR/../hook-ran\"\nexit 1\n"), 0o755)
-	b, err := delivery.Begin(t.Context(), dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	b := begin(t, dir)
 	fsys, _ := memfs.FromDir(t.Context(), dir)
 	fsys.WriteFile(t.Context(), "b.txt", []byte("b\n"), 0o644)
 	r, err := b.Deliver(t.Context(), fsys, delivery.Request{Mode: delivery.Branch, Session: "s-root"})
@@ -331,11 +319,7 @@ func TestBranchHooksAndUnborn(t *testing.T) {
 // keep is applied back, and left out of a patch and a commit.
 func TestPermissionsGitDoesNotKeep(t *testing.T) {
 	dir := project(t, true)
-	b, err := delivery.Begin(t.Context(), dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	b := begin(t, dir)
 	fsys, _ := memfs.FromDir(t.Context(), dir, memfs.WithUmask(0))
 	fsys.Remove(t.Context(), "keep.txt")
 	fsys.WriteFile(t.Context(), "keep.txt", []byte("same\n"), 0o600)
@@ -367,11 +351,7 @@ func TestPermissionsGitDoesNotKeep(t *testing.T) {
 // is no repository, the work goes to a patch and the error says where.
 func TestBranchOutsideARepositoryKeepsTheWork(t *testing.T) {
 	dir := project(t, false)
-	b, err := delivery.Begin(t.Context(), dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	b := begin(t, dir)
 	fsys := work(t, dir)
 	patch := filepath.Join(t.TempDir(), "p.patch")
 	r, err := b.Deliver(t.Context(), fsys, delivery.Request{Mode: delivery.Branch, Session: "s-x", PatchFile: patch})
@@ -379,4 +359,15 @@ func TestBranchOutsideARepositoryKeepsTheWork(t *testing.T) {
 		t.Fatalf("err %v, report %+v; want an error naming the patch written", err, r)
 	}
 	run(t, dir, "git", "apply", "--check", patch)
+}
+
+// begin reads dir's baseline, released when the test ends.
+func begin(t *testing.T, dir string) *delivery.Baseline {
+	t.Helper()
+	b, err := delivery.Begin(t.Context(), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b
 }

@@ -85,7 +85,9 @@ type Config struct {
 	// Grants are the permissions of tool discovery: "fs.write" (write, edit)
 	// and "shell.exec" (bash). None by default: the agent can only look.
 	Grants []string `json:"grants"`
-	// MaxCallsPerRun caps tool calls in one run (0: no cap). Default 64.
+	// MaxCallsPerRun caps tool calls in one run (0: no cap). Default 64,
+	// the contract's, for hosts whose agents have turns; sandboxd mcp has
+	// none, and no cap unless its configuration sets one.
 	MaxCallsPerRun int `json:"maxCallsPerRun"`
 	// Profile selects the tool profiles: "workspace-tools" (the seven
 	// tools and load_skill), "workspace-shell" (the workspace-shell

@@ -463,7 +463,7 @@ func (s *Set) Call(ctx context.Context, name string, args json.RawMessage, opts 
 	}
 	s.mu.Unlock()
 	if over {
-		return failure(KindCallLimit, fmt.Sprintf("this run made its %d tool calls (maxCallsPerRun); finish the turn", s.cfg.MaxCallsPerRun))
+		return failure(KindCallLimit, fmt.Sprintf("this run made its %d tool calls, the cap maxCallsPerRun sets: finish the turn, or start a new run (a new run ID), or have the operator raise maxCallsPerRun in the tools configuration (0 for no cap; sandboxd mcp --config FILE)", s.cfg.MaxCallsPerRun))
 	}
 	if !active {
 		return failure(KindToolUnavailable, fmt.Sprintf("tool %s is not active: call load_skill with skill %q first", name, d.skill))

@@ -22,6 +22,9 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	sandboxdBin = filepath.Join(dir, "sandboxd")
+	// Patches of sessions' work (sandboxd mcp's default delivery outside a
+	// git repository) go here, not under the user's home.
+	os.Setenv("XDG_STATE_HOME", filepath.Join(dir, "state"))
 	// The agent goes beside sandboxd, where the docker backend finds it; it
 	// runs in images without a C library, so it is built static.
 	for _, b := range []struct{ out, pkg, cgo string }{{sandboxdBin, ".", ""}, {filepath.Join(dir, "sandboxd-agent"), "../sandboxd-agent", "CGO_ENABLED=0"}} {

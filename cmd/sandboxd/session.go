@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/rand"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -20,6 +21,7 @@ import (
 	"github.com/sandboxd/sandboxd/policy"
 	"github.com/sandboxd/sandboxd/runner"
 	"github.com/sandboxd/sandboxd/tools"
+	"github.com/sandboxd/sandboxd/workspace"
 )
 
 // sessionFlags are the flags that describe one session's workspace and tools,
@@ -32,6 +34,9 @@ type sessionFlags struct {
 	always    listFlag
 	image     string
 	shell     shellFlags
+	// uncapped: the session has no turns (MCP), so it has no call cap
+	// unless the configuration file sets maxCallsPerRun.
+	uncapped bool
 }
 
 func (f *sessionFlags) register(fs *flag.FlagSet) {
@@ -94,6 +99,9 @@ func (f *sessionFlags) toolsConfig() (tools.Config, error) {
 			return tools.Config{}, fmt.Errorf("%s: %w", f.config, err)
 		}
 	}
+	if f.uncapped && !configSets(f.config, "maxCallsPerRun") {
+		cfg.MaxCallsPerRun = 0
+	}
 	for _, g := range f.grants.values {
 		if !slices.Contains(cfg.Grants, g) {
 			cfg.Grants = append(cfg.Grants, g)
@@ -115,8 +123,25 @@ func (f *sessionFlags) toolsConfig() (tools.Config, error) {
 	return cfg, nil
 }
 
+// configSets reports whether the JSON configuration file sets option (the
+// file is known to load: LoadConfig has read it).
+func configSets(file, option string) bool {
+	if file == "" {
+		return false
+	}
+	data, err := os.ReadFile(file)
+	var keys map[string]json.RawMessage
+	if err != nil || json.Unmarshal(data, &keys) != nil {
+		return false
+	}
+	_, ok := keys[option]
+	return ok
+}
+
 // session is an open workspace and the tool set over it.
 type session struct {
+	id    string
+	fs    workspace.FileSystem // the workspace's files, without the tools' rules
 	set   *tools.Set
 	close func() error
 }
@@ -171,7 +196,7 @@ func (f *sessionFlags) openSession(ctx context.Context, sio stdio) (*session, er
 		}
 		return nil, err
 	}
-	return &session{set: s.Tools(), close: shutdown}, nil
+	return &session{id: s.ID(), fs: s.FS(), set: s.Tools(), close: shutdown}, nil
 }
 
 // openedBackend is what a --backend gives a session: the runner backend, the

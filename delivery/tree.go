@@ -1,0 +1,265 @@
+// Package delivery computes what a session changed in a copied workspace
+// and delivers it: applied back to the directory it was copied from, as a
+// git-format patch, or as a commit on a branch of that directory's git
+// repository, made without touching its work tree or index.
+//
+// Three trees are compared: the baseline (the directory as it was copied
+// in, read by [Snapshot] before the copy), the session's final tree, and
+// the directory as it is at delivery. sandboxd's own bookkeeping
+// (".sandboxd/" at the root) and git's (every ".git") are never part of a
+// tree, so they are never delivered.
+package delivery
+
+import (
+	"context"
+	"crypto/sha1"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/sandboxd/sandboxd/workspace"
+	"golang.org/x/sync/errgroup"
+)
+
+// MaxFileBytes is the largest file a tree holds; a larger one is listed in
+// Tree.Skipped and never delivered.
+const MaxFileBytes = 1 << 30
+
+// Entry is one file or symbolic link of a tree.
+type Entry struct {
+	// Mode is the type (0 or fs.ModeSymlink) and permission bits.
+	Mode fs.FileMode
+	// OID is git's object name of the content (of the link's target for a
+	// link): sha1("blob <size>\x00" + content), in hex.
+	OID string
+}
+
+func (e Entry) isLink() bool { return e.Mode&fs.ModeSymlink != 0 }
+
+// gitMode is the mode git records for the entry.
+func (e Entry) gitMode() string {
+	switch {
+	case e.isLink():
+		return "120000"
+	case e.Mode&0o111 != 0:
+		return "100755"
+	default:
+		return "100644"
+	}
+}
+
+// Tree is a workspace's regular files and symbolic links at one moment, by
+// slash-separated name relative to its root, with their contents in a
+// Store. Directories are implied by the names.
+type Tree struct {
+	Files map[string]Entry
+	// Skipped names what the tree leaves out that a delivery would
+	// otherwise carry (a file over MaxFileBytes, one unreadable), with why.
+	Skipped map[string]string
+}
+
+// Excluded reports whether name (slash-separated, relative to the root) is
+// bookkeeping that never leaves a session: ".sandboxd" at the root, and any
+// ".git" (a repository's own files are git's to change, and the session's
+// .git is the copy's).
+func Excluded(name string) bool {
+	if name == ".sandboxd" || strings.HasPrefix(name, ".sandboxd/") {
+		return true
+	}
+	return slices.Contains(strings.Split(name, "/"), ".git")
+}
+
+// Store keeps the contents of trees' files, content-addressed, in a private
+// temporary directory, so a delivery holds one file in memory at a time.
+type Store struct{ dir string }
+
+// NewStore makes a store in a new temporary directory; Close removes it.
+func NewStore() (*Store, error) {
+	dir, err := os.MkdirTemp("", "sandboxd-delivery-*")
+	if err != nil {
+		return nil, fmt.Errorf("delivery: %w", err)
+	}
+	return &Store{dir: dir}, nil
+}
+
+// Close removes the store's files.
+func (s *Store) Close() error { return os.RemoveAll(s.dir) }
+
+// put keeps data and returns its object name.
+func (s *Store) put(data []byte) (string, error) {
+	oid := BlobOID(data)
+	p := s.path(oid)
+	if _, err := os.Stat(p); err == nil {
+		return oid, nil
+	}
+	tmp, err := os.CreateTemp(s.dir, "put-*")
+	if err != nil {
+		return "", err
+	}
+	_, err = tmp.Write(data)
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), p)
+	}
+	if err != nil {
+		os.Remove(tmp.Name())
+		return "", fmt.Errorf("delivery: storing content: %w", err)
+	}
+	return oid, nil
+}
+
+// Get returns the content named oid.
+func (s *Store) Get(oid string) ([]byte, error) { return os.ReadFile(s.path(oid)) }
+
+func (s *Store) path(oid string) string { return filepath.Join(s.dir, oid) }
+
+// BlobOID is git's object name for a blob of data.
+func BlobOID(data []byte) string {
+	h := sha1.New()
+	h.Write([]byte("blob " + strconv.Itoa(len(data)) + "\x00"))
+	h.Write(data)
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// Snapshot reads the tree of fsys (its regular files and symbolic links,
+// leaving out what Excluded names and other special files) and keeps the
+// contents in st. It reads through the FileSystem port, so a workspace in a
+// container, in memory or on disk is read the same way, several files at a
+// time (a container's agent serves calls concurrently); it does not stop
+// writers meanwhile.
+func Snapshot(ctx context.Context, fsys workspace.FileSystem, st *Store) (*Tree, error) {
+	walk, err := workspace.Walk(ctx, fsys, workspace.WalkRequest{FilesOnly: true, Exclude: bookkeeping})
+	if err != nil {
+		return nil, fmt.Errorf("delivery: listing the workspace: %w", err)
+	}
+	t := &Tree{Files: map[string]Entry{}, Skipped: map[string]string{}}
+	var mu sync.Mutex
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(snapshotReaders)
+	for _, e := range walk.Entries {
+		if Excluded(e.Path) {
+			continue
+		}
+		g.Go(func() error {
+			entry, why, err := readEntry(gctx, fsys, st, e.Path)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err != nil:
+				return fmt.Errorf("delivery: reading %s: %w", e.Path, err)
+			case why != "":
+				t.Skipped[e.Path] = why
+			case entry != nil:
+				t.Files[e.Path] = *entry
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// snapshotReaders is how many files Snapshot reads at a time.
+const snapshotReaders = 8
+
+// readEntry reads one entry of a walk: nil for a special file, why for one
+// that cannot be delivered, an error when the workspace failed.
+func readEntry(ctx context.Context, fsys workspace.FileSystem, st *Store, name string) (_ *Entry, why string, _ error) {
+	info, err := fsys.Lstat(ctx, name)
+	if errors.Is(err, workspace.ErrNotFound) {
+		return nil, "", nil // gone since the listing
+	}
+	if err != nil {
+		return nil, "", err
+	}
+	var data []byte
+	switch {
+	case info.Mode()&fs.ModeSymlink != 0:
+		sl, ok := fsys.(workspace.SymlinkFS)
+		if !ok {
+			return nil, "the workspace cannot read links", nil
+		}
+		target, err := sl.Readlink(ctx, name)
+		if err != nil {
+			return nil, "", err
+		}
+		data = []byte(target)
+	case info.Mode().IsRegular():
+		data, err = fsys.ReadFile(ctx, name, MaxFileBytes)
+		switch {
+		case errors.Is(err, workspace.ErrFileTooLarge):
+			return nil, fmt.Sprintf("over %d bytes", MaxFileBytes), nil
+		case errors.Is(err, workspace.ErrNotFound):
+			return nil, "", nil
+		case errors.Is(err, workspace.ErrForbidden):
+			return nil, "unreadable", nil
+		case err != nil:
+			return nil, "", err
+		}
+	default:
+		return nil, "", nil
+	}
+	oid, err := st.put(data)
+	if err != nil {
+		return nil, "", err
+	}
+	return &Entry{Mode: info.Mode() & (fs.ModeSymlink | fs.ModePerm), OID: oid}, "", nil
+}
+
+// bookkeeping is what Excluded names, for a walk not to enter.
+var bookkeeping = workspace.Exclude{".git", ".sandboxd/"}
+
+// Change is one path a session changed: Old is the baseline's entry and New
+// the final tree's (nil when absent: added, or deleted).
+type Change struct {
+	Path     string
+	Old, New *Entry
+}
+
+// gitInvisible reports whether git cannot express the change: both sides
+// there, same content, permission bits that differ but not in git's one
+// bit (executable or not). A patch and a commit leave it out; SyncBack
+// applies it.
+func (c Change) gitInvisible() bool {
+	return c.Old != nil && c.New != nil && c.Old.OID == c.New.OID && c.Old.gitMode() == c.New.gitMode()
+}
+
+// Changes lists what differs from base to final, sorted by path.
+func Changes(base, final *Tree) []Change {
+	var out []Change
+	for p, o := range base.Files {
+		if n, ok := final.Files[p]; !ok {
+			out = append(out, Change{Path: p, Old: &o})
+		} else if n != o {
+			out = append(out, Change{Path: p, Old: &o, New: &n})
+		}
+	}
+	for p, n := range final.Files {
+		if _, ok := base.Files[p]; !ok {
+			out = append(out, Change{Path: p, New: &n})
+		}
+	}
+	slices.SortFunc(out, func(a, b Change) int { return strings.Compare(a.Path, b.Path) })
+	return out
+}
+
+// parents returns the directories above name, nearest first.
+func parents(name string) []string {
+	var out []string
+	for d := path.Dir(name); d != "."; d = path.Dir(d) {
+		out = append(out, d)
+	}
+	return out
+}

@@ -520,3 +520,95 @@ func BenchmarkRun(b *testing.B) {
 		}
 	})
 }
+
+// listing counts the directory listings of a memfs workspace, and passes on
+// its Changes.
+type listing struct {
+	*memfs.FS
+	mu    sync.Mutex
+	lists int
+}
+
+func (l *listing) ReadDir(ctx context.Context, name string) ([]fs.DirEntry, error) {
+	l.mu.Lock()
+	l.lists++
+	l.mu.Unlock()
+	return l.FS.ReadDir(ctx, name)
+}
+
+func (l *listing) count() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := l.lists
+	l.lists = 0
+	return n
+}
+
+// TestOnlyChangesLooked: over a FileSystem that says where it changed, a Run
+// lists none of it — a change a tool made between Runs, and one made while
+// a command ran, reach the next command all the same — and when it no
+// longer remembers that far back, the Run looks at everything.
+func TestOnlyChangesLooked(t *testing.T) {
+	ctx := t.Context()
+	mem := memfs.New(memfs.WithUmask(0))
+	for i := range 20 {
+		must(t, mem.MkdirAll(ctx, fmt.Sprintf("d%d", i), 0o755))
+		must(t, mem.WriteFile(ctx, fmt.Sprintf("d%d/f", i), []byte("old"), 0o644))
+	}
+	fsys := &listing{FS: mem}
+	b, err := memexec.New(fsys, memexec.WithTempDir(t.TempDir()))
+	must(t, err)
+	defer b.Close()
+	sh(t, b, "true")
+	if n := fsys.count(); n < 21 {
+		t.Fatalf("the first Run listed %d directories; want all 21", n)
+	}
+
+	must(t, mem.WriteFile(ctx, "d3/f", []byte("new"), 0o644))
+	must(t, mem.Rename(ctx, "d4", "moved"))
+	if got := sh(t, b, "cat d3/f; echo; ls -d moved d4 2>/dev/null; true"); got != "new\nmoved\n" {
+		t.Errorf("the command saw %q", got)
+	}
+	if n := fsys.count(); n != 1 {
+		t.Errorf("the Run listed %d directories; want 1, the one renamed", n)
+	}
+	// Changed while a command runs: the workspace's write, not seen by the
+	// command, is seen by the next.
+	started := make(chan struct{})
+	go func() {
+		<-started
+		if err := mem.WriteFile(ctx, "d5/f", []byte("during"), 0o644); err != nil {
+			t.Error(err)
+		}
+		os.WriteFile(filepath.Join(b.Root(), "go"), nil, 0o644) // on with the command
+	}()
+	var once sync.Once
+	r := runCmd(t, ctx, b, workspace.Command{
+		Script:  "cat d5/f; echo; echo started; until [ -e go ]; do sleep 0.01; done; rm go; echo x > d7/f",
+		Timeout: time.Minute,
+		Output: func(s workspace.Stream, p []byte) {
+			if bytes.Contains(p, []byte("started")) {
+				once.Do(func() { close(started) })
+			}
+		},
+	})
+	if r.err != nil || r.res.ExitCode != 0 || r.stdout != "old\nstarted\n" {
+		t.Fatalf("Run = %+v, %v, stdout %q", r.res, r.err, r.stdout)
+	}
+	if got := sh(t, b, "cat d5/f d7/f"); got != "duringx\n" {
+		t.Errorf("the next command saw %q; want the workspace's write and the command's", got)
+	}
+	if n := fsys.count(); n != 0 {
+		t.Errorf("Runs after files changed listed %d directories; want none", n)
+	}
+
+	for i := range 5000 { // more than the FileSystem remembers
+		must(t, mem.WriteFile(ctx, "d8/f", []byte(fmt.Sprint(i)), 0o644))
+	}
+	if got := sh(t, b, "cat d8/f"); got != "4999" {
+		t.Errorf("after many changes the command saw %q", got)
+	}
+	if n := fsys.count(); n < 21 {
+		t.Errorf("after more changes than remembered, the Run listed %d directories; want all", n)
+	}
+}

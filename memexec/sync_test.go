@@ -3,6 +3,7 @@ package memexec
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -69,4 +70,21 @@ func readFile(t *testing.T, fsys *memfs.FS, name string) string {
 		t.Fatal(err)
 	}
 	return string(data)
+}
+
+func TestTopmost(t *testing.T) {
+	tests := []struct {
+		in, want []string
+	}{
+		{[]string{}, []string{}},
+		{[]string{"b", "a", "b"}, []string{"a", "b"}},
+		{[]string{"a/b", "a-b", "a", "a/b/c"}, []string{"a", "a-b"}},
+		{[]string{"x/y", "x/y/z", "x/yz"}, []string{"x/y", "x/yz"}},
+		{[]string{"a", "."}, nil},
+	}
+	for _, tt := range tests {
+		if got := topmost(tt.in); !slices.Equal(got, tt.want) || (got == nil) != (tt.want == nil) {
+			t.Errorf("topmost(%q) = %q; want %q", tt.in, got, tt.want)
+		}
+	}
 }

@@ -70,12 +70,13 @@ type hostState struct {
 	mtime  time.Time
 	ino    uint64
 	ctime  int64  // nanoseconds where the system reports it, else 0
+	links  uint64 // hard links: not compared
 	target string // a link's
 }
 
 func hostStateOf(fi fs.FileInfo) hostState {
 	h := hostState{mode: fi.Mode() & keepBits, size: fi.Size(), mtime: fi.ModTime()}
-	h.ino, h.ctime = sysStat(fi)
+	h.ino, h.ctime, h.links = sysStat(fi)
 	return h
 }
 
@@ -498,11 +499,25 @@ const kept = "%s changed in the workspace while the command ran: the workspace's
 // the FileSystem, and returns what it could not copy. It fails only when the
 // host directory cannot be listed.
 //
+// With w, the watch kept while the command ran, it looks only where the
+// events say something changed, and at the files that have other hard
+// links (a write through a name outside the directory raises no event);
+// without it, or when the events do not tell it all, everywhere.
+//
 // Every name it finds changed, and every directory it cannot list, is left
 // pending for the next prepare to look at, whatever became of the copy: one
 // that failed or lost to the workspace is undone there.
-func (b *Bash) collect(ctx context.Context) ([]string, error) {
-	host, err := b.scanHost(nil)
+func (b *Bash) collect(ctx context.Context, w *watcher) ([]string, error) {
+	var roots []string // nil: everything
+	if w != nil {
+		if names, ok := w.changes(); ok {
+			roots = topmost(append(names, slices.Collect(maps.Keys(b.shared))...))
+		}
+	}
+	if roots != nil && len(roots) == 0 {
+		return nil, nil
+	}
+	host, err := b.scanHost(roots)
 	if err != nil {
 		return nil, err
 	}
@@ -512,9 +527,23 @@ func (b *Bash) collect(ctx context.Context) ([]string, error) {
 	for _, d := range host.opaque {
 		b.pending[d] = true
 	}
+	for _, name := range host.order {
+		if h := host.entries[name]; h.mode.IsRegular() && h.links > 1 {
+			b.shared[name] = true
+		} else {
+			delete(b.shared, name)
+		}
+	}
 	var n notes
+	var known []string
+	for name := range b.snap {
+		if roots == nil || underAny(name, roots) {
+			known = append(known, name)
+		}
+	}
+	slices.Sort(known)
 	// Removals (and entries that changed type), children first.
-	for _, name := range slices.Backward(slices.Sorted(maps.Keys(b.snap))) {
+	for _, name := range slices.Backward(known) {
 		e := b.snap[name]
 		if h, ok := host.entries[name]; name == "." || ok && h.mode.Type() == e.host.mode.Type() || host.hidden(name) {
 			continue

@@ -44,7 +44,10 @@ func (b *Bash) watch(dirs []string) *watcher {
 	return w
 }
 
-func (w *watcher) close() { unix.Close(w.fd) }
+// close ends the watch. The kernel waits for a grace period before the
+// close of an instance with watches returns (milliseconds), which no Run
+// need wait for: a goroutine waits.
+func (w *watcher) close() { go unix.Close(w.fd) }
 
 // changes ends the watch and returns the names of the entries the events
 // name, each standing for what lies under it. ok is false when the events

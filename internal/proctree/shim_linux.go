@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -153,6 +154,9 @@ const (
 	maxSpec = 64 << 20
 	// maxIdle bounds the shims kept for reuse for each oom_score_adj.
 	maxIdle = 4
+	// idleTimeout is how long a shim is kept unused before it is ended, so
+	// that a process that has stopped running commands keeps no shim.
+	idleTimeout = time.Minute
 	// frameHeader is the size of a frame's header: length and start time.
 	frameHeader = 16
 )
@@ -170,14 +174,16 @@ type shimProc struct {
 	proc    *os.Process
 	conn    *os.File // our end of the socket pair, non-blocking
 	msgs    *bufio.Reader
-	oom     int  // the oom_score_adj the shim took from its first command
-	adopted bool // known to sweeps (adopt.shims) until forget; never reused
+	oom     int         // the oom_score_adj the shim took from its first command
+	adopted bool        // known to sweeps (adopt.shims) until forget; never reused
+	expiry  *time.Timer // while idle: ends it after idleTimeout
 }
 
 // idle holds the shims that finished a command with nothing left running
 // below them, ready for the next one with the same oom_score_adj: a command
 // under a reused shim costs one fork and exec, not the start of a second Go
-// program. Shims of adopted commands are not kept (see adopt).
+// program. At most maxIdle are kept per oom_score_adj, each for at most
+// idleTimeout. Shims of adopted commands are not kept (see adopt).
 var idle struct {
 	mu    sync.Mutex
 	shims map[int][]*shimProc // by oom_score_adj
@@ -195,6 +201,7 @@ func CloseIdle() {
 	idle.shims = nil
 	idle.mu.Unlock()
 	for _, s := range all {
+		s.expiry.Stop()
 		s.close()
 	}
 }
@@ -209,6 +216,7 @@ func takeIdle(oom int) *shimProc {
 	}
 	s := l[len(l)-1]
 	idle.shims[oom] = l[:len(l)-1]
+	s.expiry.Stop()
 	return s
 }
 
@@ -220,10 +228,25 @@ func putIdle(s *shimProc) {
 			idle.shims = map[int][]*shimProc{}
 		}
 		idle.shims[s.oom] = append(idle.shims[s.oom], s)
+		s.expiry = time.AfterFunc(idleTimeout, s.expire)
 		s = nil
 	}
 	idle.mu.Unlock()
 	if s != nil {
+		s.close()
+	}
+}
+
+// expire ends s if it is still idle.
+func (s *shimProc) expire() {
+	idle.mu.Lock()
+	l := idle.shims[s.oom]
+	i := slices.Index(l, s)
+	if i >= 0 {
+		idle.shims[s.oom] = slices.Delete(l, i, i+1)
+	}
+	idle.mu.Unlock()
+	if i >= 0 {
 		s.close()
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -19,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/proctree"
 	"github.com/sandboxd/sandboxd/localexec"
 	"github.com/sandboxd/sandboxd/workspace"
 )
@@ -497,6 +499,61 @@ func BenchmarkRun(b *testing.B) {
 	}
 }
 
+// BenchmarkFloor measures issue 16's target in one run: a command through
+// localexec against the floor of any command, a plain fork and exec of
+// /bin/true and its wait, interleaved one for one so that the machine's load
+// falls on both alike. It reports the median wall time of each (p50-µs is
+// localexec's, floor-p50-µs the plain start's, bash-p50-µs a plain start of
+// "bash -c true" for scale) and their ratio (x-floor; the target is 5 or
+// less, and `bash true` within 5 ms):
+//
+//	go test ./localexec -run '^$' -bench Floor -benchtime 500x -count 5
+func BenchmarkFloor(b *testing.B) {
+	sh, err := localexec.New(b.TempDir())
+	if err != nil {
+		b.Fatal(err)
+	}
+	bash, err := exec.LookPath("bash")
+	if err != nil {
+		b.Skip("no bash")
+	}
+	plain := func(argv ...string) time.Duration {
+		t0 := time.Now()
+		p, err := os.StartProcess(argv[0], argv, &os.ProcAttr{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := p.Wait(); err != nil {
+			b.Fatal(err)
+		}
+		return time.Since(t0)
+	}
+	for _, cmd := range []workspace.Command{{Argv: []string{"true"}}, {Script: "true"}} {
+		b.Run(map[bool]string{true: "argv", false: "script"}[cmd.Script == ""], func(b *testing.B) {
+			var runs, floors, bashes []time.Duration
+			for b.Loop() {
+				floors = append(floors, plain("/bin/true"))
+				bashes = append(bashes, plain(bash, "-c", "true"))
+				t0 := time.Now()
+				if _, err := sh.Run(b.Context(), cmd); err != nil {
+					b.Fatal(err)
+				}
+				runs = append(runs, time.Since(t0))
+			}
+			p50 := func(d []time.Duration) float64 {
+				slices.Sort(d)
+				return float64(d[len(d)/2].Nanoseconds()) / 1e3
+			}
+			run, floor := p50(runs), p50(floors)
+			b.ReportMetric(run, "p50-µs")
+			b.ReportMetric(floor, "floor-p50-µs")
+			b.ReportMetric(p50(bashes), "bash-p50-µs")
+			b.ReportMetric(run/floor, "x-floor")
+			b.ReportMetric(0, "ns/op") // three commands per op: not one figure
+		})
+	}
+}
+
 // cpuTime is the CPU time used so far by this process and its reaped
 // descendants.
 func cpuTime() time.Duration {
@@ -518,9 +575,11 @@ func must(t *testing.T, err error) {
 }
 
 // noChildren fails when the test process has children left: zombies Run did
-// not reap, or shims that did not exit.
+// not reap, or shims that did not exit. The idle shims kept for reuse are
+// ended first: a shim that is not idle is still there.
 func noChildren(t *testing.T) {
 	t.Helper()
+	proctree.CloseIdle()
 	tasks, err := os.ReadDir("/proc/self/task")
 	if err != nil {
 		return // not Linux

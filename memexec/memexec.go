@@ -34,12 +34,22 @@
 // FileSystem's (type, permission bits, size, modification time) and the
 // host's (the same, the inode, a link's target, and a SHA-256 of a file's
 // contents). Step 1 rewrites only entries whose FileSystem or host record
-// no longer matches; step 3 reads only host files whose metadata changed, or
-// whose modification time is recent enough that a same-sized rewrite within
-// the file system's timestamp granularity could hide (they are hashed), and
-// writes into the FileSystem only those whose contents or bits really
-// changed. A Run over an unchanged workspace therefore costs a listing of
-// the FileSystem and two of the host directory (see BenchmarkRun).
+// no longer matches, and when the FileSystem says where it changed since the
+// last Run (memfs.FS.Changes), it looks only there and at what the last Run
+// could not copy back. Step 3 looks, on Linux, only where the command
+// changed something: an inotify watch on every directory of the host
+// directory, held while the command runs, names the entries written,
+// closed after opening for writing, changed in metadata, created, removed
+// or moved, and the files with other hard links are looked at every time;
+// when the watch cannot be set up or its events do not tell it all (its
+// queue overflowed, a directory moved), and elsewhere, step 3 lists the
+// whole host directory. Either way it reads only host files whose metadata
+// changed, or whose modification time is recent enough that a same-sized
+// rewrite within the file system's timestamp granularity could hide (they
+// are hashed), and writes into the FileSystem only those whose contents or
+// bits really changed. A Run over an unchanged memfs workspace therefore
+// costs next to nothing beyond the command (see BenchmarkFloor); over
+// another FileSystem, a listing of it and two of the host directory.
 //
 // # Serial runs and conflicts
 //
@@ -70,7 +80,11 @@
 // is recreated with them, so a FileSystem with a umask (memfs's default is
 // 022) clears those bits: use memfs.WithUmask(0) for exact modes. Special
 // files a command makes stay on the host, and one that replaced a file counts
-// as the file's removal. Hard links are copied as separate files.
+// as the file's removal. Hard links are copied as separate files. A file of
+// the directory that a command links to a name outside it (ln f /tmp/x)
+// raises no event there: a later write through the outside name is copied
+// back only by a Run that lists the whole directory (a link made the other
+// way, into the directory, is seen and watched).
 //
 // As with localexec, this contains mistakes, not attacks: the command runs as
 // the host user, may cd out of the directory and may write anywhere the host
@@ -107,10 +121,25 @@ type Bash struct {
 	vars    []string // variables set to root in every command
 
 	// sem holds one token while a Run (or Close) uses the directory; it
-	// guards snap and closed.
+	// guards the fields below.
 	sem    chan struct{}
 	snap   map[string]*entry
 	closed bool
+
+	log     changeLog       // fsys as a changeLog, or nil
+	synced  uint64          // the generation of log the directory was last brought up to
+	fresh   bool            // synced is valid: a prepare has run to its end
+	pending map[string]bool // names collect left different between the two sides
+	shared  map[string]bool // host files with other hard links, as last seen
+
+	watchOff bool // tests: collect looks at everything
+}
+
+// changeLog is the optional interface of a FileSystem that remembers where
+// it changed (memfs.FS): prepare then looks only there, not at the whole
+// tree. See memfs.FS.Changes.
+type changeLog interface {
+	Changes(since uint64) (names []string, now uint64, ok bool)
 }
 
 var _ workspace.Bash = (*Bash)(nil)
@@ -185,9 +214,10 @@ func New(fsys workspace.FileSystem, opts ...Option) (*Bash, error) {
 	b := &Bash{
 		fsys: fsys, memRoot: c.memRoot, parent: parent, root: root, sh: sh,
 		aliases: []string{root}, vars: slices.Clone(c.vars),
-		sem: make(chan struct{}, 1), snap: map[string]*entry{},
+		sem: make(chan struct{}, 1), snap: map[string]*entry{}, shared: map[string]bool{},
 	}
 	b.links, _ = fsys.(workspace.SymlinkFS)
+	b.log, _ = fsys.(changeLog)
 	if real, err := filepath.EvalSymlinks(root); err == nil && real != root {
 		b.aliases = append(b.aliases, real) // /tmp under a link, as on macOS
 	}
@@ -226,10 +256,14 @@ func (b *Bash) Run(ctx context.Context, cmd workspace.Command) (workspace.Result
 			}
 		}
 	}
+	var w *watcher
+	if !b.watchOff {
+		w = b.watch(b.dirs())
+	}
 	res, runErr := b.sh.Run(ctx, cmd)
 	// The command's changes are copied back whatever became of it and of
 	// ctx: they are in the directory, as they would be on a disk.
-	notes, err := b.collect(context.WithoutCancel(ctx))
+	notes, err := b.collect(context.WithoutCancel(ctx), w)
 	if cmd.Output != nil {
 		for _, n := range notes {
 			cmd.Output(workspace.Stderr, []byte("memexec: "+n+"\n"))
@@ -239,6 +273,17 @@ func (b *Bash) Run(ctx context.Context, cmd workspace.Command) (workspace.Result
 		return res, runErr
 	}
 	return res, err
+}
+
+// dirs lists the host directory's directories, as prepare left them.
+func (b *Bash) dirs() []string {
+	var out []string
+	for name, e := range b.snap {
+		if e.host.mode.IsDir() {
+			out = append(out, name)
+		}
+	}
+	return out
 }
 
 // Close removes the host directory, waiting for a Run in progress to end.

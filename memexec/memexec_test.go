@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxd/sandboxd/localexec"
 	"github.com/sandboxd/sandboxd/memexec"
 	"github.com/sandboxd/sandboxd/memfs"
 	"github.com/sandboxd/sandboxd/workspace"
@@ -551,4 +552,199 @@ func BenchmarkRun(b *testing.B) {
 			run(b, sh)
 		}
 	})
+}
+
+// BenchmarkFloor measures issue 16's target in one run: `bash true` over a
+// memory workspace of 10,000 files of 1 KiB in 100 directories, unchanged
+// or after a tool changed one file, against the same command through
+// localexec in an empty directory, interleaved one for one. It reports the
+// median wall time of each (p50-µs, floor-p50-µs), their difference
+// (sync-µs: what the mirror costs) and ratio (x-floor):
+//
+//	go test ./memexec -run '^$' -bench Floor -benchtime 200x -count 5
+func BenchmarkFloor(b *testing.B) {
+	ctx := context.Background()
+	fsys := memfs.New()
+	data := bytes.Repeat([]byte("x"), 1024)
+	for i := range 10000 {
+		name := fmt.Sprintf("d%02d/f%05d", i%100, i)
+		if err := fsys.MkdirAll(ctx, filepath.Dir(name), 0o755); err != nil {
+			b.Fatal(err)
+		}
+		if err := fsys.WriteFile(ctx, name, data, 0o644); err != nil {
+			b.Fatal(err)
+		}
+	}
+	sh, err := memexec.New(fsys, memexec.WithTempDir(b.TempDir()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer sh.Close()
+	floor, err := localexec.New(b.TempDir())
+	if err != nil {
+		b.Fatal(err)
+	}
+	cmd := workspace.Command{Script: "true"}
+	timed := func(sh workspace.Bash) time.Duration {
+		t0 := time.Now()
+		if res, err := sh.Run(ctx, cmd); err != nil || res.ExitCode != 0 {
+			b.Fatal(res, err)
+		}
+		return time.Since(t0)
+	}
+	timed(sh) // the first Run copies everything
+	for _, change := range []bool{false, true} {
+		b.Run(map[bool]string{false: "unchanged", true: "oneChanged"}[change], func(b *testing.B) {
+			var runs, floors []time.Duration
+			i := 0
+			for b.Loop() {
+				if change {
+					i++
+					if err := fsys.WriteFile(ctx, "d00/f00000", []byte(fmt.Sprint(i)), 0o644); err != nil {
+						b.Fatal(err)
+					}
+				}
+				floors = append(floors, timed(floor))
+				runs = append(runs, timed(sh))
+			}
+			p50 := func(d []time.Duration) float64 {
+				slices.Sort(d)
+				return float64(d[len(d)/2].Nanoseconds()) / 1e3
+			}
+			run, fl := p50(runs), p50(floors)
+			b.ReportMetric(run, "p50-µs")
+			b.ReportMetric(fl, "floor-p50-µs")
+			b.ReportMetric(run-fl, "sync-µs")
+			b.ReportMetric(run/fl, "x-floor")
+			b.ReportMetric(0, "ns/op") // two commands per op: not one figure
+		})
+	}
+}
+
+// listing counts the directory listings of a memfs workspace, and passes on
+// its Changes.
+type listing struct {
+	*memfs.FS
+	mu    sync.Mutex
+	lists int
+}
+
+func (l *listing) ReadDir(ctx context.Context, name string) ([]fs.DirEntry, error) {
+	l.mu.Lock()
+	l.lists++
+	l.mu.Unlock()
+	return l.FS.ReadDir(ctx, name)
+}
+
+func (l *listing) count() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := l.lists
+	l.lists = 0
+	return n
+}
+
+// TestOnlyChangesLooked: over a FileSystem that says where it changed, a Run
+// lists none of it — a change a tool made between Runs, and one made while
+// a command ran, reach the next command all the same — and when it no
+// longer remembers that far back, the Run looks at everything.
+func TestOnlyChangesLooked(t *testing.T) {
+	ctx := t.Context()
+	mem := memfs.New(memfs.WithUmask(0))
+	for i := range 20 {
+		must(t, mem.MkdirAll(ctx, fmt.Sprintf("d%d", i), 0o755))
+		must(t, mem.WriteFile(ctx, fmt.Sprintf("d%d/f", i), []byte("old"), 0o644))
+	}
+	fsys := &listing{FS: mem}
+	b, err := memexec.New(fsys, memexec.WithTempDir(t.TempDir()))
+	must(t, err)
+	defer b.Close()
+	sh(t, b, "true")
+	if n := fsys.count(); n < 21 {
+		t.Fatalf("the first Run listed %d directories; want all 21", n)
+	}
+
+	must(t, mem.WriteFile(ctx, "d3/f", []byte("new"), 0o644))
+	must(t, mem.Rename(ctx, "d4", "moved"))
+	if got := sh(t, b, "cat d3/f; echo; ls -d moved d4 2>/dev/null; true"); got != "new\nmoved\n" {
+		t.Errorf("the command saw %q", got)
+	}
+	if n := fsys.count(); n != 1 {
+		t.Errorf("the Run listed %d directories; want 1, the one renamed", n)
+	}
+	// Changed while a command runs: the workspace's write, not seen by the
+	// command, is seen by the next.
+	started := make(chan struct{})
+	go func() {
+		<-started
+		if err := mem.WriteFile(ctx, "d5/f", []byte("during"), 0o644); err != nil {
+			t.Error(err)
+		}
+		os.WriteFile(filepath.Join(b.Root(), "go"), nil, 0o644) // on with the command
+	}()
+	var once sync.Once
+	r := runCmd(t, ctx, b, workspace.Command{
+		Script:  "cat d5/f; echo; echo started; until [ -e go ]; do sleep 0.01; done; rm go; echo x > d7/f",
+		Timeout: time.Minute,
+		Output: func(s workspace.Stream, p []byte) {
+			if bytes.Contains(p, []byte("started")) {
+				once.Do(func() { close(started) })
+			}
+		},
+	})
+	if r.err != nil || r.res.ExitCode != 0 || r.stdout != "old\nstarted\n" {
+		t.Fatalf("Run = %+v, %v, stdout %q", r.res, r.err, r.stdout)
+	}
+	if got := sh(t, b, "cat d5/f d7/f"); got != "duringx\n" {
+		t.Errorf("the next command saw %q; want the workspace's write and the command's", got)
+	}
+	if n := fsys.count(); n != 0 {
+		t.Errorf("Runs after files changed listed %d directories; want none", n)
+	}
+
+	for i := range 5000 { // more than the FileSystem remembers
+		must(t, mem.WriteFile(ctx, "d8/f", []byte(fmt.Sprint(i)), 0o644))
+	}
+	if got := sh(t, b, "cat d8/f"); got != "4999" {
+		t.Errorf("after many changes the command saw %q", got)
+	}
+	if n := fsys.count(); n < 21 {
+		t.Errorf("after more changes than remembered, the Run listed %d directories; want all", n)
+	}
+}
+
+// TestWatchedChanges: what a command changes is copied back when only the
+// events of the watch say where to look — a rewrite that keeps the size and
+// time, a new directory of files, a directory renamed, a write through a
+// hard link from outside the directory in a later command — and the
+// command's own hard links are kept track of.
+func TestWatchedChanges(t *testing.T) {
+	fsys, b := setup(t, nil)
+	ctx := t.Context()
+	must(t, fsys.MkdirAll(ctx, "d/e", 0o755))
+	must(t, fsys.WriteFile(ctx, "d/e/f", []byte("aaaa"), 0o644))
+	must(t, fsys.WriteFile(ctx, "g", []byte("gggg"), 0o644))
+	sh(t, b, "true")
+	outside := filepath.Join(t.TempDir(), "hardlink")
+	steps := []struct {
+		script string
+		want   []string
+	}{
+		{"touch -r d/e/f /tmp/.memexec-ref-$$; printf bbbb > d/e/f; touch -r /tmp/.memexec-ref-$$ d/e/f; rm /tmp/.memexec-ref-$$",
+			[]string{"d/ 755", "d/e/ 755", "d/e/f 644 bbbb", "g 644 gggg"}},
+		{"mkdir -p n/m && echo x > n/m/y",
+			[]string{"d/ 755", "d/e/ 755", "d/e/f 644 bbbb", "g 644 gggg", "n/ 755", "n/m/ 755", "n/m/y 644 x\n"}},
+		{"mv d/e d/r",
+			[]string{"d/ 755", "d/r/ 755", "d/r/f 644 bbbb", "g 644 gggg", "n/ 755", "n/m/ 755", "n/m/y 644 x\n"}},
+		{"printf oooo > " + outside + "; ln " + outside + " o",
+			[]string{"d/ 755", "d/r/ 755", "d/r/f 644 bbbb", "g 644 gggg", "n/ 755", "n/m/ 755", "n/m/y 644 x\n", "o 644 oooo"}},
+		{"printf pppp > " + outside,
+			[]string{"d/ 755", "d/r/ 755", "d/r/f 644 bbbb", "g 644 gggg", "n/ 755", "n/m/ 755", "n/m/y 644 x\n", "o 644 pppp"}},
+	}
+	for _, s := range steps {
+		sh(t, b, s.script)
+		if got := tree(t, fsys); !slices.Equal(got, s.want) {
+			t.Fatalf("after %q the workspace is\n  %s\nwant\n  %s", s.script, strings.Join(got, "\n  "), strings.Join(s.want, "\n  "))
+		}
+	}
 }

@@ -70,12 +70,13 @@ type hostState struct {
 	mtime  time.Time
 	ino    uint64
 	ctime  int64  // nanoseconds where the system reports it, else 0
+	links  uint64 // hard links: not compared
 	target string // a link's
 }
 
 func hostStateOf(fi fs.FileInfo) hostState {
 	h := hostState{mode: fi.Mode() & keepBits, size: fi.Size(), mtime: fi.ModTime()}
-	h.ino, h.ctime = sysStat(fi)
+	h.ino, h.ctime, h.links = sysStat(fi)
 	return h
 }
 
@@ -109,14 +110,11 @@ func copied(mode fs.FileMode) bool {
 // scanMem lists the FileSystem's tree: the state of every entry that is
 // copied, and their names in walk order (parents first), the root "." first.
 // Links are not followed. A directory that vanishes during the scan is
-// skipped.
-func (b *Bash) scanMem(ctx context.Context) (map[string]memState, []string, error) {
-	fi, err := b.fsys.Stat(ctx, ".")
-	if err != nil {
-		return nil, nil, err
-	}
-	mem := map[string]memState{".": memStateOf(fi)}
-	order := []string{"."}
+// skipped. With roots (see topmost), it lists only the entries at and under
+// them; a root that does not exist, or is not copied, is left out.
+func (b *Bash) scanMem(ctx context.Context, roots []string) (map[string]memState, []string, error) {
+	mem := map[string]memState{}
+	var order []string
 	var walk func(dir string) error
 	walk = func(dir string) error {
 		if err := ctx.Err(); err != nil {
@@ -145,7 +143,75 @@ func (b *Bash) scanMem(ctx context.Context) (map[string]memState, []string, erro
 		}
 		return nil
 	}
-	return mem, order, walk(".")
+	if roots == nil {
+		fi, err := b.fsys.Stat(ctx, ".")
+		if err != nil {
+			return nil, nil, err
+		}
+		mem["."], order = memStateOf(fi), []string{"."}
+		return mem, order, walk(".")
+	}
+	for _, root := range roots {
+		fi, err := b.fsys.Lstat(ctx, root)
+		if err != nil {
+			if skipVanished(err) != nil {
+				return nil, nil, err
+			}
+			continue
+		}
+		if !copied(fi.Mode()) {
+			continue
+		}
+		mem[root] = memStateOf(fi)
+		order = append(order, root)
+		if fi.IsDir() {
+			if err := walk(root); err != nil {
+				return nil, nil, err
+			}
+		}
+	}
+	return mem, order, nil
+}
+
+// topmost returns names sorted, without repeats and without the names that
+// lie under another of them: the roots of the subtrees they name. It
+// returns nil (everything) when one of them is the root ".".
+func topmost(names []string) []string {
+	slices.Sort(names) // parents before children
+	out := []string{}
+	kept := map[string]bool{}
+	for _, n := range names {
+		if n == "." {
+			return nil
+		}
+		covered := kept[n]
+		for d := path.Dir(n); d != "." && !covered; d = path.Dir(d) {
+			covered = kept[d]
+		}
+		if !covered {
+			kept[n] = true
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// under reports whether name is root or lies under it.
+func under(name, root string) bool {
+	return name == root || strings.HasPrefix(name, root+"/")
+}
+
+// underAny reports whether name is at or under one of roots (nil: all).
+func underAny(name string, roots []string) bool {
+	if roots == nil {
+		return true
+	}
+	for _, r := range roots {
+		if under(name, r) {
+			return true
+		}
+	}
+	return false
 }
 
 // hostTree is a listing of the host directory.
@@ -170,10 +236,11 @@ func (t *hostTree) hidden(name string) bool {
 // scanHost lists the host directory without following links. A directory
 // its owner may not list and enter is given those rights back first (its
 // bits are recorded as they were); one that still cannot be listed is
-// opaque.
-func (b *Bash) scanHost() (*hostTree, error) {
+// opaque. With roots (see topmost), it lists only the entries at and under
+// them.
+func (b *Bash) scanHost(roots []string) (*hostTree, error) {
 	t := &hostTree{entries: map[string]hostState{}, at: time.Now()}
-	err := filepath.WalkDir(b.root, func(p string, d fs.DirEntry, err error) error {
+	visit := func(p string, d fs.DirEntry, err error) error {
 		rel, rerr := filepath.Rel(b.root, p)
 		if rerr != nil {
 			return rerr
@@ -204,9 +271,17 @@ func (b *Bash) scanHost() (*hostTree, error) {
 		t.entries[name] = h
 		t.order = append(t.order, name)
 		return nil
-	})
-	if err != nil {
-		return nil, unavailable("scan", b.root, err)
+	}
+	if roots == nil {
+		if err := filepath.WalkDir(b.root, visit); err != nil {
+			return nil, unavailable("scan", b.root, err)
+		}
+		return t, nil
+	}
+	for _, root := range roots {
+		if err := filepath.WalkDir(b.hostPath(root), visit); err != nil {
+			return nil, unavailable("scan", root, err)
+		}
 	}
 	return t, nil
 }
@@ -215,13 +290,39 @@ func (b *Bash) hostPath(name string) string { return filepath.Join(b.root, filep
 
 // prepare makes the host directory hold what the FileSystem holds, rewriting
 // only the entries that changed on either side since they were last the
-// same.
+// same. When the FileSystem says where it changed (changeLog) since the last
+// prepare, it looks only there and at the names collect left pending: the
+// host directory changes only under commands, and collect looked at all of
+// it after the last one.
 func (b *Bash) prepare(ctx context.Context) error {
-	mem, order, err := b.scanMem(ctx)
+	var roots []string // nil: everything
+	var gen uint64
+	if b.log != nil {
+		// Asked first: what changes from here on is in the next answer.
+		var names []string
+		var ok bool
+		names, gen, ok = b.log.Changes(b.synced)
+		if ok && b.fresh {
+			roots = topmost(append(names, slices.Collect(maps.Keys(b.pending))...))
+		}
+	}
+	if err := b.mirror(ctx, roots); err != nil {
+		return err
+	}
+	b.synced, b.fresh, b.pending = gen, b.log != nil, nil
+	return nil
+}
+
+// mirror is prepare's work at and under roots (nil: everywhere).
+func (b *Bash) mirror(ctx context.Context, roots []string) error {
+	if roots != nil && len(roots) == 0 {
+		return nil
+	}
+	mem, order, err := b.scanMem(ctx, roots)
 	if err != nil {
 		return err
 	}
-	host, err := b.scanHost()
+	host, err := b.scanHost(roots)
 	if err != nil {
 		return err
 	}
@@ -238,7 +339,7 @@ func (b *Bash) prepare(ctx context.Context) error {
 		delete(host.entries, name)
 	}
 	for name := range b.snap {
-		if _, ok := mem[name]; !ok {
+		if _, ok := mem[name]; !ok && underAny(name, roots) {
 			delete(b.snap, name)
 		}
 	}
@@ -397,18 +498,57 @@ const kept = "%s changed in the workspace while the command ran: the workspace's
 // collect copies what the command changed in the host directory back into
 // the FileSystem, and returns what it could not copy. It fails only when the
 // host directory cannot be listed.
-func (b *Bash) collect(ctx context.Context) ([]string, error) {
-	host, err := b.scanHost()
+//
+// With w, the watch kept while the command ran, it looks only where the
+// events say something changed, and at the files that have other hard
+// links (a write through a name outside the directory raises no event);
+// without it, or when the events do not tell it all, everywhere.
+//
+// Every name it finds changed, and every directory it cannot list, is left
+// pending for the next prepare to look at, whatever became of the copy: one
+// that failed or lost to the workspace is undone there.
+func (b *Bash) collect(ctx context.Context, w *watcher) ([]string, error) {
+	var roots []string // nil: everything
+	if w != nil {
+		if names, ok := w.changes(); ok {
+			roots = topmost(append(names, slices.Collect(maps.Keys(b.shared))...))
+		}
+	}
+	if roots != nil && len(roots) == 0 {
+		return nil, nil
+	}
+	host, err := b.scanHost(roots)
 	if err != nil {
 		return nil, err
 	}
+	if b.pending == nil {
+		b.pending = map[string]bool{}
+	}
+	for _, d := range host.opaque {
+		b.pending[d] = true
+	}
+	for _, name := range host.order {
+		if h := host.entries[name]; h.mode.IsRegular() && h.links > 1 {
+			b.shared[name] = true
+		} else {
+			delete(b.shared, name)
+		}
+	}
 	var n notes
+	var known []string
+	for name := range b.snap {
+		if roots == nil || underAny(name, roots) {
+			known = append(known, name)
+		}
+	}
+	slices.Sort(known)
 	// Removals (and entries that changed type), children first.
-	for _, name := range slices.Backward(slices.Sorted(maps.Keys(b.snap))) {
+	for _, name := range slices.Backward(known) {
 		e := b.snap[name]
 		if h, ok := host.entries[name]; name == "." || ok && h.mode.Type() == e.host.mode.Type() || host.hidden(name) {
 			continue
 		}
+		b.pending[name] = true
 		if b.changedMeanwhile(ctx, name, e) {
 			n.add(kept, name)
 			continue
@@ -429,9 +569,14 @@ func (b *Bash) collect(ctx context.Context) ([]string, error) {
 		e := b.snap[name]
 		switch {
 		case name == ".": // the root is made and removed by no one
+			if e != nil && !e.host.same(h) {
+				b.pending[name] = true // its bits: restored as for any directory
+			}
 		case e == nil || e.host.mode.Type() != h.mode.Type():
+			b.pending[name] = true
 			b.create(ctx, &n, name, h, host.at)
 		case !e.host.same(h) || e.racy():
+			b.pending[name] = true
 			b.update(ctx, &n, name, e, h, host.at)
 		}
 	}

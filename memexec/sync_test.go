@@ -3,6 +3,7 @@ package memexec
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -30,6 +31,7 @@ func TestRacyFileHashed(t *testing.T) {
 			t.Fatalf("Run = %+v, %v", res, err)
 		}
 	}
+	b.watchOff = true // the rewrite is made outside any command, unwatched
 	run()
 	// Rewrite f in place with its time put back, and make the record match
 	// the host in everything but the contents, as if the status-change time
@@ -53,7 +55,7 @@ func TestRacyFileHashed(t *testing.T) {
 	// Recorded as it was written, however long the first Run took on a
 	// loaded machine: the file is racy.
 	e.seen = after.ModTime()
-	if e.host.ino, e.host.ctime = sysStat(after); !e.host.same(hostStateOf(after)) {
+	if e.host.ino, e.host.ctime, _ = sysStat(after); !e.host.same(hostStateOf(after)) {
 		t.Fatalf("the record %+v does not match the host %+v", e.host, hostStateOf(after))
 	}
 	run()
@@ -72,4 +74,21 @@ func readFile(t *testing.T, fsys *memfs.FS, name string) string {
 		t.Fatal(err)
 	}
 	return string(data)
+}
+
+func TestTopmost(t *testing.T) {
+	tests := []struct {
+		in, want []string
+	}{
+		{[]string{}, []string{}},
+		{[]string{"b", "a", "b"}, []string{"a", "b"}},
+		{[]string{"a/b", "a-b", "a", "a/b/c"}, []string{"a", "a-b"}},
+		{[]string{"x/y", "x/y/z", "x/yz"}, []string{"x/y", "x/yz"}},
+		{[]string{"a", "."}, nil},
+	}
+	for _, tt := range tests {
+		if got := topmost(tt.in); !slices.Equal(got, tt.want) || (got == nil) != (tt.want == nil) {
+			t.Errorf("topmost(%q) = %q; want %q", tt.in, got, tt.want)
+		}
+	}
 }

@@ -66,6 +66,10 @@ type FS struct {
 	now      func() time.Time
 	maxBytes int64 // 0: no limit
 	used     int64 // bytes of file contents, counted once per name
+	log      struct {
+		gen   uint64   // bumped by every change
+		names []string // where the last len(names) changes were
+	}
 }
 
 // Option configures an FS made by New or FromDir.
@@ -307,17 +311,48 @@ func (f *FS) reserve(op, name string, delta int64) error {
 	return nil
 }
 
-// attach makes n the entry base of dir, in place of what was there, and
-// counts the bytes. The caller holds f.mu for writing and has reserved room.
-func (f *FS) attach(dir *node, base string, n *node) {
-	f.used += n.bytes() - dir.entries[base].bytes()
-	dir.entries[base] = n
+// attach makes n the entry at l, in place of what was there, and counts
+// the bytes. The caller holds f.mu for writing and has reserved room.
+func (f *FS) attach(l loc, n *node) {
+	f.used += n.bytes() - l.dir.entries[l.base].bytes()
+	l.dir.entries[l.base] = n
+	f.changed(l.path)
 }
 
-// put is attach that also stamps dir as modified.
-func (f *FS) put(dir *node, base string, n *node) {
-	f.attach(dir, base, n)
-	dir.modTime = f.now()
+// put is attach that also stamps l's directory as modified.
+func (f *FS) put(l loc, n *node) {
+	f.attach(l, n)
+	l.dir.modTime = f.now()
+}
+
+// maxLogged bounds the changes the FS remembers for Changes.
+const maxLogged = 4096
+
+// changed logs a change at name (and under it). The caller holds f.mu for
+// writing.
+func (f *FS) changed(name string) {
+	f.log.gen++
+	if len(f.log.names) == maxLogged {
+		f.log.names = append(f.log.names[:0], f.log.names[maxLogged/2:]...)
+	}
+	f.log.names = append(f.log.names, name)
+}
+
+// Changes reports where the tree changed after generation since, and the
+// generation now: the real names (links on the way resolved) of the
+// entries created, written, removed or renamed (both names), each standing
+// for everything under it too, oldest first and possibly repeated. A caller
+// that mirrors the tree keeps now and asks again with it. ok is false when
+// the FS no longer remembers back to since (it keeps the last few thousand
+// changes): then anything may have changed. A new FS is at generation 0,
+// and FromDir's copy counts as changes.
+func (f *FS) Changes(since uint64) (names []string, now uint64, ok bool) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	if since > f.log.gen || f.log.gen-since > uint64(len(f.log.names)) {
+		return nil, f.log.gen, false
+	}
+	return slices.Clone(f.log.names[len(f.log.names)-int(f.log.gen-since):]), f.log.gen, true
 }
 
 // Stat describes the named file, following links.
@@ -418,7 +453,7 @@ func (f *FS) WriteFile(ctx context.Context, name string, data []byte, perm fs.Fi
 	if err := f.reserve("write", name, int64(len(data))-l.n.bytes()); err != nil {
 		return err
 	}
-	f.put(l.dir, l.base, &node{mode: mode, modTime: f.now(), data: data})
+	f.put(l, &node{mode: mode, modTime: f.now(), data: data})
 	return nil
 }
 
@@ -450,7 +485,7 @@ func (f *FS) create(op, name string, n *node) error {
 	if err := f.reserve(op, name, n.bytes()); err != nil {
 		return err
 	}
-	f.put(l.dir, l.base, n)
+	f.put(l, n)
 	return nil
 }
 
@@ -480,6 +515,7 @@ func (f *FS) unlink(l loc) {
 	f.used -= l.n.bytes()
 	delete(l.dir.entries, l.base)
 	l.dir.modTime = f.now()
+	f.changed(l.path)
 }
 
 // Rename moves oldname to newname; links at either name are not followed.
@@ -529,6 +565,8 @@ func (f *FS) Rename(ctx context.Context, oldname, newname string) error {
 	delete(src.dir.entries, src.base)
 	dst.dir.entries[dst.base] = src.n
 	src.dir.modTime, dst.dir.modTime = f.now(), f.now()
+	f.changed(src.path)
+	f.changed(dst.path)
 	return nil
 }
 

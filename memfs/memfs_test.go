@@ -1237,3 +1237,47 @@ func BenchmarkWriteFile(b *testing.B) {
 		}
 	}
 }
+
+// TestChanges: every change is logged at its real name — both names of a
+// rename, the target of a link written through — and a generation the FS
+// no longer remembers back to says so.
+func TestChanges(t *testing.T) {
+	ctx := t.Context()
+	f := memfs.New()
+	if names, now, ok := f.Changes(0); !ok || now != 0 || len(names) != 0 {
+		t.Fatalf("a new FS: Changes(0) = %q, %d, %v", names, now, ok)
+	}
+	steps := []struct {
+		do   func() error
+		want []string
+	}{
+		{func() error { return f.MkdirAll(ctx, "a/b", 0o755) }, []string{"a", "a/b"}},
+		{func() error { return f.WriteFile(ctx, "a/b/f", []byte("x"), 0o644) }, []string{"a/b/f"}},
+		{func() error { return f.Symlink(ctx, "a/b", "l") }, []string{"l"}},
+		{func() error { return f.WriteFile(ctx, "l/f", []byte("y"), 0o644) }, []string{"a/b/f"}},
+		{func() error { return f.Rename(ctx, "a/b", "c") }, []string{"a/b", "c"}},
+		{func() error { return f.Remove(ctx, "l") }, []string{"l"}},
+		{func() error { return f.RemoveAll(ctx, "c") }, []string{"c"}},
+		{func() error { return f.Remove(ctx, "missing") }, nil},
+	}
+	_, since, _ := f.Changes(0)
+	for i, s := range steps {
+		s.do()
+		names, now, ok := f.Changes(since)
+		if !ok || !slices.Equal(names, s.want) {
+			t.Errorf("step %d: Changes = %q, %v; want %q", i, names, ok, s.want)
+		}
+		since = now
+	}
+	for i := range 5000 {
+		if err := f.WriteFile(ctx, "f", []byte{byte(i)}, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, _, ok := f.Changes(since); ok {
+		t.Error("Changes from before 5000 writes is ok; want not remembered")
+	}
+	if names, _, ok := f.Changes(since + 4000); !ok || len(names) != 1000 {
+		t.Errorf("Changes of the last 1000 writes: %d names, %v", len(names), ok)
+	}
+}

@@ -73,7 +73,7 @@ func FromDir(ctx context.Context, dir string, opts ...Option) (*FS, error) {
 		if err := f.reserve("copy", name, n.bytes()); err != nil {
 			return err
 		}
-		f.attach(l.dir, l.base, n)
+		f.attach(l, n)
 		return nil
 	})
 	if err != nil {

@@ -23,6 +23,7 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/sandboxd/sandboxd/httpapi"
+	"github.com/sandboxd/sandboxd/internal/proctree"
 	"github.com/sandboxd/sandboxd/runner"
 )
 
@@ -323,6 +324,7 @@ func (c *soakClient) settle(ctx context.Context, docker *client.Client, daemon s
 		time.Sleep(200 * time.Millisecond)
 	}
 	c.http.CloseIdleConnections()
+	proctree.CloseIdle() // the shims kept for the next command, as the connections
 	var f soakFigures
 	// Background work that ends by itself (HTTP connections closing, a
 	// container's removal) gets a few seconds; the lowest reading counts.

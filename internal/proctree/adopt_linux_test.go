@@ -125,7 +125,7 @@ func TestAdoptedOverlap(t *testing.T) {
 			t.Errorf("the direct command's end killed the shimmed command's %s (%d)", f, pid)
 		}
 	}
-	if err := shimmed.tree.(*shimTree).proc.Signal(syscall.Signal(0)); err != nil {
+	if err := shimmed.tree.(*shimTree).shim.proc.Signal(syscall.Signal(0)); err != nil {
 		t.Errorf("the direct command's end killed the shim: %v", err)
 	}
 

@@ -18,9 +18,13 @@
 //     When the program ends or the tree is killed, the shim sends SIGKILL to
 //     every descendant it finds in /proc, reaps them, and repeats until it has
 //     no children left. The shim dies with its parent (PR_SET_PDEATHSIG), and
-//     kills the tree first when it can. The shim is this package's init
-//     function: any binary that links proctree can act as one, with no change
-//     to its main. Initialisers of packages proctree does not import may run
+//     kills the tree first when it can. A shim whose tree is gone serves
+//     the next command (the idle ones are kept, see CloseIdle), so that a
+//     command costs a fork and exec rather than the start of a second Go
+//     program; one that was told to kill its tree, or whose resource
+//     limits, niceness or oom_score_adj a command changed, serves no other.
+//     The shim is this package's init function: any binary that links
+//     proctree can act as one, with no change to its main. Initialisers of packages proctree does not import may run
 //     before it in the shim too, so they must have no side effects.
 //     A process that already adopts every orphan below it — the init of a
 //     container — may say so with AdoptOrphans: a command that runs while no
@@ -161,10 +165,6 @@ type Process struct {
 // *fs.PathError whose Op is "exec" when the program cannot be executed (its
 // Err matches fs.ErrNotExist when it is not found, fs.ErrPermission when it is
 // not executable), and with another error when the system would not start it.
-//
-// On Linux the shim dies with the thread that started it (PR_SET_PDEATHSIG
-// follows threads, not processes): do not call Start from a goroutine locked
-// to its thread (runtime.LockOSThread) that may exit while the command runs.
 func Start(ctx context.Context, spec Spec) (*Process, error) {
 	if len(spec.Argv) == 0 || spec.Argv[0] == "" {
 		return nil, errors.New("proctree: empty Argv")

@@ -3,12 +3,14 @@ package proctree
 import (
 	"bufio"
 	"cmp"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,16 +20,24 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// The shim protocol. The parent starts /proc/self/exe with markerEnv set and
-// two extra descriptors: fd 3, from which the shim reads one shimSpec, and fd
-// 4, on which it writes shimMsg lines: "ready" once it handles SIGTERM (Start
-// waits for it, so no SIGTERM kills the shim instead of the tree), "pid" once
-// the program started (or "error" when it could not be), "exit" once the
-// program ended. The shim exits when the program's tree is gone. The spec
-// travels over a pipe, not the command line, so that the command's
-// environment is not visible in ps. Both are plain text, not JSON: the
-// shim is a fresh program per command, and building reflection caches
-// would be a good part of its own work.
+// The shim protocol. The parent starts /proc/self/exe with markerEnv set,
+// /dev/null as its standard input and output, and one end of a Unix socket
+// pair as fd 3. The shim writes "ready" once it handles SIGTERM (the parent
+// waits for it, so no SIGTERM kills the shim instead of a tree), then serves
+// commands one at a time. For each, the parent sends a frame: a header of
+// two 64-bit little-endian numbers (the length of the shimSpec that follows,
+// and the CLOCK_MONOTONIC time the command's duration counts from) carrying
+// the command's standard input, output and error as SCM_RIGHTS, then the
+// spec. The shim answers with shimMsg lines: "pid" once the program started
+// (or "error" when it could not be), "exit" once the program ended, "done"
+// once its whole tree is gone ("done last" when it will not serve another).
+// After "done" the shim has no child left and waits for the next frame; it
+// exits at end of file on the socket, or on SIGTERM once the tree it runs
+// (if any) is gone. It serves no other command after a SIGTERM, nor after a
+// command changed what the next would inherit from it (see inherited). The spec travels over the
+// socket, not the command line, so that the command's environment is not
+// visible in ps. Both are plain text, not JSON: building reflection caches
+// would be a good part of a fresh shim's work.
 
 type shimSpec struct {
 	Path string
@@ -60,18 +70,25 @@ func decodeSpec(b []byte) (shimSpec, error) {
 
 type shimMsg struct {
 	Ready bool
+	Done  bool // the tree is gone
+	Last  bool // with Done: the shim exits now
 	Pid   int
 	Error string
 	Errno int
 	Exit  *Exit
 }
 
-// encode writes the message as one line: "ready", "pid PID",
+// encode writes the message as one line: "ready", "done", "done last",
+// "pid PID",
 // "error ERRNO TEXT" or "exit CODE SIGNAL|- KILLED NANOSECONDS".
 func (m shimMsg) encode() []byte {
 	switch {
 	case m.Ready:
 		return []byte("ready\n")
+	case m.Done && m.Last:
+		return []byte("done last\n")
+	case m.Done:
+		return []byte("done\n")
 	case m.Pid > 0:
 		return []byte("pid " + strconv.Itoa(m.Pid) + "\n")
 	case m.Exit != nil:
@@ -96,6 +113,10 @@ func readMsg(r *bufio.Reader) (shimMsg, error) {
 	switch {
 	case len(f) == 1 && f[0] == "ready":
 		return shimMsg{Ready: true}, nil
+	case len(f) == 1 && f[0] == "done":
+		return shimMsg{Done: true}, nil
+	case len(f) == 2 && f[0] == "done" && f[1] == "last":
+		return shimMsg{Done: true, Last: true}, nil
 	case len(f) == 2 && f[0] == "pid":
 		pid, err := strconv.Atoi(f[1])
 		if err != nil || pid <= 0 {
@@ -128,59 +149,195 @@ func readMsg(r *bufio.Reader) (shimMsg, error) {
 const startsShim = true
 
 const (
-	specFD   = 3
-	statusFD = 4
+	connFD = 3
 	// maxSpec bounds what the shim reads as its spec (argv and environment).
 	maxSpec = 64 << 20
+	// maxIdle bounds the shims kept for reuse for each oom_score_adj.
+	maxIdle = 4
+	// idleTimeout is how long a shim is kept unused before it is ended, so
+	// that a process that has stopped running commands keeps no shim.
+	idleTimeout = time.Minute
+	// frameHeader is the size of a frame's header: length and start time.
+	frameHeader = 16
 )
 
 func init() {
 	if os.Getenv(markerEnv) == markerValue {
 		// syscall.Exit, not os.Exit: no exit hooks (coverage, race reports)
-		// of the host binary may write to the command's output.
+		// of the host binary may write to a command's output.
 		syscall.Exit(shim())
 	}
 }
 
-// shimTree is the parent's handle on a running shim.
-type shimTree struct {
-	proc    *os.Process // the shim
-	argv0   string
-	adopted bool // known to sweeps (adopt.shims) until forget
-	status  *os.File
+// shimProc is a running shim, idle or serving a command.
+type shimProc struct {
+	proc    *os.Process
+	conn    *os.File // our end of the socket pair, non-blocking
 	msgs    *bufio.Reader
-
-	mu       sync.Mutex
-	pid      int // the program's pid and process group, once reported
-	termSent bool
-	exited   bool        // the shim has been reaped
-	deadline time.Time   // of the last resort, once armed
-	timer    *time.Timer // the next tick
+	oom     int         // the oom_score_adj the shim took from its first command
+	adopted bool        // known to sweeps (adopt.shims) until forget; never reused
+	expiry  *time.Timer // while idle: ends it after idleTimeout
 }
 
-// startShim starts the shim, hands it the program, and returns once the
-// shim is ready (at most readyTimeout later). It does not wait for the program
-// to start: the program may stop the shim (kill -STOP $PPID) before the
-// shim has said so, and only kill, which the caller can reach once Start
-// returns, gets past that. An adopted shim is counted in adopt.active (the
-// caller has counted it) and known to sweeps from its fork on.
-func startShim(path string, spec Spec, stdio [3]*os.File, adopted bool) (tree, error) {
-	specR, specW, err := os.Pipe()
+// idle holds the shims that finished a command with nothing left running
+// below them, ready for the next one with the same oom_score_adj: a command
+// under a reused shim costs one fork and exec, not the start of a second Go
+// program. At most maxIdle are kept per oom_score_adj, each for at most
+// idleTimeout. Shims of adopted commands are not kept (see adopt).
+var idle struct {
+	mu    sync.Mutex
+	shims map[int][]*shimProc // by oom_score_adj
+}
+
+// CloseIdle ends the shims kept for reuse and waits for them to exit. A
+// process need not call it: an idle shim dies with the process. It is for
+// callers, tests above all, that count their child processes.
+func CloseIdle() {
+	idle.mu.Lock()
+	var all []*shimProc
+	for _, l := range idle.shims {
+		all = append(all, l...)
+	}
+	idle.shims = nil
+	idle.mu.Unlock()
+	for _, s := range all {
+		s.expiry.Stop()
+		s.close()
+	}
+}
+
+// takeIdle returns an idle shim for oom, or nil.
+func takeIdle(oom int) *shimProc {
+	idle.mu.Lock()
+	defer idle.mu.Unlock()
+	l := idle.shims[oom]
+	if len(l) == 0 {
+		return nil
+	}
+	s := l[len(l)-1]
+	idle.shims[oom] = l[:len(l)-1]
+	s.expiry.Stop()
+	return s
+}
+
+// putIdle keeps s for reuse, or ends it when enough are kept.
+func putIdle(s *shimProc) {
+	idle.mu.Lock()
+	if len(idle.shims[s.oom]) < maxIdle {
+		if idle.shims == nil {
+			idle.shims = map[int][]*shimProc{}
+		}
+		idle.shims[s.oom] = append(idle.shims[s.oom], s)
+		s.expiry = time.AfterFunc(idleTimeout, s.expire)
+		s = nil
+	}
+	idle.mu.Unlock()
+	if s != nil {
+		s.close()
+	}
+}
+
+// expire ends s if it is still idle.
+func (s *shimProc) expire() {
+	idle.mu.Lock()
+	l := idle.shims[s.oom]
+	i := slices.Index(l, s)
+	if i >= 0 {
+		idle.shims[s.oom] = slices.Delete(l, i, i+1)
+	}
+	idle.mu.Unlock()
+	if i >= 0 {
+		s.close()
+	}
+}
+
+// close ends a shim that runs no command (at end of file on its socket it
+// exits), and returns how it ended once it is reaped.
+func (s *shimProc) close() *os.ProcessState {
+	s.conn.Close()
+	s.forget()
+	state, _ := s.proc.Wait()
+	return state
+}
+
+// forget removes an adopted shim from adopt.shims before it is reaped, so
+// that its pid, once free, can never shelter another process from a sweep.
+func (s *shimProc) forget() {
+	if s.adopted {
+		adopt.mu.Lock()
+		delete(adopt.shims, s.proc.Pid)
+		adopt.mu.Unlock()
+	}
+}
+
+// spawnShim starts a shim and returns once it is ready (at most readyTimeout
+// later). It forks from a goroutine of its own: the shim dies with the
+// thread that forked it (PR_SET_PDEATHSIG follows threads), and a goroutine
+// that is not locked to its thread runs on one the runtime never ends,
+// whichever goroutine called Start. An adopted shim is known to sweeps from
+// its fork on.
+func spawnShim(adopted bool) (*shimProc, error) {
+	type result struct {
+		s   *shimProc
+		err error
+	}
+	c := make(chan result, 1)
+	go func() {
+		s, err := forkShim(adopted)
+		c <- result{s, err}
+	}()
+	r := <-c
+	if r.err != nil {
+		return nil, r.err
+	}
+	s := r.s
+	ready := make(chan error, 1)
+	go func() {
+		m, err := readMsg(s.msgs)
+		if err == nil && !m.Ready {
+			err = errors.New("no ready message")
+		}
+		ready <- err
+	}()
+	timer := time.NewTimer(readyTimeout)
+	defer timer.Stop()
+	var err error
+	select {
+	case err = <-ready:
+	case <-timer.C:
+		s.proc.Kill()
+		<-ready
+		err = fmt.Errorf("not ready after %v", readyTimeout)
+	}
+	if err != nil {
+		s.proc.Kill()
+		s.forget()
+		state, _ := s.proc.Wait()
+		s.conn.Close()
+		return nil, fmt.Errorf("proctree: the shim failed to start (%v): %w", state, err)
+	}
+	return s, nil
+}
+
+// forkShim starts /proc/self/exe as a shim, connected by a socket pair.
+func forkShim(adopted bool) (*shimProc, error) {
+	null, err := devNull()
 	if err != nil {
 		return nil, err
 	}
-	statR, statW, err := os.Pipe()
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
-		specR.Close()
-		specW.Close()
-		return nil, err
+		return nil, fmt.Errorf("proctree: starting the shim: %w", err)
 	}
+	unix.SetNonblock(fds[0], true) // ours, for Go's poller
+	ours, theirs := os.NewFile(uintptr(fds[0]), "shim"), os.NewFile(uintptr(fds[1]), "shim")
+	defer theirs.Close()
 	if adopted {
 		adopt.mu.Lock()
 	}
 	proc, err := os.StartProcess("/proc/self/exe", []string{"proctree-shim"}, &os.ProcAttr{
 		Env:   []string{markerEnv + "=" + markerValue, "GOMAXPROCS=1"},
-		Files: []*os.File{stdio[0], stdio[1], stdio[2], specR, statW},
+		Files: []*os.File{null, null, null, theirs},
 		// Own group: signals meant for the program's group (kill 0) miss
 		// it. SIGTERM when we die: the shim kills the tree, then itself.
 		Sys: &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM},
@@ -191,61 +348,110 @@ func startShim(path string, spec Spec, stdio [3]*os.File, adopted bool) (tree, e
 		}
 		adopt.mu.Unlock()
 	}
-	specR.Close()
-	statW.Close()
 	if err != nil {
-		specW.Close()
-		statR.Close()
+		ours.Close()
 		return nil, fmt.Errorf("proctree: starting the shim: %w", err)
 	}
-	// The shim reads the spec before it starts anything, so this cannot
-	// block on a stopped shim. An error means the shim died: wait says so.
-	specW.Write(shimSpec{Path: path, Argv: spec.Argv, Dir: spec.Dir, Env: spec.Env, OOM: spec.OOMScoreAdj}.encode())
-	specW.Close()
-	t := &shimTree{proc: proc, argv0: spec.Argv[0], status: statR, msgs: bufio.NewReader(io.LimitReader(statR, 1<<20)), adopted: adopted}
+	return &shimProc{proc: proc, conn: ours, msgs: bufio.NewReader(ours), adopted: adopted}, nil
+}
 
-	ready := make(chan error, 1)
-	go func() {
-		m, err := readMsg(t.msgs)
-		if err == nil && !m.Ready {
-			err = errors.New("no ready message")
-		}
-		ready <- err
-	}()
-	timer := time.NewTimer(readyTimeout)
-	defer timer.Stop()
-	select {
-	case err = <-ready:
-	case <-timer.C:
-		proc.Kill()
-		<-ready
-		err = fmt.Errorf("not ready after %v", readyTimeout)
-	}
+// send hands the shim a command: the frame's header with the command's
+// standard input, output and error, then the spec. It fails when the shim
+// is gone.
+func (s *shimProc) send(spec shimSpec, stdio [3]*os.File, start int64) error {
+	body := spec.encode()
+	var hdr [frameHeader]byte
+	binary.LittleEndian.PutUint64(hdr[:8], uint64(len(body)))
+	binary.LittleEndian.PutUint64(hdr[8:], uint64(start))
+	rc, err := s.conn.SyscallConn()
 	if err != nil {
-		proc.Kill()
-		t.forget()
-		state, _ := proc.Wait()
-		statR.Close()
-		return nil, fmt.Errorf("proctree: the shim failed to start (%v): %w", state, err)
+		return err
 	}
-	return t, nil
+	var serr error
+	err = rc.Write(func(fd uintptr) bool {
+		// The header is far smaller than the socket's buffer, which is
+		// empty between commands: it goes whole or not at all.
+		rights := unix.UnixRights(int(stdio[0].Fd()), int(stdio[1].Fd()), int(stdio[2].Fd()))
+		serr = unix.Sendmsg(int(fd), hdr[:], rights, nil, unix.MSG_NOSIGNAL)
+		return serr != unix.EAGAIN
+	})
+	if err == nil {
+		err = serr
+	}
+	if err == nil {
+		_, err = s.conn.Write(body)
+	}
+	return err
+}
+
+// shimTree is the parent's handle on a shim running one command.
+type shimTree struct {
+	shim  *shimProc
+	argv0 string
+
+	mu       sync.Mutex
+	pid      int  // the program's pid and process group, once reported
+	termSent bool // the shim was told to kill the tree (and so to exit)
+	over     bool // the shim reported the tree gone, or has been reaped
+	doomed   bool // the last resort killed the shim
+	deadline time.Time
+	timer    *time.Timer // the next tick, once armed
+}
+
+// startShim runs the program under a shim: an idle one when there is one
+// (never for an adopted command), a new one otherwise. It does not wait for
+// the program to start: the program may stop the shim (kill -STOP $PPID)
+// before the shim has said so, and only kill, which the caller can reach
+// once Start returns, gets past that. An adopted shim is counted in
+// adopt.active (the caller has counted it).
+func startShim(path string, spec Spec, stdio [3]*os.File, adopted bool) (tree, error) {
+	start := monotonic()
+	ss := shimSpec{Path: path, Argv: spec.Argv, Dir: spec.Dir, Env: spec.Env, OOM: spec.OOMScoreAdj}
+	var s *shimProc
+	if !adopted {
+		s = takeIdle(spec.OOMScoreAdj)
+	}
+	if s != nil && s.send(ss, stdio, start) != nil {
+		s.proc.Kill() // it died idle: start another
+		s.close()
+		s = nil
+	}
+	if s == nil {
+		var err error
+		if s, err = spawnShim(adopted); err != nil {
+			return nil, err
+		}
+		s.oom = spec.OOMScoreAdj
+		// The shim reads the spec before it starts anything, so this
+		// cannot block on a stopped shim. An error means the shim died:
+		// wait says so.
+		s.send(ss, stdio, start)
+	}
+	return &shimTree{shim: s, argv0: spec.Argv[0]}, nil
+}
+
+// monotonic reads CLOCK_MONOTONIC, which the shim reads too.
+func monotonic() int64 {
+	var ts unix.Timespec
+	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return ts.Nano()
 }
 
 func (t *shimTree) kill() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.exited || t.termSent {
+	if t.over || t.termSent {
 		return
 	}
 	t.termSent = true
-	t.proc.Signal(syscall.SIGTERM)
-	t.proc.Signal(syscall.SIGCONT) // in case the program stopped it
+	t.shim.proc.Signal(syscall.SIGTERM)
+	t.shim.proc.Signal(syscall.SIGCONT) // in case the program stopped it
 	t.armLocked()
 }
 
 // armLocked starts the countdown after which the shim is killed outright.
 func (t *shimTree) armLocked() {
-	if t.timer == nil && !t.exited {
+	if t.timer == nil && !t.over {
 		t.deadline = time.Now().Add(killGrace)
 		t.timer = time.AfterFunc(contInterval, t.tick)
 	}
@@ -263,20 +469,21 @@ func (t *shimTree) tick() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	switch {
-	case t.exited:
+	case t.over:
 	case time.Now().Before(t.deadline):
-		t.proc.Signal(syscall.SIGCONT)
+		t.shim.proc.Signal(syscall.SIGCONT)
 		t.timer.Reset(contInterval)
 	default:
 		for range 10 {
-			pids, family := descendants(t.proc.Pid, nil)
+			pids, family := descendants(t.shim.proc.Pid, nil)
 			if len(pids) == 0 {
 				break
 			}
 			killAllOf(pids, family)
 		}
 		t.killGroupLocked()
-		t.proc.Kill()
+		t.doomed = true
+		t.shim.proc.Kill()
 	}
 }
 
@@ -287,11 +494,16 @@ func (t *shimTree) killGroupLocked() {
 	}
 }
 
+// wait reads the shim's reports until the tree is gone, then keeps the shim
+// for the next command if it is fit to serve one — it said "done", was not
+// told to die and was not killed, and is not adopted — and ends it
+// otherwise.
 func (t *shimTree) wait() (Exit, error) {
 	var exit *Exit
 	var failed error
-	for exit == nil && failed == nil {
-		m, err := readMsg(t.msgs)
+	done := false
+	for !done && failed == nil {
+		m, err := readMsg(t.shim.msgs)
 		if err != nil {
 			failed = err
 			break
@@ -305,86 +517,178 @@ func (t *shimTree) wait() (Exit, error) {
 			failed = startError(t.argv0, syscall.Errno(m.Errno))
 		case m.Error != "":
 			failed = errors.New("proctree: shim: " + m.Error)
-		case m.Exit != nil:
+		case m.Exit != nil && exit == nil:
 			exit = m.Exit
 			t.mu.Lock()
 			t.armLocked() // the cleanup is bounded too
 			t.mu.Unlock()
+		case m.Done && exit != nil:
+			done = !m.Last
+			if m.Last {
+				failed = io.EOF // the shim exits: nothing more to read
+			}
+		default:
+			failed = errors.New("proctree: message out of order from the shim")
 		}
 	}
+	if exit != nil && failed == io.EOF {
+		failed = nil // done last, or killed after the exit report
+	}
+	t.mu.Lock()
 	if exit == nil {
 		// The shim failed, or died: what it ran is on its own now.
-		t.mu.Lock()
 		t.killGroupLocked()
-		t.proc.Kill()
-		t.mu.Unlock()
+		t.shim.proc.Kill()
 	}
-	t.forget()
-	state, werr := t.proc.Wait()
-	t.mu.Lock()
-	t.exited = true
+	reuse := done && !t.termSent && !t.doomed && !t.shim.adopted
+	t.over = true
 	if t.timer != nil {
 		t.timer.Stop()
 	}
 	t.mu.Unlock()
-	t.status.Close()
-	if t.adopted {
-		adoptDone()
+	var state *os.ProcessState
+	if reuse {
+		putIdle(t.shim)
+	} else {
+		state = t.shim.close()
+		if t.shim.adopted {
+			adoptDone()
+		}
 	}
 	switch {
 	case exit != nil:
 		return *exit, nil
 	case failed != io.EOF:
 		return Exit{Code: -1}, failed
-	case werr != nil:
-		return Exit{Code: -1}, fmt.Errorf("proctree: the shim ended without a report: %w", werr)
 	}
 	return Exit{Code: -1}, fmt.Errorf("proctree: the shim ended without a report (%v)", state)
-}
-
-// forget removes an adopted shim from adopt.shims before it is reaped, so
-// that its pid, once free, can never shelter another process from a sweep.
-func (t *shimTree) forget() {
-	if t.adopted {
-		adopt.mu.Lock()
-		delete(adopt.shims, t.proc.Pid)
-		adopt.mu.Unlock()
-	}
 }
 
 // shim is the shim's main function; it returns its exit status.
 func shim() int {
 	term := make(chan os.Signal, 1)
 	signal.Notify(term, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
-	closeOnExec() // the program gets stdin, stdout and stderr, nothing else
-	specF, statF := os.NewFile(specFD, "spec"), os.NewFile(statusFD, "status")
-	send := func(m shimMsg) { statF.Write(m.encode()) }
-	// The program's duration counts from here, before Start returns in the
-	// parent (on ready): a timeout the caller arms then never finds it
-	// shorter than the time it allowed.
-	start := time.Now()
-	send(shimMsg{Ready: true})
-	b, err := io.ReadAll(io.LimitReader(specF, maxSpec))
-	if err != nil {
-		return 125
-	}
-	specF.Close()
-	s, err := decodeSpec(b)
-	if err != nil {
-		return 125
-	}
-
-	setOOMScoreAdj("self", s.OOM) // the program and all it starts inherit it
+	closeOnExec() // a program gets stdin, stdout and stderr, nothing else
+	conn := os.NewFile(connFD, "conn")
+	send := func(m shimMsg) { conn.Write(m.encode()) }
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
 		send(shimMsg{Error: "PR_SET_CHILD_SUBREAPER: " + err.Error()})
 		return 125
 	}
+	send(shimMsg{Ready: true})
+	frames := make(chan frame)
+	go readFrames(conn, frames)
+	first, termed := true, false
+	var want inherited
+	for {
+		// SIGTERM between commands ends nothing yet: it was meant for the
+		// tree of a command whose frame may be on its way (the parent
+		// signals as soon as Start returns), or it came because the parent
+		// died, which closes the socket too. The parent never sends
+		// another frame to a shim it signalled, and closes the socket.
+		var f frame
+		select {
+		case <-term:
+			termed = true
+			continue
+		case f = <-frames:
+		}
+		if f.err != nil {
+			return 0 // end of file: the parent closed the socket
+		}
+		if termed {
+			term <- syscall.SIGTERM // for this command
+		}
+		s, err := decodeSpec(f.spec)
+		if err != nil {
+			send(shimMsg{Error: err.Error()})
+			return 125
+		}
+		if first {
+			setOOMScoreAdj("self", s.OOM) // the programs and all they start inherit it
+			want = readInherited()
+			first = false
+		}
+		if !serve(s, f, term, send, want) {
+			return 0
+		}
+	}
+}
+
+// frame is a command as the shim received it.
+type frame struct {
+	stdio [3]int
+	start int64 // CLOCK_MONOTONIC
+	spec  []byte
+	err   error
+}
+
+// readFrames reads frames from conn into c until it fails, and sends the
+// failure last.
+func readFrames(conn *os.File, c chan<- frame) {
+	for {
+		f := readFrame(conn)
+		c <- f
+		if f.err != nil {
+			return
+		}
+	}
+}
+
+// readFrame reads one frame from the blocking socket conn.
+func readFrame(conn *os.File) frame {
+	var hdr [frameHeader]byte
+	oob := make([]byte, unix.CmsgSpace(3*4))
+	n, oobn, _, _, err := unix.Recvmsg(connFD, hdr[:], oob, unix.MSG_CMSG_CLOEXEC)
+	if err == nil && n == 0 {
+		err = io.EOF
+	}
+	if err != nil {
+		return frame{err: err}
+	}
+	var fds []int
+	if cmsgs, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil {
+		for _, c := range cmsgs {
+			if more, err := unix.ParseUnixRights(&c); err == nil {
+				fds = append(fds, more...)
+			}
+		}
+	}
+	if len(fds) != 3 {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+		return frame{err: errors.New("proctree: frame without its three descriptors")}
+	}
+	f := frame{stdio: [3]int{fds[0], fds[1], fds[2]}}
+	if _, err := io.ReadFull(conn, hdr[n:]); err != nil {
+		f.err = err
+		return f
+	}
+	size := binary.LittleEndian.Uint64(hdr[:8])
+	f.start = int64(binary.LittleEndian.Uint64(hdr[8:]))
+	if size > maxSpec {
+		f.err = errors.New("proctree: spec too large")
+		return f
+	}
+	f.spec = make([]byte, size)
+	_, f.err = io.ReadFull(conn, f.spec)
+	return f
+}
+
+// serve runs one command and kills its tree, and reports whether the shim
+// may serve another: not after SIGTERM, nor when what the next command would
+// inherit is no longer want.
+func serve(s shimSpec, f frame, term <-chan os.Signal, send func(shimMsg), want inherited) bool {
 	pid, err := syscall.ForkExec(s.Path, s.Argv, &syscall.ProcAttr{
 		Dir:   s.Dir,
 		Env:   s.Env,
-		Files: []uintptr{0, 1, 2},
+		Files: []uintptr{uintptr(f.stdio[0]), uintptr(f.stdio[1]), uintptr(f.stdio[2])},
 		Sys:   &syscall.SysProcAttr{Setpgid: true},
 	})
+	for _, fd := range f.stdio {
+		unix.Close(fd) // the program has its copies: its output ends with it
+	}
 	if err != nil {
 		m := shimMsg{Error: err.Error()}
 		var errno syscall.Errno
@@ -392,7 +696,7 @@ func shim() int {
 			m.Errno = int(errno)
 		}
 		send(m)
-		return 125
+		return false
 	}
 	send(shimMsg{Pid: pid}) // if the parent is gone, SIGTERM is on its way
 	r := startReaper(pid)
@@ -406,10 +710,34 @@ func shim() int {
 		killAll(r)
 		end = <-r.main
 	}
-	exit := exitOf(end.status, killed, end.at.Sub(start))
+	exit := exitOf(end.status, killed, time.Duration(end.at-f.start))
 	send(shimMsg{Exit: &exit})
 	killAll(r) // the program ended on its own: now the rest of its tree
-	return 0
+	again := !killed && readInherited() == want
+	send(shimMsg{Done: true, Last: !again})
+	return again
+}
+
+// inherited is the part of the shim's state that its programs inherit and
+// that a program can change from outside, as the shim's user, with no
+// privilege: resource limits (prlimit), niceness (setpriority), and
+// oom_score_adj (raised through /proc). A shim whose state changed serves no
+// other command, so that one command cannot lower the limits of the next.
+type inherited struct {
+	limits [unix.RLIMIT_RTTIME + 1]unix.Rlimit
+	nice   int
+	oom    string
+}
+
+func readInherited() inherited {
+	var s inherited
+	for r := range s.limits {
+		unix.Getrlimit(r, &s.limits[r])
+	}
+	s.nice, _ = unix.Getpriority(unix.PRIO_PROCESS, 0)
+	b, _ := ReadProc("self/oom_score_adj")
+	s.oom = string(b)
+	return s
 }
 
 // closeOnExec marks every descriptor above stderr close-on-exec: the
@@ -429,7 +757,7 @@ func closeOnExec() {
 
 type mainEnd struct {
 	status syscall.WaitStatus
-	at     time.Time
+	at     int64 // CLOCK_MONOTONIC
 }
 
 // reaper reaps every child of the shim: the program, and every orphan of its
@@ -473,7 +801,7 @@ func startReaper(mainPid int) *reaper {
 				pending = nil
 				continue
 			case pid == mainPid:
-				pending = &mainEnd{ws, time.Now()}
+				pending = &mainEnd{ws, monotonic()}
 			}
 			select {
 			case r.reaped <- struct{}{}:

@@ -10,10 +10,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // escapes starts "sleep 600" in every way a process can try to outlive a
@@ -133,7 +136,7 @@ func TestShimKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	awaitFile(t, filepath.Join(dir, "main"), func() { p.KillTree(); p.Wait() })
-	p.tree.(*shimTree).proc.Kill()
+	p.tree.(*shimTree).shim.proc.Kill()
 	if exit, err := p.Wait(); err == nil || exit.Code != -1 {
 		t.Errorf("Wait = %+v, %v; want an error", exit, err)
 	}
@@ -155,7 +158,7 @@ func TestShimStopped(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			shim := p.tree.(*shimTree).proc.Pid
+			shim := p.tree.(*shimTree).shim.proc.Pid
 			for deadline := time.Now().Add(goneTimeout); procState(shim) != 'T'; time.Sleep(10 * time.Millisecond) {
 				if time.Now().After(deadline) {
 					cancel()
@@ -201,7 +204,7 @@ func TestShimLastResort(t *testing.T) {
 		t.Fatalf("output %q", line)
 	}
 	st := p.tree.(*shimTree)
-	syscall.Kill(st.proc.Pid, syscall.SIGSTOP)
+	syscall.Kill(st.shim.proc.Pid, syscall.SIGSTOP)
 	st.mu.Lock()
 	st.deadline = time.Now()
 	st.mu.Unlock()
@@ -280,5 +283,91 @@ func TestShimProtocol(t *testing.T) {
 		if _, err := readMsg(bufio.NewReader(strings.NewReader(bad))); err == nil {
 			t.Errorf("readMsg(%q) succeeded", bad)
 		}
+	}
+}
+
+// A shim serves the next command once its tree is gone, unless it was told
+// to kill the tree; a shim that died idle is replaced; a command whose
+// oom_score_adj differs gets a shim of its own.
+func TestShimReuse(t *testing.T) {
+	CloseIdle()
+	defer noChildren(t)
+	dir := t.TempDir()
+	// shimOf runs a command that leaves a sleep behind, checks that it is
+	// gone after Wait, and returns the pid of the command's shim.
+	shimOf := func(oom int, also ...string) int {
+		t.Helper()
+		var out bytes.Buffer
+		script := "cd " + dir + "; sleep 600 & echo $! > background; echo $PPID; " + strings.Join(also, "; ")
+		p, err := Start(t.Context(), Spec{Argv: []string{"bash", "-c", script}, Env: os.Environ(), Stdout: &out, OOMScoreAdj: oom})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if exit, err := p.Wait(); err != nil || exit.Code != 0 {
+			t.Fatalf("Wait = %+v, %v (output %q)", exit, err, out.String())
+		}
+		if pid := readPid(t, filepath.Join(dir, "background")); alive(pid) {
+			syscall.Kill(pid, syscall.SIGKILL)
+			t.Errorf("the background sleep %d survived", pid)
+		}
+		ppid, err := strconv.Atoi(strings.TrimSpace(out.String()))
+		if err != nil {
+			t.Fatalf("output %q", out.String())
+		}
+		return ppid
+	}
+	first := shimOf(0)
+	if again := shimOf(0); again != first {
+		t.Errorf("the second command ran under shim %d, the first under %d: want the same", again, first)
+	}
+	if other := shimOf(500); other == first {
+		t.Errorf("a command with another oom_score_adj ran under the same shim %d", other)
+	}
+
+	// A command that changes what its shim's next command would inherit
+	// from it retires the shim.
+	for _, change := range []string{
+		"renice -n 3 -p $PPID >/dev/null",
+		"prlimit --pid $PPID --nofile=200:",
+		"prlimit --pid $PPID --core=0:0",
+		"echo 700 > /proc/$PPID/oom_score_adj",
+	} {
+		if _, err := exec.LookPath(strings.Fields(change)[0]); err != nil && change[0] != 'e' {
+			continue
+		}
+		changed := shimOf(0, change)
+		if next := shimOf(0); next == changed {
+			t.Errorf("after %q the shim %d served again", change, changed)
+		}
+	}
+	first = shimOf(0)
+
+	// Killed: the shim ends with the tree, and the next command gets another.
+	p, err := Start(t.Context(), Spec{Argv: []string{"sleep", "600"}, Env: os.Environ()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	victim := p.tree.(*shimTree).shim.proc.Pid
+	if victim != first {
+		t.Errorf("the command ran under shim %d, not the idle %d", victim, first)
+	}
+	p.KillTree()
+	if exit, err := p.Wait(); err != nil || !exit.Killed {
+		t.Fatalf("Wait = %+v, %v; want killed", exit, err)
+	}
+	if next := shimOf(0); next == victim {
+		t.Errorf("the shim %d of a killed tree served again", victim)
+	}
+
+	// Died idle: the next command starts a new shim and runs.
+	dead := shimOf(0)
+	syscall.Kill(dead, syscall.SIGKILL)
+	// Until every thread of it has exited, and so its socket is closed;
+	// not reaped, as it is not until it is taken from the idle shims.
+	if err := unix.Waitid(unix.P_PID, dead, nil, unix.WEXITED|unix.WNOWAIT, nil); err != nil {
+		t.Fatal(err)
+	}
+	if next := shimOf(0); next == dead {
+		t.Errorf("the command ran under the dead shim %d", next)
 	}
 }

@@ -532,6 +532,10 @@ type Bash struct{ c *Container }
 
 var _ workspace.Bash = (*Bash)(nil)
 
+// Shell is the program the container's agent runs scripts with ("/bin/bash",
+// or a sh where the image has no bash); see workspace.ShellBash.
+func (b *Bash) Shell() string { return b.c.agent.Shell() }
+
 // Run runs cmd in the container; see workspace.Bash. When the container is
 // gone (killed for lack of memory, say), the error is workspace.ErrUnavailable
 // and its message says how the container ended.

@@ -48,7 +48,7 @@ const Default = "minimal"
 
 // builderRevision changes whenever the way a builder turns a definition into
 // a root filesystem changes, so that cached tarballs and images are redone.
-var builderRevision = map[string]string{"busybox": "2", "debootstrap": "1"}
+var builderRevision = map[string]string{"busybox": "3", "debootstrap": "1"}
 
 //go:embed defs/*.json
 var defsFS embed.FS
@@ -66,6 +66,9 @@ type Definition struct {
 	Variant string `json:"variant,omitempty"`
 	// Packages are the Debian packages the image is made of.
 	Packages []string `json:"packages"`
+	// Links are symbolic links the image adds: absolute path → target
+	// ("/bin/bash" → "bash-static").
+	Links map[string]string `json:"links,omitempty"`
 	// User is the unprivileged user that owns /workspace.
 	User struct {
 		Name string `json:"name"`
@@ -123,7 +126,19 @@ func Lookup(name string) (Definition, error) {
 	if !ok {
 		return d, fmt.Errorf("images: definition %s: unknown builder %q", name, d.Builder)
 	}
-	sum := sha256.Sum256(append([]byte("sandboxd images "+d.Builder+" "+rev+"\n"), data...))
+	for link := range d.Links {
+		if !strings.HasPrefix(link, "/") || !filepath.IsLocal(link[1:]) {
+			return d, fmt.Errorf("images: definition %s: link %q is not an absolute path inside the image", name, link)
+		}
+	}
+	// The hash covers what goes into the image, not the prose about it.
+	bare := d
+	bare.Description = ""
+	canon, err := json.Marshal(bare)
+	if err != nil {
+		return d, fmt.Errorf("images: definition %s: %w", name, err)
+	}
+	sum := sha256.Sum256(append([]byte("sandboxd images "+d.Builder+" "+rev+"\n"), canon...))
 	d.hash = hex.EncodeToString(sum[:])
 	return d, nil
 }
@@ -203,11 +218,14 @@ func Ensure(ctx context.Context, cli Client, name string, opts ...Option) (strin
 	return build(ctx, cli, d, o)
 }
 
-// Build makes the named image and returns its reference, whether or not the
-// engine had it. The root filesystem comes from the cache when present (see
-// WithRebuild); building it may install debootstrap with apt-get, which it
-// reports through the progress function. Build needs root for debootstrap
-// and network access to the Debian mirror only when the cache is cold.
+// Build makes the named image and returns its reference. When the engine
+// already has the image of this very definition, Build only makes sure the
+// latest tag names it and says so: nothing is imported, nothing is left
+// dangling (WithRebuild makes it anew all the same). The root filesystem
+// comes from the cache when present; building it may install debootstrap
+// with apt-get, which it reports through the progress function. Build needs
+// root for debootstrap and network access to the Debian mirror only when the
+// cache is cold.
 func Build(ctx context.Context, cli Client, name string, opts ...Option) (string, error) {
 	d, err := Lookup(name)
 	if err != nil {
@@ -217,7 +235,28 @@ func Build(ctx context.Context, cli Client, name string, opts ...Option) (string
 	if err != nil {
 		return "", err
 	}
+	if !o.rebuild {
+		have, err := cli.ImageInspect(ctx, d.Ref())
+		if err == nil && have.Config != nil && have.Config.Labels[LabelDefinition] == d.hash {
+			if err := tagLatest(ctx, cli, d, have.ID); err != nil {
+				return "", err
+			}
+			o.progress(fmt.Sprintf("%s is up to date (its definition is unchanged); nothing to do (--rebuild makes it anew)", d.Ref()))
+			return d.Ref(), nil
+		}
+	}
 	return build(ctx, cli, d, o)
+}
+
+// tagLatest points d's latest tag at the image id, unless it does already.
+func tagLatest(ctx context.Context, cli Client, d Definition, id string) error {
+	if latest, err := cli.ImageInspect(ctx, d.Latest()); err == nil && latest.ID == id {
+		return nil
+	}
+	if _, err := cli.ImageTag(ctx, client.ImageTagOptions{Source: d.Ref(), Target: d.Latest()}); err != nil {
+		return fmt.Errorf("images: tag %s: %w", d.Latest(), err)
+	}
+	return nil
 }
 
 func exists(ctx context.Context, cli Client, ref string) (bool, error) {
@@ -266,10 +305,14 @@ func build(ctx context.Context, cli Client, d Definition, o *options) (string, e
 	if err != nil {
 		return "", fmt.Errorf("images: import %s: %w", d.Ref(), err)
 	}
-	if _, err := cli.ImageTag(ctx, client.ImageTagOptions{Source: d.Ref(), Target: d.Latest()}); err != nil {
-		return "", fmt.Errorf("images: tag %s: %w", d.Latest(), err)
+	now, err := cli.ImageInspect(ctx, d.Ref())
+	if err != nil {
+		return "", fmt.Errorf("images: inspect %s: %w", d.Ref(), err)
 	}
-	if now, err := cli.ImageInspect(ctx, d.Ref()); previous != "" && err == nil && now.ID != previous {
+	if err := tagLatest(ctx, cli, d, now.ID); err != nil {
+		return "", err
+	}
+	if previous != "" && now.ID != previous {
 		// Best effort: the old image may still be used by a container.
 		cli.ImageRemove(ctx, previous, client.ImageRemoveOptions{})
 	}

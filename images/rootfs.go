@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -83,10 +85,6 @@ func busyboxRootfs(ctx context.Context, d Definition, o *options, work, out stri
 	if err != nil {
 		return fmt.Errorf("list busybox applets: %w", err)
 	}
-	body, err := os.ReadFile(bb)
-	if err != nil {
-		return err
-	}
 
 	f, err := os.Create(out)
 	if err != nil {
@@ -101,9 +99,12 @@ func busyboxRootfs(ctx context.Context, d Definition, o *options, work, out stri
 	w.dir("root", 0o700, 0, 0)
 	w.dir("tmp", 0o1777, 0, 0) // sticky, as tar spells it
 	w.dir("workspace", 0o755, d.User.UID, d.User.GID)
-	w.file("bin/busybox", 0o755, body)
 	w.file("etc/passwd", 0o644, []byte(passwd(d, "root:x:0:0:root:/root:/bin/sh\n", "/bin/sh")))
 	w.file("etc/group", 0o644, []byte(group(d, "root:x:0:\n")))
+	w.tree(tree, "usr/share/man") // the packages' files; no man pages without man
+	for _, name := range slices.Sorted(maps.Keys(d.Links)) {
+		w.symlink(strings.TrimPrefix(name, "/"), d.Links[name])
+	}
 	applets := strings.Fields(string(list))
 	slices.Sort(applets)
 	for _, a := range applets {
@@ -171,6 +172,45 @@ func (w *treeWriter) symlink(name, target string) {
 	w.header(&tar.Header{Typeflag: tar.TypeSymlink, Name: name, Linkname: target, Mode: 0o777}, nil)
 }
 
+// tree writes the directories, regular files and symbolic links under dir,
+// owned by root, leaving out the subtree skip (a slash path relative to dir).
+func (w *treeWriter) tree(dir, skip string) {
+	err := filepath.WalkDir(dir, func(p string, e fs.DirEntry, err error) error {
+		if err != nil || p == dir {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		rel = filepath.ToSlash(rel)
+		if rel == skip {
+			return fs.SkipDir
+		}
+		fi, err := e.Info()
+		if err != nil {
+			return err
+		}
+		switch mode := int64(fi.Mode().Perm()); {
+		case e.IsDir():
+			w.dir(rel, mode, 0, 0)
+		case e.Type().IsRegular():
+			body, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			w.file(rel, mode, body)
+		case e.Type() == fs.ModeSymlink:
+			target, err := os.Readlink(p)
+			if err != nil {
+				return err
+			}
+			w.symlink(rel, target)
+		}
+		return w.err
+	})
+	if w.err == nil {
+		w.err = err
+	}
+}
+
 // debootstrapRootfs makes a Debian root filesystem with debootstrap (installed
 // with apt-get when missing), adds the definition's user and /workspace,
 // drops apt's caches and tars it with numeric owners.
@@ -184,6 +224,11 @@ func debootstrapRootfs(ctx context.Context, d Definition, o *options, work, out 
 	o.progress("running debootstrap " + strings.Join(args, " ") + " (this takes a few minutes)")
 	if err := run(ctx, o, "", "debootstrap", args...); err != nil {
 		return err
+	}
+	for name, to := range d.Links {
+		if err := os.Symlink(to, filepath.Join(target, filepath.FromSlash(name))); err != nil {
+			return err
+		}
 	}
 	if err := appendFile(filepath.Join(target, "etc/passwd"), passwd(d, "", "/bin/bash")); err != nil {
 		return err

@@ -34,6 +34,8 @@ import (
 
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/moby/moby/client"
+
+	"github.com/sandboxd/sandboxd/workspace"
 )
 
 // Labels on every image this package builds.
@@ -257,6 +259,50 @@ func tagLatest(ctx context.Context, cli Client, d Definition, id string) error {
 		return fmt.Errorf("images: tag %s: %w", d.Latest(), err)
 	}
 	return nil
+}
+
+// Canonical returns the image reference an image setting means — the one
+// meaning of an image name for the top-level image, policy.defaultImage,
+// policy.images, pools and a session's image: the name of an image
+// definition ("minimal", "dev") is that definition's image, sandboxd/NAME:
+// HASH12; anything else (an image reference, a pattern of policy.images) is
+// returned as it is. It asks no engine.
+func Canonical(image string) string {
+	if d, err := Lookup(image); err == nil {
+		return d.Ref()
+	}
+	return image
+}
+
+// Resolve returns the canonical reference of image (see Canonical) once it
+// has checked that the engine has that image; it builds nothing. A missing
+// image is an error of kind workspace.ErrUnavailable that names what to
+// run: `sandboxd image build NAME` for an image sandboxd defines, `docker
+// pull` or `docker load` for any other.
+func Resolve(ctx context.Context, cli Client, image string) (string, error) {
+	ref := Canonical(image)
+	ok, err := exists(ctx, cli, ref)
+	switch {
+	case err != nil:
+		return "", err
+	case ok:
+		return ref, nil
+	}
+	fix := fmt.Sprintf("docker pull %s, or docker load -i FILE for an image saved elsewhere", ref)
+	if d, err := Lookup(definitionName(ref)); err == nil && d.Ref() == ref {
+		fix = "sandboxd image build " + d.Name
+	}
+	return "", fmt.Errorf("images: image %s is not on the engine (run %s): %w", ref, fix, workspace.ErrUnavailable)
+}
+
+// definitionName is NAME of a reference sandboxd/NAME:TAG, or "".
+func definitionName(ref string) string {
+	rest, ok := strings.CutPrefix(ref, "sandboxd/")
+	name, _, _ := strings.Cut(rest, ":")
+	if !ok {
+		return ""
+	}
+	return name
 }
 
 func exists(ctx context.Context, cli Client, ref string) (bool, error) {

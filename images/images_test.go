@@ -3,6 +3,7 @@ package images_test
 import (
 	"archive/tar"
 	"context"
+	"errors"
 	"flag"
 	"io"
 	"os"
@@ -11,8 +12,12 @@ import (
 	"strings"
 	"testing"
 
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/moby/moby/client"
+
 	"github.com/sandboxd/sandboxd/images"
 	"github.com/sandboxd/sandboxd/internal/dockertest"
+	"github.com/sandboxd/sandboxd/workspace"
 )
 
 func TestMain(m *testing.M) { dockertest.Main(m, "images") }
@@ -158,5 +163,34 @@ func TestBuildDev(t *testing.T) {
 	}
 	if info.Config.Labels[images.LabelImage] != "dev" || info.Config.User != "1000:1000" {
 		t.Errorf("labels %v user %q", info.Config.Labels, info.Config.User)
+	}
+}
+
+// noImages is an engine that has no image at all.
+type noImages struct{ images.Client }
+
+func (noImages) ImageInspect(context.Context, string, ...client.ImageInspectOption) (client.ImageInspectResult, error) {
+	return client.ImageInspectResult{}, cerrdefs.ErrNotFound
+}
+
+// TestResolve: a definition's name means its image; a missing image is an
+// Unavailable error naming what to run.
+func TestResolve(t *testing.T) {
+	dev, _ := images.Lookup("dev")
+	for in, want := range map[string]string{"dev": dev.Ref(), dev.Ref(): dev.Ref(), "alpine:3": "alpine:3", "sandboxd/*": "sandboxd/*", "": ""} {
+		if got := images.Canonical(in); got != want {
+			t.Errorf("Canonical(%q) = %q, want %q", in, got, want)
+		}
+	}
+	for image, fix := range map[string]string{"dev": "sandboxd image build dev", dev.Ref(): "sandboxd image build dev", "alpine:3": "docker pull alpine:3, or docker load"} {
+		_, err := images.Resolve(context.Background(), noImages{}, image)
+		if !errors.Is(err, workspace.ErrUnavailable) || !strings.Contains(err.Error(), "run "+fix) {
+			t.Errorf("Resolve(%q) on an empty engine = %v, want Unavailable naming %q", image, err, fix)
+		}
+	}
+	cli := dockertest.Client(t)
+	ref := dockertest.Image(t)
+	if got, err := images.Resolve(context.Background(), cli, images.Default); err != nil || got != ref {
+		t.Errorf("Resolve(%q) = %q, %v; want %q", images.Default, got, err, ref)
 	}
 }

@@ -339,12 +339,16 @@ func openBackend(ctx context.Context, sio stdio, cfg *serveConfig) (runner.Backe
 		}
 		return &runner.Local{Dir: dir}, runner.DefaultImage, nil
 	case "docker":
-		var image string // the policy's default image, when set, is used as it is
-		if cfg.Policy.DefaultImage == "" {
-			image = cmp.Or(cfg.Image, images.Default)
-			fmt.Fprintf(sio.err, "image %s: checking (built when missing; the first build takes a while)\n", image)
-		}
+		// Every image the configuration names is checked now (and built
+		// when it is sandboxd's and missing), not at a session's first use.
+		image := cmp.Or(cfg.Policy.DefaultImage, cfg.Image, images.Default)
+		fmt.Fprintf(sio.err, "image %s: checking (built when missing; the first build takes a while)\n", image)
 		b, ref, err := dockerBackend(ctx, sio, cli, image)
+		for _, p := range cfg.Pools {
+			if err == nil && p.Image != "" {
+				_, err = ensureImage(ctx, sio, cli, p.Image)
+			}
+		}
 		if err != nil {
 			cli.Close()
 			return nil, "", err

@@ -1,19 +1,23 @@
 // Package images builds sandboxd's sandbox images offline, through the Docker
-// Engine API, from definitions pinned in files under images/defs.
+// Engine API, from definitions pinned in files under images/defs, and gives
+// an image name its one meaning (Canonical, Resolve).
 //
-// Two images are defined: "minimal" (FROM scratch plus a static busybox from
-// Debian's busybox-static) and "dev" (a Debian root filesystem made with
-// debootstrap --variant=minbase, with bash, coreutils, findutils, grep, sed,
-// git and ca-certificates). Both have a user 1000:1000 and a /workspace
-// directory it owns. No registry is used: the root filesystem is made on this
-// machine from Debian packages (apt-get and debootstrap against the mirror in
-// /etc/apt) and imported as a single-layer image.
+// Two images are defined: "minimal" (FROM scratch plus GNU bash from Debian's
+// bash-static, as /bin/bash, and a static busybox from busybox-static for the
+// other commands) and "dev" (a Debian root filesystem made with debootstrap
+// --variant=minbase, with the toolchains projects are built with: git,
+// ripgrep, make, gcc, python3, golang-go, nodejs and npm among others). Both
+// have a user 1000:1000 and a /workspace directory it owns. No registry is
+// used: the root filesystem is made on this machine from Debian packages
+// (apt-get and debootstrap against the mirror in /etc/apt) and imported as a
+// single-layer image.
 //
 // An image is tagged sandboxd/NAME:HASH, where HASH is derived from the pinned
 // definition, and sandboxd/NAME:latest. Its labels name sandboxd, the
-// definition and the hash. Root filesystem tarballs are cached under a cache
-// directory keyed by the same hash, so a rebuild (after `docker image rm`, or
-// on another engine) skips debootstrap.
+// definition and the hash. Building an image the engine already has from the
+// same definition is a no-op that says so. Root filesystem tarballs are cached
+// under a cache directory keyed by the same hash, so a rebuild (after `docker
+// image rm`, or on another engine) skips debootstrap.
 //
 //	ref, err := images.Ensure(ctx, cli, "minimal", images.WithProgress(log.Print))
 package images

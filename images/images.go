@@ -23,6 +23,7 @@
 package images
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"embed"
@@ -31,10 +32,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/moby/moby/client"
@@ -75,6 +80,8 @@ type Definition struct {
 	// Links are symbolic links the image adds: absolute path → target
 	// ("/bin/bash" → "bash-static").
 	Links map[string]string `json:"links,omitempty"`
+	// Files are files the image adds, after its packages.
+	Files []File `json:"files,omitempty"`
 	// User is the unprivileged user that owns /workspace.
 	User struct {
 		Name string `json:"name"`
@@ -96,31 +103,79 @@ func (d Definition) Ref() string { return "sandboxd/" + d.Name + ":" + d.hash[:1
 // Latest is the moving tag sandboxd/NAME:latest.
 func (d Definition) Latest() string { return "sandboxd/" + d.Name + ":latest" }
 
-// Definitions returns every pinned definition, sorted by name.
+// Definitions returns every definition — the pinned ones and those Declare
+// added — sorted by name.
 func Definitions() ([]Definition, error) {
-	entries, err := defsFS.ReadDir("defs")
-	if err != nil {
-		return nil, err
-	}
 	var defs []Definition
-	for _, e := range entries {
-		d, err := Lookup(strings.TrimSuffix(e.Name(), ".json"))
+	for _, name := range names() {
+		d, err := Lookup(name)
 		if err != nil {
 			return nil, err
 		}
 		defs = append(defs, d)
 	}
-	slices.SortFunc(defs, func(a, b Definition) int { return strings.Compare(a.Name, b.Name) })
 	return defs, nil
+}
+
+// validName is what an image name may be: a Docker repository path element.
+var validName = regexp.MustCompile(`^[a-z0-9]+([._-][a-z0-9]+)*$`)
+
+// declared holds the definitions Declare added, by name.
+var declared struct {
+	sync.RWMutex
+	defs map[string]Definition
+}
+
+// Declare adds an operator's definition (the daemon configuration's
+// "images"), so that its name means its image everywhere, as a pinned one's
+// does. What it leaves unset is filled in: the builder debootstrap with the
+// minbase variant, the suite bookworm, the user sandbox 1000:1000, and the
+// environment of the pinned images. It refuses a definition that is not
+// whole or that takes a pinned definition's name; declaring a name again
+// replaces its definition. It is meant for a program's start, before images
+// are looked up.
+func Declare(d Definition) (Definition, error) {
+	if !validName.MatchString(d.Name) {
+		return d, fmt.Errorf("images: an image definition needs a name of lower-case letters, digits, '.', '_' or '-', not %q", d.Name)
+	}
+	if _, err := defsFS.ReadFile("defs/" + d.Name + ".json"); err == nil {
+		return d, fmt.Errorf("images: image %q is sandboxd's own; give the declared image another name", d.Name)
+	}
+	d.Builder = cmp.Or(d.Builder, "debootstrap")
+	d.Suite = cmp.Or(d.Suite, "bookworm")
+	if d.Builder == "debootstrap" {
+		d.Variant = cmp.Or(d.Variant, "minbase")
+	}
+	if d.User.Name == "" {
+		d.User.Name, d.User.UID, d.User.GID = "sandbox", 1000, 1000
+	}
+	if d.Env == nil {
+		d.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/workspace", "LANG=C.UTF-8"}
+	}
+	if err := d.finish(); err != nil {
+		return d, err
+	}
+	declared.Lock()
+	defer declared.Unlock()
+	if declared.defs == nil {
+		declared.defs = map[string]Definition{}
+	}
+	declared.defs[d.Name] = d
+	return d, nil
 }
 
 // Lookup returns the definition called name, or an error listing the names
 // there are.
 func Lookup(name string) (Definition, error) {
-	var d Definition
+	declared.RLock()
+	d, ok := declared.defs[name]
+	declared.RUnlock()
+	if ok {
+		return d, nil
+	}
 	data, err := defsFS.ReadFile("defs/" + name + ".json")
 	if err != nil || strings.ContainsAny(name, "/\\") {
-		return d, fmt.Errorf("images: no image definition %q (known: %s)", name, strings.Join(names(), ", "))
+		return d, fmt.Errorf("images: no image definition %q (known: %s; the daemon's configuration declares more under \"images\")", name, strings.Join(names(), ", "))
 	}
 	if err := json.Unmarshal(data, &d); err != nil {
 		return d, fmt.Errorf("images: definition %s: %w", name, err)
@@ -128,34 +183,73 @@ func Lookup(name string) (Definition, error) {
 	if d.Name != name {
 		return d, fmt.Errorf("images: definition file %s.json names %q", name, d.Name)
 	}
+	return d, d.finish()
+}
+
+// finish checks d and computes its hash.
+func (d *Definition) finish() error {
 	rev, ok := builderRevision[d.Builder]
 	if !ok {
-		return d, fmt.Errorf("images: definition %s: unknown builder %q", name, d.Builder)
+		return fmt.Errorf("images: definition %s: unknown builder %q (busybox or debootstrap)", d.Name, d.Builder)
+	}
+	if len(d.Packages) == 0 || d.User.UID <= 0 {
+		return fmt.Errorf("images: definition %s: it needs packages and a user other than root", d.Name)
 	}
 	for link := range d.Links {
 		if !strings.HasPrefix(link, "/") || !filepath.IsLocal(link[1:]) {
-			return d, fmt.Errorf("images: definition %s: link %q is not an absolute path inside the image", name, link)
+			return fmt.Errorf("images: definition %s: link %q is not an absolute path inside the image", d.Name, link)
+		}
+	}
+	for _, f := range d.Files {
+		if !strings.HasPrefix(f.Path, "/") || !filepath.IsLocal(f.Path[1:]) {
+			return fmt.Errorf("images: definition %s: file %q is not an absolute path inside the image", d.Name, f.Path)
+		}
+		if _, err := f.perm(); err != nil {
+			return fmt.Errorf("images: definition %s: file %s: %w", d.Name, f.Path, err)
 		}
 	}
 	// The hash covers what goes into the image, not the prose about it.
-	bare := d
+	bare := *d
 	bare.Description = ""
 	canon, err := json.Marshal(bare)
 	if err != nil {
-		return d, fmt.Errorf("images: definition %s: %w", name, err)
+		return fmt.Errorf("images: definition %s: %w", d.Name, err)
 	}
 	sum := sha256.Sum256(append([]byte("sandboxd images "+d.Builder+" "+rev+"\n"), canon...))
 	d.hash = hex.EncodeToString(sum[:])
-	return d, nil
+	return nil
 }
 
+// names lists the definitions there are, sorted.
 func names() []string {
 	entries, _ := defsFS.ReadDir("defs")
 	var out []string
 	for _, e := range entries {
 		out = append(out, strings.TrimSuffix(e.Name(), ".json"))
 	}
+	declared.RLock()
+	out = append(out, slices.Collect(maps.Keys(declared.defs))...)
+	declared.RUnlock()
+	slices.Sort(out)
 	return out
+}
+
+// File is a file a definition adds to its image, owned by root.
+type File struct {
+	Path    string `json:"path"`           // absolute, in the image
+	Content string `json:"content"`        // the whole text
+	Mode    string `json:"mode,omitempty"` // octal permissions; "0644" when empty
+}
+
+func (f File) perm() (int64, error) {
+	if f.Mode == "" {
+		return 0o644, nil
+	}
+	n, err := strconv.ParseUint(f.Mode, 8, 12)
+	if err != nil {
+		return 0, fmt.Errorf("mode %q is not octal permissions such as 0644", f.Mode)
+	}
+	return int64(n), nil
 }
 
 // Client is the part of the Docker Engine API this package uses;

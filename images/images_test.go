@@ -194,3 +194,55 @@ func TestResolve(t *testing.T) {
 		t.Errorf("Resolve(%q) = %q, %v; want %q", images.Default, got, err, ref)
 	}
 }
+
+// TestDeclare: an operator's definition fills in defaults, is refused when
+// not whole, takes its name everywhere and builds the same way, its files
+// and links in place.
+func TestDeclare(t *testing.T) {
+	for _, bad := range []images.Definition{
+		{Name: "minimal", Packages: []string{"busybox-static"}},
+		{Name: "Bad/Name", Packages: []string{"busybox-static"}},
+		{Name: "nopackages"},
+		{Name: "relative", Packages: []string{"jq"}, Files: []images.File{{Path: "etc/x"}}},
+		{Name: "escapes", Packages: []string{"jq"}, Files: []images.File{{Path: "/../x"}}},
+		{Name: "badmode", Packages: []string{"jq"}, Files: []images.File{{Path: "/x", Mode: "rw"}}},
+	} {
+		if _, err := images.Declare(bad); err == nil {
+			t.Errorf("Declare(%+v) succeeded", bad)
+		}
+	}
+	d, err := images.Declare(images.Definition{Name: "itest-tiny", Builder: "busybox", Packages: []string{"busybox-static"},
+		Files: []images.File{{Path: "/etc/motd", Content: "hello\n", Mode: "0600"}}, Links: map[string]string{"/usr/bin/hi": "/bin/busybox"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Variant != "" || d.Suite != "bookworm" || d.User.UID != 1000 || len(d.Env) == 0 {
+		t.Errorf("defaults not filled in: %+v", d)
+	}
+	if got, err := images.Lookup("itest-tiny"); err != nil || got.Ref() != d.Ref() || images.Canonical("itest-tiny") != d.Ref() {
+		t.Errorf("Lookup = %v, %v; Canonical = %q; want %s", got.Ref(), err, images.Canonical("itest-tiny"), d.Ref())
+	}
+	if _, err := images.Lookup("nope"); err == nil || !strings.Contains(err.Error(), "itest-tiny") {
+		t.Errorf("Lookup(nope) = %v, want the declared image listed", err)
+	}
+
+	cli := dockertest.Client(t)
+	ctx := context.Background()
+	cache := t.TempDir()
+	ref, err := images.Build(ctx, cli, "itest-tiny", images.WithCacheDir(cache), images.WithRebuild())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cli.ImageRemove(context.Background(), d.Latest(), client.ImageRemoveOptions{})
+		cli.ImageRemove(context.Background(), ref, client.ImageRemoveOptions{})
+	})
+	tarballs, _ := filepath.Glob(filepath.Join(cache, "itest-tiny-*.tar"))
+	if len(tarballs) != 1 {
+		t.Fatalf("cache holds %v", tarballs)
+	}
+	entries := readTar(t, tarballs[0])
+	if entries["etc/motd"] != "reg 0:0" || entries["usr/bin/hi"] != "link /bin/busybox" {
+		t.Errorf("etc/motd %q, usr/bin/hi %q", entries["etc/motd"], entries["usr/bin/hi"])
+	}
+}

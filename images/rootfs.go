@@ -12,6 +12,7 @@ import (
 	"maps"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -104,6 +105,10 @@ func busyboxRootfs(ctx context.Context, d Definition, o *options, work, out stri
 	w.tree(tree, "usr/share/man") // the packages' files; no man pages without man
 	for _, name := range slices.Sorted(maps.Keys(d.Links)) {
 		w.symlink(strings.TrimPrefix(name, "/"), d.Links[name])
+	}
+	for _, f := range d.Files {
+		perm, _ := f.perm() // checked by Lookup
+		w.file(strings.TrimPrefix(f.Path, "/"), perm, []byte(f.Content))
 	}
 	applets := strings.Fields(string(list))
 	slices.Sort(applets)
@@ -225,10 +230,8 @@ func debootstrapRootfs(ctx context.Context, d Definition, o *options, work, out 
 	if err := run(ctx, o, "", "debootstrap", args...); err != nil {
 		return err
 	}
-	for name, to := range d.Links {
-		if err := os.Symlink(to, filepath.Join(target, filepath.FromSlash(name))); err != nil {
-			return err
-		}
+	if err := addToTree(target, d); err != nil {
+		return err
 	}
 	if err := appendFile(filepath.Join(target, "etc/passwd"), passwd(d, "", "/bin/bash")); err != nil {
 		return err
@@ -252,6 +255,35 @@ func debootstrapRootfs(ctx context.Context, d Definition, o *options, work, out 
 	o.progress("packing the root filesystem")
 	return run(ctx, o, "", "tar", "--numeric-owner", "-C", target, "-cf", out,
 		"--exclude=./proc/*", "--exclude=./sys/*", "--exclude=./dev/*", ".")
+}
+
+// addToTree adds d's links and files to the root filesystem at dir, through
+// an os.Root: a link in the tree never leads a write outside it.
+func addToTree(dir string, d Definition) error {
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	for name, to := range d.Links {
+		if err := root.Symlink(to, name[1:]); err != nil {
+			return err
+		}
+	}
+	for _, f := range d.Files {
+		perm, _ := f.perm() // checked by Lookup
+		name := f.Path[1:]
+		if err := root.MkdirAll(path.Dir(name), 0o755); err != nil {
+			return err
+		}
+		if err := root.WriteFile(name, []byte(f.Content), os.FileMode(perm)); err != nil {
+			return err
+		}
+		if err := root.Chmod(name, os.FileMode(perm)); err != nil { // past the umask
+			return err
+		}
+	}
+	return nil
 }
 
 func appendFile(name, text string) error {

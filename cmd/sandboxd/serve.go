@@ -69,6 +69,10 @@ type serveConfig struct {
 	Tools json.RawMessage `json:"tools"`
 	// Pools are the warm pools.
 	Pools []runner.PoolConfig `json:"pools"`
+	// Images declares images beside minimal and dev (name, suite,
+	// packages, links, files, env; see images.Declare), built by `sandboxd
+	// image build --config FILE NAME` and named like them everywhere.
+	Images []images.Definition `json:"images"`
 	// ShutdownTimeout bounds how long calls in flight may finish at
 	// shutdown (default 30s).
 	ShutdownTimeout runner.Duration `json:"shutdownTimeout"`
@@ -101,6 +105,11 @@ func loadServeConfig(file string) (serveConfig, error) {
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&c); err != nil {
 		return c, fmt.Errorf("%s: %w", file, err)
+	}
+	for _, d := range c.Images {
+		if _, err := images.Declare(d); err != nil {
+			return c, fmt.Errorf("%s: images: %w", file, err)
+		}
 	}
 	return c, nil
 }

@@ -59,7 +59,7 @@ const Default = "minimal"
 
 // builderRevision changes whenever the way a builder turns a definition into
 // a root filesystem changes, so that cached tarballs and images are redone.
-var builderRevision = map[string]string{"busybox": "3", "debootstrap": "1"}
+var builderRevision = map[string]string{"busybox": "3", "debootstrap": "2"}
 
 //go:embed defs/*.json
 var defsFS embed.FS

@@ -217,17 +217,38 @@ func (w *treeWriter) tree(dir, skip string) {
 }
 
 // debootstrapRootfs makes a Debian root filesystem with debootstrap (installed
-// with apt-get when missing), adds the definition's user and /workspace,
-// drops apt's caches and tars it with numeric owners.
+// with apt-get when missing), installs the definition's packages in it with
+// apt-get — whose resolver, unlike debootstrap's, follows virtual packages
+// (npm needs that) — adds the definition's user, links, files and
+// /workspace, drops apt's caches and tars it with numeric owners.
 func debootstrapRootfs(ctx context.Context, d Definition, o *options, work, out string) error {
 	if err := ensureTool(ctx, o, "debootstrap", "debootstrap"); err != nil {
 		return err
 	}
 	mirror := debianMirror(d.Suite)
 	target := filepath.Join(work, "rootfs")
-	args := []string{"--variant=" + d.Variant, "--include=" + strings.Join(d.Packages, ","), d.Suite, target, mirror}
+	args := []string{"--variant=" + d.Variant, d.Suite, target, mirror}
 	o.progress("running debootstrap " + strings.Join(args, " ") + " (this takes a few minutes)")
 	if err := run(ctx, o, "", "debootstrap", args...); err != nil {
+		return err
+	}
+	resolv := filepath.Join(target, "etc", "resolv.conf")
+	if data, err := os.ReadFile("/etc/resolv.conf"); err == nil {
+		os.Remove(resolv)
+		if err := os.WriteFile(resolv, data, 0o644); err != nil {
+			return err
+		}
+		defer os.Remove(resolv)
+	}
+	o.progress("installing " + strings.Join(d.Packages, " ") + " with apt-get in the new root")
+	if err := run(ctx, o, "", "chroot", target, "apt-get", "update"); err != nil {
+		return err
+	}
+	install := append([]string{target, "apt-get", "install", "-y", "--no-install-recommends"}, d.Packages...)
+	if err := run(ctx, o, "", "chroot", install...); err != nil {
+		return err
+	}
+	if err := run(ctx, o, "", "chroot", target, "apt-get", "clean"); err != nil {
 		return err
 	}
 	if err := addToTree(target, d); err != nil {

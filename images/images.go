@@ -175,7 +175,7 @@ func Lookup(name string) (Definition, error) {
 	}
 	data, err := defsFS.ReadFile("defs/" + name + ".json")
 	if err != nil || strings.ContainsAny(name, "/\\") {
-		return d, fmt.Errorf("images: no image definition %q (known: %s; the daemon's configuration declares more under \"images\")", name, strings.Join(names(), ", "))
+		return d, fmt.Errorf("images: no image definition %q (known: %s); the daemon's configuration declares more under \"images\"", name, strings.Join(names(), ", "))
 	}
 	if err := json.Unmarshal(data, &d); err != nil {
 		return d, fmt.Errorf("images: definition %s: %w", name, err)

@@ -38,7 +38,7 @@ func rootfs(ctx context.Context, d Definition, o *options) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("images: %w", err)
 	}
-	defer os.RemoveAll(work)
+	defer removeWork(work)
 	partial := filepath.Join(work, "rootfs.tar")
 	start := time.Now()
 	switch d.Builder {
@@ -305,6 +305,25 @@ func addToTree(dir string, d Definition) error {
 		}
 	}
 	return nil
+}
+
+// removeWork removes a build's work directory, unmounting first what a
+// failed debootstrap left mounted in it (its /proc), which would otherwise
+// keep the directory from being removed.
+func removeWork(work string) {
+	if mounts, err := os.ReadFile("/proc/mounts"); err == nil {
+		var under []string
+		for _, line := range strings.Split(string(mounts), "\n") {
+			if f := strings.Fields(line); len(f) > 1 && strings.HasPrefix(f[1], work+"/") {
+				under = append(under, f[1])
+			}
+		}
+		slices.Reverse(under) // the innermost first
+		for _, m := range under {
+			exec.Command("umount", m).Run()
+		}
+	}
+	os.RemoveAll(work)
 }
 
 func appendFile(name, text string) error {

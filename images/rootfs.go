@@ -320,7 +320,7 @@ func removeWork(work string) {
 		}
 		slices.Reverse(under) // the innermost first
 		for _, m := range under {
-			exec.Command("umount", m).Run()
+			exec.Command("umount", "-l", m).Run() // lazily: a busy mount is detached all the same
 		}
 	}
 	os.RemoveAll(work)

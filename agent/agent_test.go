@@ -880,3 +880,30 @@ func TestOutputAfterCancelDelivered(t *testing.T) {
 		t.Errorf("Run = %v, output %q; want Canceled and all the output", err, out.String())
 	}
 }
+
+// shellFunc is a bashFunc that names its shell.
+type shellFunc struct {
+	bashFunc
+	shell string
+}
+
+func (s shellFunc) Shell() string { return s.shell }
+
+// TestHelloNamesTheShell: the client learns in the handshake which shell
+// runs the agent's scripts, so the tools can say when it is not bash.
+func TestHelloNamesTheShell(t *testing.T) {
+	for _, tt := range []struct {
+		bash workspace.Bash
+		want string
+	}{
+		{nil, ""},
+		{bashFunc(nil), ""},
+		{shellFunc{nil, "/bin/sh"}, "/bin/sh"},
+		{shellFunc{nil, "/bin/bash"}, "/bin/bash"},
+	} {
+		c := connect(t, memfs.New(), tt.bash)
+		if got := workspace.ShellOf(c); got != tt.want || c.Agent().Shell != tt.want {
+			t.Errorf("%T: the client says the shell is %q (%+v), want %q", tt.bash, got, c.Agent(), tt.want)
+		}
+	}
+}

@@ -51,6 +51,7 @@ var (
 type AgentInfo struct {
 	Version int    // protocol version
 	Build   string // the agent's build identifier
+	Shell   string // the program that runs scripts; "" when unknown
 }
 
 // ClientOption configures NewClient.
@@ -165,11 +166,15 @@ func (c *Client) handshake(r *bufio.Reader) (AgentInfo, error) {
 	if theirs.Version != ProtocolVersion {
 		return AgentInfo{}, fmt.Errorf("the agent speaks protocol %d, this client %d", theirs.Version, ProtocolVersion)
 	}
-	return AgentInfo{Version: theirs.Version, Build: clip(theirs.Build)}, nil
+	return AgentInfo{Version: theirs.Version, Build: clip(theirs.Build), Shell: clip(theirs.Shell)}, nil
 }
 
 // Agent describes the agent, as it announced itself.
 func (c *Client) Agent() AgentInfo { return c.info }
+
+// Shell is the program the agent runs scripts with, as it said in the
+// handshake; see workspace.ShellBash.
+func (c *Client) Shell() string { return c.info.Shell }
 
 // Done is closed when the client becomes unusable: closed, or its stream
 // broken. Err then says why.

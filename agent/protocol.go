@@ -164,6 +164,9 @@ func credit(f frame) (int, bool) {
 type hello struct {
 	Version int    `json:"version"`
 	Build   string `json:"build,omitempty"`
+	// Shell is the program that runs scripts (server→client; see
+	// workspace.ShellOf), "" when unknown.
+	Shell string `json:"shell,omitempty"`
 }
 
 // request is a Call frame's header. Op selects the operation; the other

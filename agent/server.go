@@ -163,7 +163,7 @@ func (c *serverConn) readLoop(r *bufio.Reader) error {
 	if f.typ != frameHello || json.Unmarshal(f.header, &h) != nil {
 		return fmt.Errorf("%w: the stream does not open with hello", errFrame)
 	}
-	mine, _ := json.Marshal(hello{Version: ProtocolVersion, Build: c.s.opts.build})
+	mine, _ := json.Marshal(hello{Version: ProtocolVersion, Build: c.s.opts.build, Shell: workspace.ShellOf(c.s.bash)})
 	if err := c.send(frameHello, 0, 0, mine, nil); err != nil {
 		return err
 	}

@@ -93,7 +93,10 @@ type agentKey struct {
 // use. The volume is filled through the archive API into a container that is
 // created and never started (any image will do; image is the session's), and
 // checked by size before it is trusted. Volumes are shared by every session
-// using the same agent build and are never removed by Close or Reap.
+// using the same agent build and are not removed by Close or Reap; once a
+// process has filled the volume of its build, it removes those of other
+// builds that are unused and older than StaleAgentAge (pruneAgentVolumes),
+// and a volume it remembers is checked to be there before each use.
 func agentVolume(ctx context.Context, cli client.APIClient, binPath, image string) (string, error) {
 	fi, err := os.Stat(binPath)
 	if err != nil {
@@ -103,7 +106,10 @@ func agentVolume(ctx context.Context, cli client.APIClient, binPath, image strin
 	agentVolumes.Lock()
 	defer agentVolumes.Unlock()
 	if v, ok := agentVolumes.ready[key]; ok {
-		return v, nil
+		if _, err := cli.VolumeInspect(ctx, v, client.VolumeInspectOptions{}); !cerrdefs.IsNotFound(err) {
+			return v, nil
+		}
+		delete(agentVolumes.ready, key) // removed since: filled anew below
 	}
 	if err := checkAgent(binPath); err != nil {
 		return "", err
@@ -122,7 +128,36 @@ func agentVolume(ctx context.Context, cli client.APIClient, binPath, image strin
 		agentVolumes.ready = map[agentKey]string{}
 	}
 	agentVolumes.ready[key] = name
+	pruneAgentVolumes(ctx, cli, hash, StaleAgentAge, nil)
 	return name, nil
+}
+
+// StaleAgentAge is how old the agent volume of another build must be before
+// a process of this build removes it when unused: long enough that a daemon
+// of that build, between filling its volume and starting a container on it,
+// is not caught out (and one that finds its volume gone fills it anew).
+const StaleAgentAge = time.Hour
+
+// pruneAgentVolumes removes the agent volumes (those labelled LabelAgent, and
+// with every label of where) whose build is not keep and that were created
+// more than age ago. The engine refuses to remove a volume a container uses,
+// so a volume in use stays. It is best effort: errors are ignored.
+func pruneAgentVolumes(ctx context.Context, cli client.APIClient, keep string, age time.Duration, where map[string]string) {
+	f := client.Filters{}.Add("label", LabelAgent)
+	for k, v := range where {
+		f = f.Add("label", k+"="+v)
+	}
+	list, err := cli.VolumeList(ctx, client.VolumeListOptions{Filters: f})
+	if err != nil {
+		return
+	}
+	for _, v := range list.Items {
+		created, err := time.Parse(time.RFC3339, v.CreatedAt)
+		if v.Labels[LabelAgent] == keep || err != nil || time.Since(created) < age {
+			continue
+		}
+		cli.VolumeRemove(ctx, v.Name, client.VolumeRemoveOptions{})
+	}
 }
 
 func fillAgentVolume(ctx context.Context, cli client.APIClient, name, hash string, data []byte, image string) error {

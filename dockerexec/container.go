@@ -541,7 +541,7 @@ func containerConfig(p policy.Profile, env, labels map[string]string, agentVol, 
 		SecurityOpt:    secOpts,
 		Privileged:     p.Privileged,
 		ReadonlyRootfs: p.ReadonlyRootfs,
-		Tmpfs:          map[string]string{"/tmp": "rw,nosuid,nodev,mode=1777,size=" + strconv.FormatInt(p.TmpfsBytes, 10)},
+		Tmpfs:          map[string]string{"/tmp": "rw,exec,nosuid,nodev,mode=1777,size=" + strconv.FormatInt(p.TmpfsBytes, 10)},
 		Mounts:         mounts,
 		Runtime:        p.Runtime,
 		IpcMode:        "private",
@@ -637,6 +637,10 @@ func ownTar(w io.Writer, src io.Reader, uid, gid int, budget *copyBudget) error 
 type Bash struct{ c *Container }
 
 var _ workspace.Bash = (*Bash)(nil)
+
+// Shell is the program the container's agent runs scripts with ("/bin/bash",
+// or a sh where the image has no bash); see workspace.ShellBash.
+func (b *Bash) Shell() string { return b.c.agent.Shell() }
 
 // Run runs cmd in the container; see workspace.Bash. When the container is
 // gone (killed for lack of memory, say), the error is workspace.ErrUnavailable

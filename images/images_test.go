@@ -3,6 +3,7 @@ package images_test
 import (
 	"archive/tar"
 	"context"
+	"errors"
 	"flag"
 	"io"
 	"os"
@@ -11,8 +12,12 @@ import (
 	"strings"
 	"testing"
 
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/moby/moby/client"
+
 	"github.com/sandboxd/sandboxd/images"
 	"github.com/sandboxd/sandboxd/internal/dockertest"
+	"github.com/sandboxd/sandboxd/workspace"
 )
 
 func TestMain(m *testing.M) { dockertest.Main(m, "images") }
@@ -24,6 +29,9 @@ func TestDefinitions(t *testing.T) {
 	}
 	var names []string
 	for _, d := range defs {
+		if strings.HasPrefix(d.Name, "itest-") {
+			continue // declared by TestDeclare
+		}
 		names = append(names, d.Name)
 		if len(d.Hash()) != 64 || !strings.HasPrefix(d.Ref(), "sandboxd/"+d.Name+":"+d.Hash()[:12]) {
 			t.Errorf("%s: hash %q ref %q", d.Name, d.Hash(), d.Ref())
@@ -36,7 +44,7 @@ func TestDefinitions(t *testing.T) {
 		t.Errorf("definitions %v, want dev and minimal", names)
 	}
 	again, _ := images.Lookup("minimal")
-	if again.Hash() != defs[1].Hash() {
+	if first, _ := images.Lookup("minimal"); again.Hash() != first.Hash() {
 		t.Error("hash is not stable")
 	}
 	for _, bad := range []string{"nope", "../defs/minimal", ""} {
@@ -46,15 +54,15 @@ func TestDefinitions(t *testing.T) {
 	}
 }
 
-// TestBuildMinimal builds the minimal image into a fresh cache, checks the
-// root filesystem it cached and the image's labels, and that a second build
-// uses the cache.
+// TestBuildMinimal builds the minimal image anew into a fresh cache, checks
+// the root filesystem it cached and the image's labels, and that a second
+// build is a no-op that says so.
 func TestBuildMinimal(t *testing.T) {
 	cli := dockertest.Client(t)
 	ctx := context.Background()
 	cache := t.TempDir()
 	var lines []string
-	ref, err := images.Build(ctx, cli, "minimal", images.WithCacheDir(cache), images.WithProgress(func(s string) { lines = append(lines, s) }))
+	ref, err := images.Build(ctx, cli, "minimal", images.WithCacheDir(cache), images.WithRebuild(), images.WithProgress(func(s string) { lines = append(lines, s) }))
 	if err != nil {
 		t.Fatalf("Build: %v\n%s", err, strings.Join(lines, "\n"))
 	}
@@ -67,11 +75,13 @@ func TestBuildMinimal(t *testing.T) {
 	}
 	entries := readTar(t, tarballs[0])
 	for name, want := range map[string]string{
-		"workspace/":  "dir 1000:1000",
-		"tmp/":        "dir 0:0 1777",
-		"bin/busybox": "reg 0:0",
-		"bin/sh":      "link /bin/busybox",
-		"etc/passwd":  "reg 0:0",
+		"workspace/":      "dir 1000:1000",
+		"tmp/":            "dir 0:0 1777",
+		"bin/busybox":     "reg 0:0",
+		"bin/sh":          "link /bin/busybox",
+		"bin/bash":        "link bash-static",
+		"bin/bash-static": "reg 0:0",
+		"etc/passwd":      "reg 0:0",
 	} {
 		if got := entries[name]; !strings.HasPrefix(got, want) {
 			t.Errorf("rootfs entry %s = %q, want %q", name, got, want)
@@ -98,8 +108,11 @@ func TestBuildMinimal(t *testing.T) {
 	if _, err := images.Build(ctx, cli, "minimal", images.WithCacheDir(cache), images.WithProgress(func(s string) { lines = append(lines, s) })); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(strings.Join(lines, "\n"), "using cached root filesystem") {
-		t.Errorf("second build did not use the cache:\n%s", strings.Join(lines, "\n"))
+	if text := strings.Join(lines, "\n"); !strings.Contains(text, "up to date") || strings.Contains(text, "importing") {
+		t.Errorf("second build of an unchanged image is not a no-op that says so:\n%s", text)
+	}
+	if again, err := cli.ImageInspect(ctx, ref); err != nil || again.ID != info.ID {
+		t.Errorf("after a second build the image is %v (%v), want %s unchanged", again.ID, err, info.ID)
 	}
 	if ref2, err := images.Ensure(ctx, cli, "minimal"); err != nil || ref2 != ref {
 		t.Errorf("Ensure = %q, %v; want %q", ref2, err, ref)
@@ -153,5 +166,86 @@ func TestBuildDev(t *testing.T) {
 	}
 	if info.Config.Labels[images.LabelImage] != "dev" || info.Config.User != "1000:1000" {
 		t.Errorf("labels %v user %q", info.Config.Labels, info.Config.User)
+	}
+}
+
+// noImages is an engine that has no image at all.
+type noImages struct{ images.Client }
+
+func (noImages) ImageInspect(context.Context, string, ...client.ImageInspectOption) (client.ImageInspectResult, error) {
+	return client.ImageInspectResult{}, cerrdefs.ErrNotFound
+}
+
+// TestResolve: a definition's name means its image; a missing image is an
+// Unavailable error naming what to run.
+func TestResolve(t *testing.T) {
+	dev, _ := images.Lookup("dev")
+	for in, want := range map[string]string{"dev": dev.Ref(), dev.Ref(): dev.Ref(), "alpine:3": "alpine:3", "sandboxd/*": "sandboxd/*", "": ""} {
+		if got := images.Canonical(in); got != want {
+			t.Errorf("Canonical(%q) = %q, want %q", in, got, want)
+		}
+	}
+	for image, fix := range map[string]string{"dev": "sandboxd image build dev", dev.Ref(): "sandboxd image build dev", "alpine:3": "docker pull alpine:3, or docker load"} {
+		_, err := images.Resolve(context.Background(), noImages{}, image)
+		if !errors.Is(err, workspace.ErrUnavailable) || !strings.Contains(err.Error(), "run "+fix) {
+			t.Errorf("Resolve(%q) on an empty engine = %v, want Unavailable naming %q", image, err, fix)
+		}
+	}
+	cli := dockertest.Client(t)
+	ref := dockertest.Image(t)
+	if got, err := images.Resolve(context.Background(), cli, images.Default); err != nil || got != ref {
+		t.Errorf("Resolve(%q) = %q, %v; want %q", images.Default, got, err, ref)
+	}
+}
+
+// TestDeclare: an operator's definition fills in defaults, is refused when
+// not whole, takes its name everywhere and builds the same way, its files
+// and links in place.
+func TestDeclare(t *testing.T) {
+	for _, bad := range []images.Definition{
+		{Name: "minimal", Packages: []string{"busybox-static"}},
+		{Name: "Bad/Name", Packages: []string{"busybox-static"}},
+		{Name: "nopackages"},
+		{Name: "relative", Packages: []string{"jq"}, Files: []images.File{{Path: "etc/x"}}},
+		{Name: "escapes", Packages: []string{"jq"}, Files: []images.File{{Path: "/../x"}}},
+		{Name: "badmode", Packages: []string{"jq"}, Files: []images.File{{Path: "/x", Mode: "rw"}}},
+	} {
+		if _, err := images.Declare(bad); err == nil {
+			t.Errorf("Declare(%+v) succeeded", bad)
+		}
+	}
+	d, err := images.Declare(images.Definition{Name: "itest-tiny", Builder: "busybox", Packages: []string{"busybox-static"},
+		Files: []images.File{{Path: "/etc/motd", Content: "hello\n", Mode: "0600"}}, Links: map[string]string{"/usr/bin/hi": "/bin/busybox"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Variant != "" || d.Suite != "bookworm" || d.User.UID != 1000 || len(d.Env) == 0 {
+		t.Errorf("defaults not filled in: %+v", d)
+	}
+	if got, err := images.Lookup("itest-tiny"); err != nil || got.Ref() != d.Ref() || images.Canonical("itest-tiny") != d.Ref() {
+		t.Errorf("Lookup = %v, %v; Canonical = %q; want %s", got.Ref(), err, images.Canonical("itest-tiny"), d.Ref())
+	}
+	if _, err := images.Lookup("nope"); err == nil || !strings.Contains(err.Error(), "itest-tiny") {
+		t.Errorf("Lookup(nope) = %v, want the declared image listed", err)
+	}
+
+	cli := dockertest.Client(t)
+	ctx := context.Background()
+	cache := t.TempDir()
+	ref, err := images.Build(ctx, cli, "itest-tiny", images.WithCacheDir(cache), images.WithRebuild())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cli.ImageRemove(context.Background(), d.Latest(), client.ImageRemoveOptions{})
+		cli.ImageRemove(context.Background(), ref, client.ImageRemoveOptions{})
+	})
+	tarballs, _ := filepath.Glob(filepath.Join(cache, "itest-tiny-*.tar"))
+	if len(tarballs) != 1 {
+		t.Fatalf("cache holds %v", tarballs)
+	}
+	entries := readTar(t, tarballs[0])
+	if entries["etc/motd"] != "reg 0:0" || entries["usr/bin/hi"] != "link /bin/busybox" {
+		t.Errorf("etc/motd %q, usr/bin/hi %q", entries["etc/motd"], entries["usr/bin/hi"])
 	}
 }

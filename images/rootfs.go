@@ -8,8 +8,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
+	"maps"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -35,7 +38,7 @@ func rootfs(ctx context.Context, d Definition, o *options) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("images: %w", err)
 	}
-	defer os.RemoveAll(work)
+	defer removeWork(work)
 	partial := filepath.Join(work, "rootfs.tar")
 	start := time.Now()
 	switch d.Builder {
@@ -83,10 +86,6 @@ func busyboxRootfs(ctx context.Context, d Definition, o *options, work, out stri
 	if err != nil {
 		return fmt.Errorf("list busybox applets: %w", err)
 	}
-	body, err := os.ReadFile(bb)
-	if err != nil {
-		return err
-	}
 
 	f, err := os.Create(out)
 	if err != nil {
@@ -101,9 +100,16 @@ func busyboxRootfs(ctx context.Context, d Definition, o *options, work, out stri
 	w.dir("root", 0o700, 0, 0)
 	w.dir("tmp", 0o1777, 0, 0) // sticky, as tar spells it
 	w.dir("workspace", 0o755, d.User.UID, d.User.GID)
-	w.file("bin/busybox", 0o755, body)
 	w.file("etc/passwd", 0o644, []byte(passwd(d, "root:x:0:0:root:/root:/bin/sh\n", "/bin/sh")))
 	w.file("etc/group", 0o644, []byte(group(d, "root:x:0:\n")))
+	w.tree(tree, "usr/share/man") // the packages' files; no man pages without man
+	for _, name := range slices.Sorted(maps.Keys(d.Links)) {
+		w.symlink(strings.TrimPrefix(name, "/"), d.Links[name])
+	}
+	for _, f := range d.Files {
+		perm, _ := f.perm() // checked by Lookup
+		w.file(strings.TrimPrefix(f.Path, "/"), perm, []byte(f.Content))
+	}
 	applets := strings.Fields(string(list))
 	slices.Sort(applets)
 	for _, a := range applets {
@@ -171,18 +177,81 @@ func (w *treeWriter) symlink(name, target string) {
 	w.header(&tar.Header{Typeflag: tar.TypeSymlink, Name: name, Linkname: target, Mode: 0o777}, nil)
 }
 
+// tree writes the directories, regular files and symbolic links under dir,
+// owned by root, leaving out the subtree skip (a slash path relative to dir).
+func (w *treeWriter) tree(dir, skip string) {
+	err := filepath.WalkDir(dir, func(p string, e fs.DirEntry, err error) error {
+		if err != nil || p == dir {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		rel = filepath.ToSlash(rel)
+		if rel == skip {
+			return fs.SkipDir
+		}
+		fi, err := e.Info()
+		if err != nil {
+			return err
+		}
+		switch mode := int64(fi.Mode().Perm()); {
+		case e.IsDir():
+			w.dir(rel, mode, 0, 0)
+		case e.Type().IsRegular():
+			body, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			w.file(rel, mode, body)
+		case e.Type() == fs.ModeSymlink:
+			target, err := os.Readlink(p)
+			if err != nil {
+				return err
+			}
+			w.symlink(rel, target)
+		}
+		return w.err
+	})
+	if w.err == nil {
+		w.err = err
+	}
+}
+
 // debootstrapRootfs makes a Debian root filesystem with debootstrap (installed
-// with apt-get when missing), adds the definition's user and /workspace,
-// drops apt's caches and tars it with numeric owners.
+// with apt-get when missing), installs the definition's packages in it with
+// apt-get — whose resolver, unlike debootstrap's, follows virtual packages
+// (npm needs that) — adds the definition's user, links, files and
+// /workspace, drops apt's caches and tars it with numeric owners.
 func debootstrapRootfs(ctx context.Context, d Definition, o *options, work, out string) error {
 	if err := ensureTool(ctx, o, "debootstrap", "debootstrap"); err != nil {
 		return err
 	}
 	mirror := debianMirror(d.Suite)
 	target := filepath.Join(work, "rootfs")
-	args := []string{"--variant=" + d.Variant, "--include=" + strings.Join(d.Packages, ","), d.Suite, target, mirror}
+	args := []string{"--variant=" + d.Variant, d.Suite, target, mirror}
 	o.progress("running debootstrap " + strings.Join(args, " ") + " (this takes a few minutes)")
 	if err := run(ctx, o, "", "debootstrap", args...); err != nil {
+		return err
+	}
+	resolv := filepath.Join(target, "etc", "resolv.conf")
+	if data, err := os.ReadFile("/etc/resolv.conf"); err == nil {
+		os.Remove(resolv)
+		if err := os.WriteFile(resolv, data, 0o644); err != nil {
+			return err
+		}
+		defer os.Remove(resolv)
+	}
+	o.progress("installing " + strings.Join(d.Packages, " ") + " with apt-get in the new root")
+	if err := run(ctx, o, "", "chroot", target, "apt-get", "update"); err != nil {
+		return err
+	}
+	install := append([]string{target, "apt-get", "install", "-y", "--no-install-recommends"}, d.Packages...)
+	if err := run(ctx, o, "", "chroot", install...); err != nil {
+		return err
+	}
+	if err := run(ctx, o, "", "chroot", target, "apt-get", "clean"); err != nil {
+		return err
+	}
+	if err := addToTree(target, d); err != nil {
 		return err
 	}
 	if err := appendFile(filepath.Join(target, "etc/passwd"), passwd(d, "", "/bin/bash")); err != nil {
@@ -207,6 +276,54 @@ func debootstrapRootfs(ctx context.Context, d Definition, o *options, work, out 
 	o.progress("packing the root filesystem")
 	return run(ctx, o, "", "tar", "--numeric-owner", "-C", target, "-cf", out,
 		"--exclude=./proc/*", "--exclude=./sys/*", "--exclude=./dev/*", ".")
+}
+
+// addToTree adds d's links and files to the root filesystem at dir, through
+// an os.Root: a link in the tree never leads a write outside it.
+func addToTree(dir string, d Definition) error {
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	for name, to := range d.Links {
+		if err := root.Symlink(to, name[1:]); err != nil {
+			return err
+		}
+	}
+	for _, f := range d.Files {
+		perm, _ := f.perm() // checked by Lookup
+		name := f.Path[1:]
+		if err := root.MkdirAll(path.Dir(name), 0o755); err != nil {
+			return err
+		}
+		if err := root.WriteFile(name, []byte(f.Content), os.FileMode(perm)); err != nil {
+			return err
+		}
+		if err := root.Chmod(name, os.FileMode(perm)); err != nil { // past the umask
+			return err
+		}
+	}
+	return nil
+}
+
+// removeWork removes a build's work directory, unmounting first what a
+// failed debootstrap left mounted in it (its /proc), which would otherwise
+// keep the directory from being removed.
+func removeWork(work string) {
+	if mounts, err := os.ReadFile("/proc/mounts"); err == nil {
+		var under []string
+		for _, line := range strings.Split(string(mounts), "\n") {
+			if f := strings.Fields(line); len(f) > 1 && strings.HasPrefix(f[1], work+"/") {
+				under = append(under, f[1])
+			}
+		}
+		slices.Reverse(under) // the innermost first
+		for _, m := range under {
+			exec.Command("umount", "-l", m).Run() // lazily: a busy mount is detached all the same
+		}
+	}
+	os.RemoveAll(work)
 }
 
 func appendFile(name, text string) error {

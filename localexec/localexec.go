@@ -132,6 +132,10 @@ func New(dir string, opts ...Option) (*Bash, error) {
 	return nil, &fs.PathError{Op: "localexec", Path: strings.Join(shells, ", "), Err: fmt.Errorf("%w: no shell found", workspace.ErrUnavailable)}
 }
 
+// Shell is the absolute path of the shell that runs scripts; see
+// workspace.ShellBash.
+func (b *Bash) Shell() string { return b.shell }
+
 // Run runs cmd to its end; see workspace.Bash. A program of an Argv that is
 // not found is a result, as in a shell: exit status 127 (126 when it is not
 // executable) with a message on standard error.

@@ -228,6 +228,9 @@ func New(fsys workspace.FileSystem, opts ...Option) (*Bash, error) {
 // they run in for Dir "", an absolute slash path.
 func (b *Bash) Root() string { return filepath.ToSlash(b.root) }
 
+// Shell is the host shell that runs scripts; see workspace.ShellBash.
+func (b *Bash) Shell() string { return b.sh.Shell() }
+
 // Run brings the host directory up to date with the FileSystem, runs cmd
 // there as localexec.Bash.Run does, and copies the command's changes back;
 // see workspace.Bash and the package documentation. It waits for a Run in

@@ -12,6 +12,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/dockerexec"
 	"github.com/sandboxd/sandboxd/dockerfs"
+	"github.com/sandboxd/sandboxd/images"
 	"github.com/sandboxd/sandboxd/policy"
 )
 
@@ -57,6 +58,11 @@ func (d *Docker) Warm(ctx context.Context, spec Spec) (*Instance, error) {
 }
 
 func (d *Docker) start(ctx context.Context, spec Spec, prof policy.Profile) (*Instance, error) {
+	ref, err := images.Resolve(ctx, d.Client, prof.Image)
+	if err != nil {
+		return nil, fmt.Errorf("docker backend: %w", err)
+	}
+	prof.Image = ref
 	c, err := dockerexec.Start(ctx, d.Client, dockerexec.Spec{Profile: prof, Labels: spec.Labels, Agent: d.Agent, WorkspaceDir: spec.Source, MaxWorkspaceBytes: d.MaxWorkspaceBytes})
 	if err != nil {
 		return nil, fmt.Errorf("docker backend: %w", err)

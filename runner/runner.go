@@ -35,6 +35,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sandboxd/sandboxd/images"
 	"github.com/sandboxd/sandboxd/policy"
 	"github.com/sandboxd/sandboxd/sources"
 	"github.com/sandboxd/sandboxd/tools"
@@ -250,7 +251,12 @@ func New(ctx context.Context, backend Backend, opts ...Option) (*Manager, error)
 	if o.logger == nil {
 		o.logger = slog.New(slog.DiscardHandler)
 	}
-	o.policy.DefaultImage = cmp.Or(o.policy.DefaultImage, DefaultImage)
+	// One meaning for an image name: an image definition's name is its image.
+	o.policy.DefaultImage = images.Canonical(cmp.Or(o.policy.DefaultImage, DefaultImage))
+	o.policy.Images = slices.Clone(o.policy.Images)
+	for i, pattern := range o.policy.Images {
+		o.policy.Images[i] = images.Canonical(pattern)
+	}
 	if err := o.tools.Validate(); err != nil {
 		return nil, fmt.Errorf("runner: tool configuration: %w", err)
 	}

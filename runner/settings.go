@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sandboxd/sandboxd/images"
 	"github.com/sandboxd/sandboxd/policy"
 	"github.com/sandboxd/sandboxd/scope"
 	"github.com/sandboxd/sandboxd/sources"
@@ -126,7 +127,7 @@ func (e *SettingError) Error() string { return "setting " + e.Setting + ": " + e
 func (s Settings) request(session, tenant string) policy.Request {
 	req := policy.Request{
 		Session: session, Tenant: tenant,
-		Image: s.Image, Runtime: s.Runtime, Network: s.Network,
+		Image: images.Canonical(s.Image), Runtime: s.Runtime, Network: s.Network,
 		Privileged: s.Privileged, CapAdd: s.CapAdd,
 		WritableRootfs: s.WritableRootfs, RootUser: s.RootUser,
 		PidsLimit: s.Limits.Pids, MemoryBytes: s.Limits.MemoryBytes, NanoCPUs: s.Limits.NanoCPUs,

@@ -70,7 +70,27 @@ func (s *Set) bash(ctx context.Context, args json.RawMessage, c *call) (Result, 
 		cmd.Output = output
 		return s.env.Bash.Run(ctx, cmd)
 	})
+	if sh := s.notBash(); err == nil && sh != "" {
+		res.Text += "\n[" + noBashNote(sh) + "]"
+	}
 	return res, err
+}
+
+// notBash returns the shell that runs the bash tool's commands when the
+// workspace says it is not bash (an image without one), else "". A shell
+// the workspace does not name is taken to be bash, as promised.
+func (s *Set) notBash() string {
+	sh := workspace.ShellOf(s.env.Bash)
+	if sh == "" || strings.HasPrefix(path.Base(sh), "bash") {
+		return ""
+	}
+	return sh
+}
+
+// noBashNote is what the model is told, in the bash tool's description and
+// in every answer, when the workspace has no bash.
+func noBashNote(sh string) string {
+	return "This workspace has no bash: commands are run by " + sh + ", a POSIX shell without bash's arrays, [[ ]], brace expansion or other bash-only syntax."
 }
 
 // runCommand runs a command through run, gathering its output (published

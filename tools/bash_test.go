@@ -252,3 +252,53 @@ func TestBashProgressBounded(t *testing.T) {
 		t.Errorf("the command's output went on while the progress receiver was blocked")
 	}
 }
+
+// shellBash is a fakeBash that names the shell running its scripts.
+type shellBash struct {
+	*fakeBash
+	shell string
+}
+
+func (b shellBash) Shell() string { return b.shell }
+
+// TestBashNamesItsShell: when the workspace says its scripts run in a shell
+// that is not bash (an image without bash), the bash tool says so in its
+// description, its schema, the environment section and every answer; when
+// the shell is bash, or not named, nothing is added.
+func TestBashNamesItsShell(t *testing.T) {
+	for _, tt := range []struct {
+		shell string
+		warns bool
+	}{
+		{"", false},
+		{"/bin/bash", false},
+		{"/usr/local/bin/bash-static", false},
+		{"/bin/sh", true},
+		{"/bin/ash", true},
+	} {
+		cfg := tools.DefaultConfig()
+		cfg.Grants = []string{tools.GrantShellExec}
+		cfg.Always = []string{"shell"}
+		sh := shellBash{&fakeBash{run: prints("ok\n", workspace.Result{})}, tt.shell}
+		set, err := tools.New(tools.Env{FS: memfs.New(), Bash: sh}, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var desc string
+		for _, tool := range set.List() {
+			if tool.Name == "bash" {
+				desc = tool.Description + string(tool.InputSchema)
+			}
+		}
+		r := set.Call(context.Background(), "bash", json.RawMessage(`{"command":"echo ok"}`), tools.CallOptions{})
+		for what, text := range map[string]string{"description": desc, "environment": set.EnvironmentSection(), "answer": r.Text} {
+			says := strings.Contains(text, "no bash") && strings.Contains(text, tt.shell)
+			if says != tt.warns {
+				t.Errorf("shell %q: the %s says no bash = %v, want %v:\n%s", tt.shell, what, says, tt.warns, text)
+			}
+		}
+		if !strings.HasPrefix(r.Text, "ok\n") || r.IsError {
+			t.Errorf("shell %q: answer %q", tt.shell, r.Text)
+		}
+	}
+}

@@ -123,9 +123,14 @@ func (s *Set) define(name string) *toolDef {
 		d.run = (*Set).edit
 		d.journaled = true
 	case "bash":
+		runBy := "run by bash"
 		d.desc = fmt.Sprintf("Run a shell command in the workspace root. Returns the end of its output (stdout and stderr, last %s) and how it ended; when there was more, the whole output (up to %s) is saved to a file under %s whose path the result gives. Non-zero exit, a signal or a timeout are reported, not failures. Default timeout %ds, at most %ds.",
 			limits, kb(c.MaxFileBytes), c.SpillDir, c.BashTimeoutMs/1000, c.BashMaxTimeoutMs/1000)
-		d.schema = objectSchema(prop{name: "command", typ: "string", desc: "the command line, run by bash", required: true},
+		if sh := s.notBash(); sh != "" {
+			runBy = "run by " + sh + " (this workspace has no bash)"
+			d.desc += " " + noBashNote(sh)
+		}
+		d.schema = objectSchema(prop{name: "command", typ: "string", desc: "the command line, " + runBy, required: true},
 			prop{name: "timeout", typ: "number", desc: fmt.Sprintf("seconds before the command and everything it started are killed (default %d, at most %d)", c.BashTimeoutMs/1000, c.BashMaxTimeoutMs/1000), extra: map[string]any{"exclusiveMinimum": 0}},
 			prop{name: "stdin", typ: "string", desc: "the command's standard input"})
 		d.run = (*Set).bash
@@ -238,6 +243,9 @@ func (s *Set) EnvironmentSection() string {
 	if slices.Contains(c.Tools, "bash") && s.env.Bash != nil && !s.scoped() {
 		fmt.Fprintf(&b, "- bash keeps the last %d lines or %s of output and saves the whole output under %s; commands time out after %ds unless asked (at most %ds).\n",
 			c.MaxLines, kb(int64(c.MaxBytes)), c.SpillDir, c.BashTimeoutMs/1000, c.BashMaxTimeoutMs/1000)
+		if sh := s.notBash(); sh != "" {
+			fmt.Fprintf(&b, "- %s\n", noBashNote(sh))
+		}
 	}
 	if e := s.wsEntry; e != nil && len(e.Commands) > 0 {
 		fmt.Fprintf(&b, "- shell (%s mode) runs only %s; anything else is refused.\n", e.Mode, strings.Join(e.Commands, ", "))

@@ -28,6 +28,25 @@ type Bash interface {
 	Run(ctx context.Context, cmd Command) (Result, error)
 }
 
+// A ShellBash is a Bash that can say which program runs its scripts.
+// Callers find it with ShellOf.
+type ShellBash interface {
+	Bash
+	// Shell is the path of the program that runs Command.Script, such as
+	// "/bin/bash" or "/bin/sh"; "" when it is not known.
+	Shell() string
+}
+
+// ShellOf returns the program that runs b's scripts, or "" when b does not
+// say (see ShellBash). A caller that promises bash checks it: a script run
+// by a POSIX sh has no arrays and no [[ ]].
+func ShellOf(b Bash) string {
+	if sb, ok := b.(ShellBash); ok {
+		return sb.Shell()
+	}
+	return ""
+}
+
 // Command is one command for Bash.Run. Exactly one of Script and Argv is set.
 type Command struct {
 	// Script is a shell command line, run by the adapter's shell (bash, or sh

@@ -12,12 +12,16 @@ import (
 
 var cmdImageBuild = &command{
 	name:    "image build",
-	args:    "[--rebuild] [--cache DIR] [NAME...]",
-	summary: "build sandboxd's sandbox images (minimal, dev; default: all) into the engine, with progress: no registry, packages from the Debian mirror or the cache",
+	args:    "[--rebuild] [--cache DIR] [--config FILE] [NAME...]",
+	summary: "build sandboxd's sandbox images (minimal, dev, and those the configuration declares; default: all) into the engine, with progress: no registry, packages from the Debian mirror or the cache; an unchanged image is left as it is",
 	setup: func(fs *flag.FlagSet) runFunc {
-		rebuild := fs.Bool("rebuild", false, "make the root filesystem anew, ignoring the cached one")
+		rebuild := fs.Bool("rebuild", false, "build anew even an unchanged image, making its root filesystem anew")
 		cache := fs.String("cache", "", "the `dir`ectory of cached root filesystems (default: sandboxd/images under the user's cache directory)")
+		config := fs.String("config", "", "the daemon's configuration `file`, whose \"images\" declares more images")
 		return func(ctx context.Context, sio stdio, args []string) error {
+			if _, err := loadServeConfig(*config); err != nil {
+				return err
+			}
 			names := args
 			if len(names) == 0 {
 				defs, err := images.Definitions()

@@ -102,6 +102,10 @@ type serveConfig struct {
 	// Pools are the warm pools: workspaces started ahead of time, each
 	// handed to one session.
 	Pools []runner.PoolConfig `json:"pools"`
+	// Images declares images beside minimal and dev (name, suite,
+	// packages, links, files, env; see images.Declare), built by `sandboxd
+	// image build --config FILE NAME` and named like them everywhere.
+	Images []images.Definition `json:"images"`
 	// ShutdownTimeout bounds how long calls in flight may finish at
 	// shutdown (default 30s).
 	ShutdownTimeout runner.Duration `json:"shutdownTimeout"`
@@ -142,6 +146,11 @@ func loadServeConfig(file string) (serveConfig, error) {
 	}
 	if err := c.parse(data); err != nil {
 		return serveConfig{}, fmt.Errorf("%s: %w", file, err)
+	}
+	for _, d := range c.Images {
+		if _, err := images.Declare(d); err != nil {
+			return c, fmt.Errorf("%s: images: %w", file, err)
+		}
 	}
 	return c, nil
 }
@@ -434,12 +443,16 @@ func openBackend(ctx context.Context, sio stdio, cfg *serveConfig) (runner.Backe
 		}
 		return &runner.Local{Dir: dir}, runner.DefaultImage, nil
 	case "docker":
-		var image string // the policy's default image, when set, is used as it is
-		if cfg.Policy.DefaultImage == "" {
-			image = cmp.Or(cfg.Image, images.Default)
-			fmt.Fprintf(sio.err, "image %s: checking (built when missing; the first build takes a while)\n", image)
-		}
+		// Every image the configuration names is checked now (and built
+		// when it is sandboxd's and missing), not at a session's first use.
+		image := cmp.Or(cfg.Policy.DefaultImage, cfg.Image, images.Default)
+		fmt.Fprintf(sio.err, "image %s: checking (built when missing; the first build takes a while)\n", image)
 		b, ref, err := dockerBackend(ctx, sio, cli, image)
+		for _, p := range cfg.Pools {
+			if err == nil && p.Image != "" {
+				_, err = ensureImage(ctx, sio, cli, p.Image)
+			}
+		}
 		if err != nil {
 			cli.Close()
 			return nil, "", err

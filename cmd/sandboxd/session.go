@@ -290,10 +290,11 @@ func dockerBackend(ctx context.Context, sio stdio, cli *client.Client, image str
 
 // ensureImage returns the reference of image: an image definition's name
 // ("minimal", "dev") is built when the engine lacks it, reporting progress
-// on standard error; anything else is a reference used as it is.
+// on standard error; anything else is a reference the engine must have
+// (images.Resolve names the fix when it has not).
 func ensureImage(ctx context.Context, sio stdio, cli images.Client, image string) (string, error) {
 	if _, err := images.Lookup(image); err != nil {
-		return image, nil
+		return images.Resolve(ctx, cli, image)
 	}
 	ref, err := images.Ensure(ctx, cli, image, images.WithProgress(progressPrinter(sio, "image "+image)))
 	if err != nil {

@@ -34,8 +34,9 @@ import (
 )
 
 const (
-	acmeToken = "acme-secret"
-	boltToken = "bolt-secret"
+	acmeToken    = "acme-secret"
+	boltToken    = "bolt-secret"
+	metricsToken = "metrics-secret"
 )
 
 var binDir string
@@ -104,6 +105,7 @@ func config(t *testing.T, backend, name string) string {
 			{Name: "acme", Tokens: []string{httpapi.HashToken(acmeToken)}},
 			{Name: "bolt", Tokens: []string{httpapi.HashToken(boltToken)}, MaxSessions: 1},
 		},
+		"metricsTokens":   []string{httpapi.HashToken(metricsToken)},
 		"tools":           map[string]any{"progressMs": 50},
 		"limits":          map[string]any{"maxTransferBytes": 1 << 20},
 		"shutdownTimeout": "20s",
@@ -501,7 +503,7 @@ func TestCrashThenRestart(t *testing.T) {
 	if !strings.Contains(e.Message, "exit code 137") {
 		t.Fatalf("the session of a killed container: %+v", e)
 	}
-	if metrics := string(d2.do(acmeToken, "GET", "/metrics", nil, http.StatusOK, nil)); !strings.Contains(metrics, "\nsandboxd_sessions_lost_total 1\n") || !strings.Contains(metrics, "\nsandboxd_sessions 0\n") {
+	if metrics := string(d2.do(metricsToken, "GET", "/metrics", nil, http.StatusOK, nil)); !strings.Contains(metrics, "\nsandboxd_sessions_lost_total 1\n") || !strings.Contains(metrics, "\nsandboxd_sessions 0\n") {
 		t.Fatalf("metrics after the container died:\n%s", metrics)
 	}
 	d2.stop()

@@ -342,10 +342,14 @@ func (d *daemon) do(t testing.TB, token, method, path string, body any) (int, []
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
-	// A connection each request: some daemons here close idle connections
-	// after 2 s, and a POST on a kept-alive connection the server closes at
-	// that moment fails with EOF (net/http retries only idempotent requests).
-	req.Close = true
+	// A connection each request that is not a stream: some daemons here
+	// close idle connections after 2 s, and a POST on a kept-alive
+	// connection the server closes at that moment fails with EOF (net/http
+	// retries only idempotent requests). A stream keeps the connection, so
+	// that a server refusing it early drains some of it before closing
+	// rather than resetting the connection under the client's write.
+	_, stream := body.(io.Reader)
+	req.Close = !stream
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatalf("%s %s: %v", method, path, err)

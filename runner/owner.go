@@ -8,6 +8,8 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+
+	"github.com/sandboxd/sandboxd/internal/proctree"
 )
 
 // Labels naming the process that made a workspace (Owner.Labels): its host
@@ -91,17 +93,8 @@ func (o Owner) Gone() bool {
 // processStart is when process pid started, in clock ticks since boot (the
 // 22nd field of /proc/PID/stat), or "" when the kernel does not say.
 func processStart(pid int) string {
-	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return ""
-	}
-	// The command name, field 2, is in parentheses and may hold anything.
-	i := strings.LastIndexByte(string(data), ')')
-	if i < 0 {
-		return ""
-	}
-	fields := strings.Fields(string(data[i+1:]))
-	if len(fields) < 20 { // fields 3 onwards: state … starttime (22)
+	fields, err := proctree.StatFields(pid)
+	if err != nil || len(fields) < 20 { // starttime is field 22
 		return ""
 	}
 	return fields[19]

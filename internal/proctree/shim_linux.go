@@ -934,17 +934,30 @@ func parentMap() map[int][]int {
 
 // parentOf reads pid's parent from /proc/PID/stat.
 func parentOf(pid int) (int, error) {
-	b, err := ReadProc(strconv.Itoa(pid) + "/stat")
+	f, err := StatFields(pid)
 	if err != nil {
 		return 0, err
 	}
-	// "pid (comm) state ppid …"; comm may hold spaces and parentheses.
-	i := strings.LastIndexByte(string(b), ')')
-	f := strings.Fields(string(b[i+1:]))
-	if i < 0 || len(f) < 2 {
+	if len(f) < 2 {
 		return 0, fmt.Errorf("proctree: bad stat for %d", pid)
 	}
 	return strconv.Atoi(f[1])
+}
+
+// StatFields returns the fields of /proc/PID/stat from the third on (state,
+// ppid, …, so field N of proc(5) is at index N-3), read as ReadProc reads.
+// It fails when the file cannot be read or names no command.
+func StatFields(pid int) ([]string, error) {
+	b, err := ReadProc(strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return nil, err
+	}
+	// "pid (comm) state ppid …"; comm may hold spaces and parentheses.
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return nil, fmt.Errorf("proctree: bad stat for %d", pid)
+	}
+	return strings.Fields(string(b[i+1:])), nil
 }
 
 // procFD is /proc, open for the life of the process (-1 if it cannot be

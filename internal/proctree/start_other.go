@@ -33,3 +33,8 @@ func awaitPid(int)    {}
 
 // CloseIdle does nothing: no shim is kept where there is no shim.
 func CloseIdle() {}
+
+// StatFields fails: only Linux has /proc/PID/stat.
+func StatFields(pid int) ([]string, error) {
+	return nil, errors.New("proctree: no /proc/PID/stat on this system")
+}

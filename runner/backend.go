@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/sandboxd/sandboxd/localexec"
 	"github.com/sandboxd/sandboxd/localfs"
@@ -129,6 +130,32 @@ func (inst *Instance) ended() bool {
 		return false
 	}
 }
+
+// settle waits, up to settleGrace or until ctx ends, for the workspace to
+// be known as ended, and reports whether it is. A call that failed as
+// Unavailable may have seen the workspace's stream break a moment before
+// the backend has said why (it asks the engine how the container ended);
+// settling first lets the call say that the session ended, not that the
+// backend stumbled.
+func (inst *Instance) settle(ctx context.Context) bool {
+	if inst.Done == nil {
+		return false
+	}
+	t := time.NewTimer(settleGrace)
+	defer t.Stop()
+	select {
+	case <-inst.Done:
+		return true
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return inst.ended()
+}
+
+// settleGrace bounds how long a call that failed as Unavailable waits for
+// its workspace to be known as ended. Generous: the engine is asked how the
+// container ended, and on a loaded host that can take seconds.
+const settleGrace = 10 * time.Second
 
 func randomID(prefix string) string {
 	return prefix + strings.ToLower(rand.Text()[:16])

@@ -59,6 +59,8 @@ type mortalBackend struct {
 	mu    sync.Mutex
 	kills map[string]func() // by instance ID
 	hush  atomic.Bool
+	// breaking makes the instances opened from then on breakingFS.
+	breaking atomic.Bool
 }
 
 // deadFS is a workspace whose container died before anyone noticed.
@@ -100,9 +102,13 @@ func (b *mortalBackend) mortal(inst *runner.Instance, err error) (*runner.Instan
 			return nil
 		}
 	}
+	kill := func() { once.Do(func() { close(done) }) }
 	b.mu.Lock()
-	b.kills[inst.ID] = func() { once.Do(func() { close(done) }) }
+	b.kills[inst.ID] = kill
 	b.mu.Unlock()
+	if b.breaking.Load() {
+		inst.FS = breakingFS{FileSystem: inst.FS, noticed: kill}
+	}
 	return inst, nil
 }
 
@@ -244,4 +250,47 @@ func exitedPID(t *testing.T) int {
 		t.Fatal(err)
 	}
 	return cmd.Process.Pid
+}
+
+// breakingFS is a workspace whose stream has just broken: each call fails
+// as Unavailable and starts the backend finding out why, which it reports
+// (closing the instance's Done) a moment after the call has returned.
+type breakingFS struct {
+	workspace.FileSystem
+	noticed func()
+}
+
+func (f breakingFS) fail(op, name string) error {
+	go func() {
+		time.Sleep(100 * time.Millisecond) // the engine is asked how the container ended
+		f.noticed()
+	}()
+	return workspace.PathError(op, name, workspace.ErrUnavailable)
+}
+
+func (f breakingFS) Stat(_ context.Context, name string) (fs.FileInfo, error) {
+	return nil, f.fail("stat", name)
+}
+
+func (f breakingFS) Lstat(_ context.Context, name string) (fs.FileInfo, error) {
+	return nil, f.fail("lstat", name)
+}
+
+func (f breakingFS) ReadFile(_ context.Context, name string, _ int64) ([]byte, error) {
+	return nil, f.fail("read", name)
+}
+
+// TestCallSeesWorkspaceEndNoticedLate: a call that fails as Unavailable
+// because its workspace's stream broke, a moment before the backend knows
+// the workspace ended, is answered with ErrWorkspaceEnded and the cause —
+// the session ended — not with the stream's stumble as a tool result.
+func TestCallSeesWorkspaceEndNoticedLate(t *testing.T) {
+	b := newMortal()
+	b.breaking.Store(true)
+	m := newManager(t, b)
+	s := create(t, m, "acme", shell)
+	res, err := s.Call(context.Background(), "read", []byte(`{"path":"x"}`), tools.CallOptions{})
+	if !errors.Is(err, runner.ErrWorkspaceEnded) || !strings.Contains(err.Error(), "exit code 137") {
+		t.Fatalf("read as the workspace ends: %v (result %+v)", err, res)
+	}
 }

@@ -198,6 +198,9 @@ func (s *Session) Do(ctx context.Context, op string, fn func(ctx context.Context
 	cctx, cancel := context.WithCancelCause(ctx)
 	stop := context.AfterFunc(s.ctx, func() { cancel(context.Cause(s.ctx)) })
 	failed, err := fn(cctx)
+	if errors.Is(err, workspace.ErrUnavailable) {
+		s.inst.settle(ctx)
+	}
 	if s.inst.ended() {
 		// The call failed because the workspace is gone: the session ends
 		// now, and the call says so, not the tool's error.
@@ -231,6 +234,9 @@ func (s *Session) Call(ctx context.Context, tool string, args json.RawMessage, o
 	var res tools.Result
 	err := s.Do(ctx, tool, func(ctx context.Context) (bool, error) {
 		res = s.set.Call(ctx, tool, args, opts)
+		if e, ok := res.Structured.(*tools.ErrorResult); ok && res.IsError && e.Error == workspace.ErrUnavailable.Name() {
+			s.inst.settle(ctx)
+		}
 		return res.IsError, nil
 	})
 	return res, err

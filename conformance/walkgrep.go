@@ -2,6 +2,7 @@ package conformance
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"reflect"
 	"slices"
@@ -95,6 +96,7 @@ type query[R any] struct {
 	run, generic func(context.Context, workspace.FileSystem) (R, error)
 	fast         func(workspace.FileSystem) bool // whether the adapter has the fast path
 	check        func(R) string                  // what is wrong with a result, or ""
+	checkErr     func(error) string              // what is wrong with an error, or ""; may be nil
 }
 
 func runQuery[R any](t *testing.T, h FileSystemHarness, q query[R]) {
@@ -109,6 +111,10 @@ func runQuery[R any](t *testing.T, h FileSystemHarness, q query[R]) {
 		})
 		if msg := q.err.check(got.err); msg != "" {
 			t.Errorf("%s: %s", q.desc, msg)
+		} else if got.err != nil && q.checkErr != nil {
+			if msg := q.checkErr(got.err); msg != "" {
+				t.Errorf("%s: %s", q.desc, msg)
+			}
 		} else if got.err == nil {
 			if msg := q.check(got.v); msg != "" {
 				t.Errorf("%s = %s", q.desc, msg)
@@ -142,6 +148,9 @@ type grepCase struct {
 	want      []string // "path:line:text" for a match, "path-line-text" for context
 	truncated bool
 	err       errs
+	// pattern says the error must be a *workspace.PatternError (errors.As),
+	// which carries what is wrong with the expression to the caller.
+	pattern bool
 }
 
 var grepTree = l(
@@ -182,7 +191,7 @@ var grepCases = []grepCase{
 		want: l("b/c.go:3:func C")},
 	{name: "Grep/MaxFileBytes", layout: grepTree, req: workspace.GrepRequest{Pattern: "func", MaxFileBytes: 15},
 		want: l("node_modules/m.go:1:func M() {}")},
-	{name: "Grep/InvalidPattern", layout: grepTree, req: workspace.GrepRequest{Pattern: "("}, err: invalid},
+	{name: "Grep/InvalidPattern", layout: grepTree, req: workspace.GrepRequest{Pattern: "("}, err: invalid, pattern: true},
 	{name: "Grep/NotFound", layout: grepTree, req: workspace.GrepRequest{Pattern: "x", Dir: "nothere"}, err: notFound},
 	{name: "Grep/LinksNotFollowed", layout: l("d/f: needle", "ld => d", "lf => d/f", "lo => $OUTSIDE/sd", "ls => $OUTSIDE/secret"),
 		req: workspace.GrepRequest{Pattern: "needle|s3cret|outside"}, want: l("d/f:1:needle")},
@@ -201,6 +210,13 @@ func (h FileSystemHarness) runGrep(t *testing.T, c grepCase) {
 			return workspace.GrepGeneric(ctx, fsys, c.req)
 		},
 		fast: func(fsys workspace.FileSystem) bool { _, ok := fsys.(workspace.GrepFS); return ok },
+		checkErr: func(err error) string {
+			var pe *workspace.PatternError
+			if c.pattern && !errors.As(err, &pe) {
+				return fmt.Sprintf("%v (%T) is not a *workspace.PatternError, so the caller cannot say what is wrong with the expression", err, err)
+			}
+			return ""
+		},
 		check: func(r workspace.GrepResult) string {
 			var lines []string
 			matches := 0

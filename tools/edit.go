@@ -149,7 +149,7 @@ func (s *Set) edit(ctx context.Context, args json.RawMessage, c *call) (Result, 
 	if err != nil {
 		var te *toolError
 		if errors.As(err, &te) {
-			te.res.Message = name + ": " + te.res.Message
+			te.err.Msg = name + ": " + te.err.Msg
 		}
 		return Result{}, err
 	}

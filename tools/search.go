@@ -3,6 +3,7 @@ package tools
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io/fs"
 	"strconv"
@@ -236,7 +237,8 @@ func (s *Set) grep(ctx context.Context, args json.RawMessage, c *call) (Result, 
 		MaxLineChars: s.cfg.GrepLineChars, MaxFileBytes: s.cfg.MaxFileBytes,
 	})
 	if err != nil {
-		if pe, ok := err.(*workspace.PatternError); ok {
+		var pe *workspace.PatternError
+		if errors.As(err, &pe) {
 			return Result{}, invalid("pattern %q is not a valid Go (RE2) regular expression: %v", p.Pattern, pe.Err)
 		}
 		return Result{}, err

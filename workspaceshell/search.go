@@ -607,7 +607,7 @@ func cmdGrep(c *call) int {
 				run.file(ws, a)
 			}
 		case !recursive:
-			run.report(a, errorf(workspace.ErrNotAFile, "%s: Is a directory", a))
+			run.report(a, workspace.Errorf(workspace.ErrNotAFile, "%s: Is a directory", a))
 		default:
 			disp := a
 			if bareRecursive {

@@ -115,6 +115,15 @@ type scopedFS struct {
 
 type linkFS struct{ *scopedFS }
 
+// outer is the decorator as New returned it: s, or s with its links, so a
+// generic helper over it reads links as callers do.
+func (s *scopedFS) outer() workspace.FileSystem {
+	if s.links != nil {
+		return &linkFS{s}
+	}
+	return s
+}
+
 var (
 	_ workspace.FileSystem  = (*scopedFS)(nil)
 	_ workspace.MkdirAllFS  = (*scopedFS)(nil)

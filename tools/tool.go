@@ -84,7 +84,7 @@ func newTool[In, Out any](sp spec[In, Out]) *tool {
 	}
 	for name, p := range in.Properties {
 		if strings.Contains(p.Description, "{{") {
-			t.texts[name] = template.Must(template.New(sp.name + "." + name).Funcs(textFuncs).Option("missingkey=error").Parse(p.Description))
+			t.texts[name] = template.Must(template.New(sp.name + "." + name).Funcs(textFuncs).Parse(p.Description))
 		}
 	}
 	if len(t.texts) == 0 {

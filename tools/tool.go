@@ -39,9 +39,9 @@ type tool struct {
 	// run decodes the arguments and calls the handler.
 	run toolFunc
 	// offered says whether a set of the tool's profile offers it (nil: it
-	// does); readOnly and journaled describe it under the set's settings
-	// (nil: false).
-	offered, readOnly, journaled func(s *Set) bool
+	// does); readOnlyIf and journaledIf say whether it is read-only and
+	// journaled under the set's settings (nil: it is not).
+	offered, readOnlyIf, journaledIf func(s *Set) bool
 }
 
 // spec declares a tool whose arguments decode into In and whose structured
@@ -61,7 +61,8 @@ type spec[In, Out any] struct {
 	// variants are, when Out is an interface, the types that implement it
 	// (as values): the result is one of their shapes.
 	variants []any
-	// See tool.
+	// offered, readOnly and journaled: see tool's offered, readOnlyIf,
+	// journaledIf.
 	offered, readOnly, journaled func(s *Set) bool
 }
 
@@ -80,7 +81,7 @@ func newTool[In, Out any](sp spec[In, Out]) *tool {
 	t := &tool{
 		name: sp.name, skill: sp.skill, describe: sp.describe, in: in, texts: map[string]*template.Template{},
 		out:     mustJSON(resultSchema(reflect.TypeFor[Out](), sp.variants)),
-		offered: sp.offered, readOnly: sp.readOnly, journaled: sp.journaled,
+		offered: sp.offered, readOnlyIf: sp.readOnly, journaledIf: sp.journaled,
 	}
 	for name, p := range in.Properties {
 		if strings.Contains(p.Description, "{{") {

@@ -13,6 +13,14 @@
 // A failure is a Result too (IsError, with Structured an *ErrorResult naming
 // the kind), so a model can read it and correct itself. A Set is safe for
 // concurrent use.
+//
+// Each tool is a value declared in one file (newTool: its name, skill,
+// description, argument and result types, handler), listed once in
+// catalogue.go. [Tool.InputSchema] is derived from the argument type and
+// [Tool.OutputSchema] from the result type and [ErrorResult], so a client
+// can validate a call's arguments and its structured content. A host checks
+// a configuration with [Config.Check] before it has a workspace; [New]
+// checks it the same way.
 package tools
 
 import (
@@ -215,11 +223,11 @@ type toolDef struct {
 // offer adds t to the set's tools.
 func (s *Set) offer(t *tool) {
 	d := &toolDef{tool: t, desc: t.describe(s), schema: t.args(s)}
-	if t.readOnly != nil {
-		d.readOnly = t.readOnly(s)
+	if t.readOnlyIf != nil {
+		d.readOnly = t.readOnlyIf(s)
 	}
-	if t.journaled != nil {
-		d.journaled = t.journaled(s)
+	if t.journaledIf != nil {
+		d.journaled = t.journaledIf(s)
 	}
 	s.defs = append(s.defs, d)
 }

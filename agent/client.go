@@ -674,8 +674,13 @@ func (c *Client) Walk(ctx context.Context, req workspace.WalkRequest) (workspace
 }
 
 // Grep searches in the agent, in one round trip. The result is checked:
-// every path lies under req.Dir and the counts agree.
+// every path lies under req.Dir and the counts agree. A pattern that does
+// not compile fails here, without a round trip, with the
+// *workspace.PatternError the generic search returns.
 func (c *Client) Grep(ctx context.Context, req workspace.GrepRequest) (workspace.GrepResult, error) {
+	if _, err := workspace.NewLineMatcher(req.Pattern, req.Literal, req.IgnoreCase); err != nil {
+		return workspace.GrepResult{}, err
+	}
 	return jsonCall(c, ctx, request{Op: opGrep, Name: req.Dir, Grep: &req}, func(b []byte) (workspace.GrepResult, error) {
 		return decodeGrep(b, req)
 	})

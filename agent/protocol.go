@@ -444,6 +444,12 @@ func decodeWalk(body []byte, req workspace.WalkRequest) (workspace.WalkResult, e
 		if e.Type&^fs.ModeType != 0 {
 			return workspace.WalkResult{}, fmt.Errorf("walk entry %q has a bad type %#o", e.Path, uint32(e.Type))
 		}
+		if !req.Info && (e.Mode != 0 || e.Size != 0 || e.Link != "") {
+			return workspace.WalkResult{}, fmt.Errorf("walk entry %q describes itself unasked", e.Path)
+		}
+		if e.Mode != 0 && e.Mode.Type() != e.Type {
+			return workspace.WalkResult{}, fmt.Errorf("walk entry %q has the mode %v for the type %v", e.Path, e.Mode, e.Type)
+		}
 	}
 	return res, nil
 }
@@ -459,6 +465,9 @@ func decodeGrep(body []byte, req workspace.GrepRequest) (workspace.GrepResult, e
 	for _, l := range res.Lines {
 		if !under(l.Path, start) {
 			return workspace.GrepResult{}, fmt.Errorf("grep line in %q is not under %q", l.Path, start)
+		}
+		if l.Binary && (!req.Binary || !l.Match || l.Text != "") {
+			return workspace.GrepResult{}, fmt.Errorf("grep line in %q is a binary file's, unasked", l.Path)
 		}
 		if l.Line < 1 {
 			return workspace.GrepResult{}, fmt.Errorf("grep line number %d", l.Line)

@@ -2,7 +2,9 @@ package conformance
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"reflect"
 	"slices"
 	"testing"
@@ -59,6 +61,10 @@ var walkCases = []walkCase{
 	{name: "Walk/StartLinkOut", layout: l("lo => $OUTSIDE/sd"), req: workspace.WalkRequest{Dir: "lo"}, want: l("lo@")},
 	{name: "Walk/FIFO", layout: l("a", "d/p|", "z"), want: l("a", "d/", "d/p|", "z")},
 	{name: "Walk/FIFOFilesOnly", layout: l("a", "p|"), req: workspace.WalkRequest{FilesOnly: true}, want: l("a", "p|")},
+	// With Info, files show their size and links their target.
+	{name: "Walk/Info", layout: l("a: "+quote("12345"), "d/e: "+quote(""), "d/l => ../a", "lo => /nowhere/x", "p|"),
+		req: workspace.WalkRequest{Info: true}, want: l("a 5", "d/", "d/e 0", "d/l@ ../a", "lo@ /nowhere/x", "p|")},
+	{name: "Walk/InfoStartFile", layout: l("d/f: " + quote("abc")), req: workspace.WalkRequest{Dir: "d/f", Info: true}, want: l("d/f 3")},
 }
 
 func (h FileSystemHarness) runWalk(t *testing.T, c walkCase) {
@@ -75,7 +81,17 @@ func (h FileSystemHarness) runWalk(t *testing.T, c walkCase) {
 		check: func(r workspace.WalkResult) string {
 			var entries []string
 			for _, e := range r.Entries {
-				entries = append(entries, e.Path+typeSuffix(e.Type))
+				entry := e.Path + typeSuffix(e.Type)
+				switch {
+				case !c.req.Info:
+				case e.Mode.Type() != e.Type || (e.Type != fs.ModeSymlink && e.Mode.Perm() == 0):
+					entry += fmt.Sprintf(" mode %v", e.Mode)
+				case e.Type == 0:
+					entry += fmt.Sprintf(" %d", e.Size)
+				case e.Type == fs.ModeSymlink:
+					entry += " " + e.Link
+				}
+				entries = append(entries, entry)
 			}
 			if !slices.Equal(entries, c.want) || r.Truncated != c.truncated {
 				return fmt.Sprintf("%q, truncated %v; want %q, truncated %v", entries, r.Truncated, c.want, c.truncated)
@@ -95,6 +111,7 @@ type query[R any] struct {
 	run, generic func(context.Context, workspace.FileSystem) (R, error)
 	fast         func(workspace.FileSystem) bool // whether the adapter has the fast path
 	check        func(R) string                  // what is wrong with a result, or ""
+	checkErr     func(error) string              // what is wrong with an error, or ""; may be nil
 }
 
 func runQuery[R any](t *testing.T, h FileSystemHarness, q query[R]) {
@@ -109,6 +126,10 @@ func runQuery[R any](t *testing.T, h FileSystemHarness, q query[R]) {
 		})
 		if msg := q.err.check(got.err); msg != "" {
 			t.Errorf("%s: %s", q.desc, msg)
+		} else if got.err != nil && q.checkErr != nil {
+			if msg := q.checkErr(got.err); msg != "" {
+				t.Errorf("%s: %s", q.desc, msg)
+			}
 		} else if got.err == nil {
 			if msg := q.check(got.v); msg != "" {
 				t.Errorf("%s = %s", q.desc, msg)
@@ -142,6 +163,9 @@ type grepCase struct {
 	want      []string // "path:line:text" for a match, "path-line-text" for context
 	truncated bool
 	err       errs
+	// pattern says the error must be a *workspace.PatternError (errors.As),
+	// which carries what is wrong with the expression to the caller.
+	pattern bool
 }
 
 var grepTree = l(
@@ -182,7 +206,13 @@ var grepCases = []grepCase{
 		want: l("b/c.go:3:func C")},
 	{name: "Grep/MaxFileBytes", layout: grepTree, req: workspace.GrepRequest{Pattern: "func", MaxFileBytes: 15},
 		want: l("node_modules/m.go:1:func M() {}")},
-	{name: "Grep/InvalidPattern", layout: grepTree, req: workspace.GrepRequest{Pattern: "("}, err: invalid},
+	// grep(1)'s way: the "\r" of a line kept, binary files reported.
+	{name: "Grep/KeepCR", layout: grepTree, req: workspace.GrepRequest{Pattern: "o\r$", KeepCR: true}, want: l("crlf.txt:2:two\r")},
+	{name: "Grep/Binary", layout: grepTree, req: workspace.GrepRequest{Pattern: "binary|^func", Binary: true, Context: 1},
+		want: l("a.go-2-", "a.go:3:func A() {}", "b/c.go-1-package b", "b/c.go:2:func B() {}", "b/c.go:3:func C() {}", "bin:1:(binary)", "node_modules/m.go:1:func M() {}")},
+	{name: "Grep/BinaryLimit", layout: grepTree, req: workspace.GrepRequest{Pattern: "binary|^func", Binary: true, Limit: 4},
+		want: l("a.go:3:func A() {}", "b/c.go:2:func B() {}", "b/c.go:3:func C() {}", "bin:1:(binary)"), truncated: true},
+	{name: "Grep/InvalidPattern", layout: grepTree, req: workspace.GrepRequest{Pattern: "("}, err: invalid, pattern: true},
 	{name: "Grep/NotFound", layout: grepTree, req: workspace.GrepRequest{Pattern: "x", Dir: "nothere"}, err: notFound},
 	{name: "Grep/LinksNotFollowed", layout: l("d/f: needle", "ld => d", "lf => d/f", "lo => $OUTSIDE/sd", "ls => $OUTSIDE/secret"),
 		req: workspace.GrepRequest{Pattern: "needle|s3cret|outside"}, want: l("d/f:1:needle")},
@@ -201,6 +231,13 @@ func (h FileSystemHarness) runGrep(t *testing.T, c grepCase) {
 			return workspace.GrepGeneric(ctx, fsys, c.req)
 		},
 		fast: func(fsys workspace.FileSystem) bool { _, ok := fsys.(workspace.GrepFS); return ok },
+		checkErr: func(err error) string {
+			var pe *workspace.PatternError
+			if c.pattern && !errors.As(err, &pe) {
+				return fmt.Sprintf("%v (%T) is not a *workspace.PatternError, so the caller cannot say what is wrong with the expression", err, err)
+			}
+			return ""
+		},
 		check: func(r workspace.GrepResult) string {
 			var lines []string
 			matches := 0
@@ -210,7 +247,11 @@ func (h FileSystemHarness) runGrep(t *testing.T, c grepCase) {
 					sep = ":"
 					matches++
 				}
-				lines = append(lines, fmt.Sprintf("%s%s%d%s%s", gl.Path, sep, gl.Line, sep, gl.Text))
+				text := gl.Text
+				if gl.Binary {
+					text = "(binary)" + text
+				}
+				lines = append(lines, fmt.Sprintf("%s%s%d%s%s", gl.Path, sep, gl.Line, sep, text))
 			}
 			if !slices.Equal(lines, c.want) || r.Truncated != c.truncated || r.Matches != matches {
 				return fmt.Sprintf("%q, %d matches, truncated %v; want %q, truncated %v", lines, r.Matches, r.Truncated, c.want, c.truncated)

@@ -345,7 +345,7 @@ func (j *Journal) get(id int) (*Commit, error) {
 
 // errAltered marks kept contents that no longer match their hash; it
 // matches workspace.ErrUnavailable.
-var errAltered = &Error{Kind: workspace.ErrUnavailable, Msg: "the journal's copy was altered (its SHA-256 no longer matches): it is not used"}
+var errAltered = workspace.Errorf(workspace.ErrUnavailable, "the journal's copy was altered (its SHA-256 no longer matches): it is not used")
 
 // readBlob returns the contents kept under hash, checked against it: a copy
 // that does not match (the store was written by something else) fails with

@@ -34,7 +34,7 @@ func (j *Journal) Record(ctx context.Context, message string, fn func(fsys works
 	after := map[string]Entry{}
 	for _, p := range r.tops() {
 		if err := r.afterState(ctx, p, after); err != nil {
-			return nil, errors.Join(err, errorf(workspace.ErrUnavailable, "journal: the change could not be recorded"))
+			return nil, errors.Join(err, workspace.Errorf(workspace.ErrUnavailable, "journal: the change could not be recorded"))
 		}
 	}
 	if err != nil {

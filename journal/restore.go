@@ -114,7 +114,7 @@ func (j *Journal) apply(ctx context.Context, want map[string]Entry) ([]string, e
 
 // alteredError says which paths' kept copies were altered.
 func alteredError(paths []string) error {
-	return errorf(workspace.ErrUnavailable, "journal: the kept copies of %s were altered in the journal's store, so they were not restored; "+
+	return workspace.Errorf(workspace.ErrUnavailable, "journal: the kept copies of %s were altered in the journal's store, so they were not restored; "+
 		"the store was written by something other than sandboxd (keep it out of the session's reach: see SECURITY.md, the journal)", strings.Join(paths, ", "))
 }
 
@@ -212,17 +212,17 @@ func (j *Journal) Revert(ctx context.Context, req RevertRequest) (RevertResult, 
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if j.active != nil {
-		return RevertResult{}, errorf(workspace.ErrForbidden, "a provider session is active: end it before reverting")
+		return RevertResult{}, workspace.Errorf(workspace.ErrForbidden, "a provider session is active: end it before reverting")
 	}
 	if req.To < 0 {
-		return RevertResult{}, errorf(workspace.ErrInvalidArgument, "commit %d does not exist", req.To)
+		return RevertResult{}, workspace.Errorf(workspace.ErrInvalidArgument, "commit %d does not exist", req.To)
 	}
 	if req.To > 0 {
 		if _, err := j.get(req.To); err != nil {
-			return RevertResult{}, errorf(workspace.ErrNotFound, "commit %d is not in the journal (it keeps the last %d)", req.To, j.maxCommits)
+			return RevertResult{}, workspace.Errorf(workspace.ErrNotFound, "commit %d is not in the journal (it keeps the last %d)", req.To, j.maxCommits)
 		}
 	} else if len(j.commits) > 0 && j.commits[0].ID != 1 {
-		return RevertResult{}, errorf(workspace.ErrNotFound, "the commits before %d are no longer kept: revert to a kept commit", j.commits[0].ID)
+		return RevertResult{}, workspace.Errorf(workspace.ErrNotFound, "the commits before %d are no longer kept: revert to a kept commit", j.commits[0].ID)
 	}
 	target, expect := map[string]Entry{}, map[string]Entry{}
 	for _, c := range j.commits {
@@ -267,7 +267,7 @@ func (j *Journal) Revert(ctx context.Context, req RevertRequest) (RevertResult, 
 		return RevertResult{}, alteredError(altered)
 	}
 	if len(problems) > 0 && !req.Force {
-		return RevertResult{}, errorf(workspace.ErrInvalidArgument, "cannot revert to %s: %s; nothing was changed (force overwrites)", commitLabel(req.To), strings.Join(problems, "; "))
+		return RevertResult{}, workspace.Errorf(workspace.ErrInvalidArgument, "cannot revert to %s: %s; nothing was changed (force overwrites)", commitLabel(req.To), strings.Join(problems, "; "))
 	}
 	unrestored, err := j.apply(ctx, target)
 	if err != nil {
@@ -414,17 +414,4 @@ func gitMode(e Entry) uint32 {
 		return 0o120000
 	}
 	return 0o100000 | perm
-}
-
-// Error is a failure of the journal with a workspace kind.
-type Error struct {
-	Kind *workspace.Kind
-	Msg  string
-}
-
-func (e *Error) Error() string { return e.Msg }
-func (e *Error) Unwrap() error { return e.Kind }
-
-func errorf(kind *workspace.Kind, format string, args ...any) error {
-	return &Error{Kind: kind, Msg: fmt.Sprintf(format, args...)}
 }

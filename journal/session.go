@@ -152,7 +152,7 @@ func (j *Journal) Exec(ctx context.Context, message string, run func(ctx context
 		return Outcome{InSession: true}, err
 	}
 	if err := j.syncBaseline(ctx); err != nil {
-		return Outcome{}, errors.Join(errorf(workspace.ErrUnavailable, "journal: the workspace could not be snapshot, so the command was not run"), err)
+		return Outcome{}, errors.Join(workspace.Errorf(workspace.ErrUnavailable, "journal: the workspace could not be snapshot, so the command was not run"), err)
 	}
 	ok, err := run(ctx)
 	out, ferr := j.finish(context.WithoutCancel(ctx), message, ok && err == nil)
@@ -278,7 +278,7 @@ func (j *Journal) Begin(ctx context.Context, message string) (*Session, error) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if j.active != nil {
-		return nil, errorf(workspace.ErrForbidden, "a provider session is already active")
+		return nil, workspace.Errorf(workspace.ErrForbidden, "a provider session is already active")
 	}
 	if err := j.syncBaseline(ctx); err != nil {
 		return nil, err
@@ -302,7 +302,7 @@ func (s *Session) End(ctx context.Context, commit bool) (Outcome, error) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if j.active != s {
-		return Outcome{}, errorf(workspace.ErrInvalidArgument, "the provider session has ended")
+		return Outcome{}, workspace.Errorf(workspace.ErrInvalidArgument, "the provider session has ended")
 	}
 	j.active = nil
 	return j.finish(context.WithoutCancel(ctx), s.message, commit)

@@ -390,7 +390,7 @@ func isKind(err error) bool {
 
 // kindOf classifies an error of the os package. The result is a
 // *workspace.Kind, or, where the kind alone would hide what happened (a loop
-// of links, a full disk), a kindError that carries both; it never holds a
+// of links, a full disk), a *workspace.Error that carries both; it never holds a
 // host path.
 func kindOf(err error) error {
 	err = cause(err)
@@ -405,7 +405,7 @@ func kindOf(err error) error {
 		if errors.Is(err, os.ErrClosed) {
 			return workspace.ErrUnavailable
 		}
-		return &kindError{workspace.ErrUnavailable, err}
+		return &workspace.Error{Kind: workspace.ErrUnavailable, Msg: err.Error(), Err: err}
 	}
 	switch errno {
 	case syscall.ENOENT:
@@ -423,9 +423,9 @@ func kindOf(err error) error {
 	case syscall.EINVAL:
 		return workspace.ErrInvalidArgument
 	case syscall.ELOOP, syscall.ENAMETOOLONG, syscall.EXDEV, syscall.EBUSY:
-		return &kindError{workspace.ErrInvalidArgument, errno}
+		return &workspace.Error{Kind: workspace.ErrInvalidArgument, Msg: errno.Error(), Err: errno}
 	}
-	return &kindError{workspace.ErrUnavailable, errno}
+	return &workspace.Error{Kind: workspace.ErrUnavailable, Msg: errno.Error(), Err: errno}
 }
 
 // cause unwraps the os package's path-carrying error types down to what they
@@ -451,14 +451,3 @@ func isEscape(err error) bool {
 	err = cause(err)
 	return err != nil && err.Error() == "path escapes from parent"
 }
-
-// kindError is a Kind with the error that caused it, for failures whose kind
-// alone would not say enough ("too many levels of symbolic links"). errors.Is
-// matches both.
-type kindError struct {
-	kind  *workspace.Kind
-	cause error
-}
-
-func (e *kindError) Error() string   { return e.cause.Error() }
-func (e *kindError) Unwrap() []error { return []error{e.kind, e.cause} }

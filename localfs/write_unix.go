@@ -59,7 +59,7 @@ func (f *FS) WriteFile(ctx context.Context, name string, data []byte, perm fs.Fi
 			return pathError("write", name, err)
 		}
 	}
-	return &fs.PathError{Op: "write", Path: name, Err: &kindError{workspace.ErrInvalidArgument, syscall.ELOOP}}
+	return &fs.PathError{Op: "write", Path: name, Err: &workspace.Error{Kind: workspace.ErrInvalidArgument, Msg: syscall.ELOOP.Error(), Err: syscall.ELOOP}}
 }
 
 // linkError says the name to replace is a link, to be resolved first.

@@ -115,6 +115,15 @@ type scopedFS struct {
 
 type linkFS struct{ *scopedFS }
 
+// outer is the decorator as New returned it: s, or s with its links, so a
+// generic helper over it reads links as callers do.
+func (s *scopedFS) outer() workspace.FileSystem {
+	if s.links != nil {
+		return &linkFS{s}
+	}
+	return s
+}
+
 var (
 	_ workspace.FileSystem  = (*scopedFS)(nil)
 	_ workspace.MkdirAllFS  = (*scopedFS)(nil)
@@ -240,25 +249,12 @@ func (s *scopedFS) prepare(ctx context.Context, op, name string, follow, creates
 	return t, s.check(op, name, t, t.isDir(creates), a)
 }
 
-// scopeError is a refusal by the rules: its text for the agent, its Kind for
-// errors.Is.
-type scopeError struct {
-	kind *workspace.Kind
-	text string
-}
-
-func (e *scopeError) Error() string { return e.text }
-func (e *scopeError) Unwrap() error { return e.kind }
-
 func (s *scopedFS) protected(op, name, why string) error {
 	globs := s.r.Commit
 	if globs == nil {
 		globs = s.r.Visible
 	}
-	return &fs.PathError{Op: op, Path: name, Err: &scopeError{
-		kind: workspace.ErrProtected,
-		text: fmt.Sprintf("%s (%s)", why, strings.Join(globs, ", ")),
-	}}
+	return &fs.PathError{Op: op, Path: name, Err: workspace.Errorf(workspace.ErrProtected, "%s (%s)", why, strings.Join(globs, ", "))}
 }
 
 // readsAll says reads need no checks: everything is visible.

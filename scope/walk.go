@@ -24,7 +24,7 @@ func (s *scopedFS) Walk(ctx context.Context, req workspace.WalkRequest) (workspa
 	}
 	w, ok := s.inner.(workspace.WalkFS)
 	if !ok {
-		return workspace.WalkGeneric(ctx, s, req)
+		return workspace.WalkGeneric(ctx, s.outer(), req)
 	}
 	start := req.Dir
 	if start == "" {
@@ -32,7 +32,7 @@ func (s *scopedFS) Walk(ctx context.Context, req workspace.WalkRequest) (workspa
 	}
 	t, ok := s.walkStart(ctx, start)
 	if !ok {
-		return workspace.WalkGeneric(ctx, s, req)
+		return workspace.WalkGeneric(ctx, s.outer(), req)
 	}
 	prefix := start + "/"
 	if start == "." {

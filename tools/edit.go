@@ -170,7 +170,7 @@ func (s *Set) edit(ctx context.Context, p editArgs, c *call) (Result, error) {
 	if err != nil {
 		var te *toolError
 		if errors.As(err, &te) {
-			te.res.Message = name + ": " + te.res.Message
+			te.err.Msg = name + ": " + te.err.Msg
 		}
 		return Result{}, err
 	}

@@ -2,6 +2,7 @@ package tools
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io/fs"
 	"strconv"
@@ -264,7 +265,8 @@ func (s *Set) grep(ctx context.Context, p grepArgs, c *call) (Result, error) {
 		MaxLineChars: s.cfg.GrepLineChars, MaxFileBytes: s.cfg.MaxFileBytes,
 	})
 	if err != nil {
-		if pe, ok := err.(*workspace.PatternError); ok {
+		var pe *workspace.PatternError
+		if errors.As(err, &pe) {
 			return Result{}, invalid("pattern %q is not a valid Go (RE2) regular expression: %v", p.Pattern, pe.Err)
 		}
 		return Result{}, err

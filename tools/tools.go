@@ -566,15 +566,19 @@ func hex4(b []byte) rune {
 	return rune(v)
 }
 
-// toolError is a failure with a kind and a message written for the model.
+// toolError is a failure with a kind and a message written for the model
+// (a *workspace.Error), and what its result names besides: the file refused,
+// its type and size.
 type toolError struct {
-	res ErrorResult
+	err *workspace.Error
+	res ErrorResult // Path, MIMEType, Bytes
 }
 
-func (e *toolError) Error() string { return e.res.Error + ": " + e.res.Message }
+func (e *toolError) Error() string { return e.err.Kind.Name() + ": " + e.err.Msg }
+func (e *toolError) Unwrap() error { return e.err }
 
 func newError(kind *workspace.Kind, format string, args ...any) *toolError {
-	return &toolError{ErrorResult{Error: kind.Name(), Message: fmt.Sprintf(format, args...)}}
+	return &toolError{err: &workspace.Error{Kind: kind, Msg: fmt.Sprintf(format, args...)}}
 }
 
 func invalid(format string, args ...any) *toolError {
@@ -590,6 +594,7 @@ func errorResult(err error) Result {
 	var te *toolError
 	if errors.As(err, &te) {
 		r := te.res
+		r.Error, r.Message = te.err.Kind.Name(), te.err.Msg
 		return Result{Text: r.Error + ": " + r.Message, Structured: &r, IsError: true}
 	}
 	kind := KindInternal

@@ -3,6 +3,7 @@ package workspace
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 )
 
@@ -99,4 +100,38 @@ func KindOf(err error) *Kind {
 // PathError returns an *fs.PathError carrying kind; a convenience for adapters.
 func PathError(op, name string, kind *Kind) error {
 	return &fs.PathError{Op: op, Path: name, Err: kind}
+}
+
+// Error is a failure of a Kind with a message of its own, written for whoever
+// reads it (an agent, a person) where the kind's words would not say enough.
+// errors.Is matches its Kind (and, through it, the io/fs counterpart) and its
+// cause, when it has one; errors.As finds either.
+type Error struct {
+	Kind *Kind
+	Msg  string
+	// Err is what caused the failure, if anything (a syscall.Errno, say).
+	Err error
+}
+
+// Errorf returns an *Error of kind whose message is formatted as fmt.Sprintf
+// formats it. It is the one way this module makes an error of a kind with a
+// message; wrap it in an *fs.PathError to name the operation and the path.
+func Errorf(kind *Kind, format string, args ...any) error {
+	return &Error{Kind: kind, Msg: fmt.Sprintf(format, args...)}
+}
+
+// Error returns the message, or the kind's words when there is none.
+func (e *Error) Error() string {
+	if e.Msg == "" {
+		return e.Kind.Error()
+	}
+	return e.Msg
+}
+
+// Unwrap returns the kind and the cause.
+func (e *Error) Unwrap() []error {
+	if e.Err == nil {
+		return []error{e.Kind}
+	}
+	return []error{e.Kind, e.Err}
 }

@@ -37,6 +37,15 @@ type GrepRequest struct {
 	MaxLineChars int
 	// MaxFileBytes skips larger files; zero means no limit.
 	MaxFileBytes int64
+	// KeepCR matches and shows lines with the "\r" of a "\r\n" line end,
+	// as grep(1) does; by default it is dropped.
+	KeepCR bool `json:",omitempty"`
+	// Binary searches binary files too rather than skip them, as grep(1)
+	// does: a file that holds a NUL byte anywhere is binary, and is
+	// reported, when a line of it matches, by one GrepLine with Binary set
+	// (its first matching line's number, no text, no context), which counts
+	// as one match.
+	Binary bool `json:",omitempty"`
 }
 
 // GrepLine is one line of a grep result: a match, or context around one.
@@ -45,6 +54,9 @@ type GrepLine struct {
 	Line  int // 1-based
 	Text  string
 	Match bool
+	// Binary says the file is binary and Line is its first match (see
+	// GrepRequest.Binary).
+	Binary bool `json:",omitempty"`
 }
 
 // GrepResult holds matching lines and their context, in walk order and then
@@ -142,8 +154,8 @@ func GrepWithBuffers(ctx context.Context, fsys FileSystem, req GrepRequest, read
 			var buf []byte
 			for i := range jobs {
 				data, err := read(ctx, files[i], maxBytes, buf)
-				if err == nil && bytes.IndexByte(data[:min(len(data), binarySniff)], 0) < 0 {
-					results[i].lines = m.grepFile(files[i], data, req)
+				if err == nil {
+					results[i].lines = m.grepData(files[i], data, req)
 				}
 				if err == nil && cap(data) <= keptBuffer {
 					buf = data[:0]
@@ -370,29 +382,62 @@ func (m *LineMatcher) MatchLine(line []byte) bool { return m.line.Match(line) }
 // the newline).
 type lineRef struct{ no, start, end int }
 
-// grepFile returns the matching lines of data and their context.
-func (m *LineMatcher) grepFile(name string, data []byte, req GrepRequest) []GrepLine {
-	var matches []lineRef
-	if m.lit != nil {
-		matches = m.literalMatches(data, req.MaxLineChars)
-	} else {
-		matches = m.scanMatches(data, req.MaxLineChars)
+// grepData returns what a search reports of one file's contents: nothing for
+// a binary file unless the request asks for binary files too.
+func (m *LineMatcher) grepData(name string, data []byte, req GrepRequest) []GrepLine {
+	if !req.Binary {
+		if bytes.IndexByte(data[:min(len(data), binarySniff)], 0) >= 0 {
+			return nil
+		}
+		return m.grepFile(name, data, req)
 	}
+	if bytes.IndexByte(data, 0) < 0 {
+		return m.grepFile(name, data, req)
+	}
+	matches := m.matches(data, lineCut{req.MaxLineChars, req.KeepCR})
 	if len(matches) == 0 {
 		return nil
 	}
-	return withContext(name, data, matches, req.Context, req.MaxLineChars)
+	return []GrepLine{{Path: name, Line: matches[0].no, Match: true, Binary: true}}
 }
 
-// lineText is a line as it is matched and shown: without its "\r", cut to
-// maxChars.
-func lineText(data []byte, l lineRef, maxChars int) []byte {
-	return CutLine(bytes.TrimSuffix(data[l.start:l.end], []byte("\r")), maxChars)
+// grepFile returns the matching lines of data and their context.
+func (m *LineMatcher) grepFile(name string, data []byte, req GrepRequest) []GrepLine {
+	cut := lineCut{req.MaxLineChars, req.KeepCR}
+	matches := m.matches(data, cut)
+	if len(matches) == 0 {
+		return nil
+	}
+	return withContext(name, data, matches, req.Context, cut)
+}
+
+// matches returns the matching lines of data.
+func (m *LineMatcher) matches(data []byte, cut lineCut) []lineRef {
+	if m.lit != nil {
+		return m.literalMatches(data, cut)
+	}
+	return m.scanMatches(data, cut)
+}
+
+// lineCut says how a line is matched and shown: cut to max characters (0:
+// whole), and without the "\r" of a "\r\n" unless keepCR.
+type lineCut struct {
+	max    int
+	keepCR bool
+}
+
+// lineText is a line as it is matched and shown.
+func lineText(data []byte, l lineRef, cut lineCut) []byte {
+	line := data[l.start:l.end]
+	if !cut.keepCR {
+		line = bytes.TrimSuffix(line, []byte("\r"))
+	}
+	return CutLine(line, cut.max)
 }
 
 // literalMatches finds the lines holding the required literal and runs the
 // expression on those alone: a line without the literal cannot match.
-func (m *LineMatcher) literalMatches(data []byte, maxChars int) []lineRef {
+func (m *LineMatcher) literalMatches(data []byte, cut lineCut) []lineRef {
 	var out []lineRef
 	ls := newLitSearch(data, m.lit, m.rare, m.fold)
 	countedTo, countedNo := 0, 1 // line countedNo starts at countedTo
@@ -407,7 +452,7 @@ func (m *LineMatcher) literalMatches(data []byte, maxChars int) []lineRef {
 		}
 		l.no = countedNo + bytes.Count(data[countedTo:l.start], []byte("\n"))
 		countedTo, countedNo = l.start, l.no
-		if m.line.Match(lineText(data, l, maxChars)) {
+		if m.line.Match(lineText(data, l, cut)) {
 			out = append(out, l)
 		}
 		from = l.end + 1
@@ -416,11 +461,11 @@ func (m *LineMatcher) literalMatches(data []byte, maxChars int) []lineRef {
 }
 
 // scanMatches runs the expression on every line, after a whole-file check.
-func (m *LineMatcher) scanMatches(data []byte, maxChars int) []lineRef {
+func (m *LineMatcher) scanMatches(data []byte, cut lineCut) []lineRef {
 	// The prefilter is exact unless a line gets cut (a cut can make "x$"
 	// match where the whole line does not) or ends in "\r\n" (lines are
 	// matched without the "\r", which multi-line "$" does not skip).
-	if !m.file.Match(data) && (maxChars <= 0 || !hasLineLongerThan(data, maxChars)) && bytes.IndexByte(data, '\r') < 0 {
+	if !m.file.Match(data) && (cut.max <= 0 || !hasLineLongerThan(data, cut.max)) && bytes.IndexByte(data, '\r') < 0 {
 		return nil
 	}
 	var out []lineRef
@@ -429,7 +474,7 @@ func (m *LineMatcher) scanMatches(data []byte, maxChars int) []lineRef {
 		if l.start == len(data) {
 			break // a final newline ends the last line; it starts none
 		}
-		if m.line.Match(lineText(data, l, maxChars)) {
+		if m.line.Match(lineText(data, l, cut)) {
 			out = append(out, l)
 		}
 	}
@@ -447,10 +492,10 @@ func nextLine(data []byte, l lineRef) lineRef {
 
 // withContext turns matching lines into grep lines with up to c lines of
 // context before and after each, every line shown once, in order.
-func withContext(name string, data []byte, matches []lineRef, c, maxChars int) []GrepLine {
+func withContext(name string, data []byte, matches []lineRef, c int, cut lineCut) []GrepLine {
 	out := make([]GrepLine, 0, len(matches)*(1+2*c))
 	add := func(l lineRef, match bool) {
-		out = append(out, GrepLine{Path: name, Line: l.no, Text: string(lineText(data, l, maxChars)), Match: match})
+		out = append(out, GrepLine{Path: name, Line: l.no, Text: string(lineText(data, l, cut)), Match: match})
 	}
 	last := lineRef{end: -1} // the last line shown
 	afterUntil := 0          // the last line of the pending after context

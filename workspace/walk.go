@@ -26,6 +26,10 @@ type WalkRequest struct {
 	// Limit stops the walk after that many entries, with Truncated set; zero
 	// means no limit.
 	Limit int
+	// Info fills each entry's Mode, Size and Link, so a caller needs no
+	// Lstat or Readlink of its own. It costs a stat of every entry (and a
+	// readlink of every link), which a walk without it does not make.
+	Info bool
 }
 
 // WalkEntry is one entry a walk found.
@@ -35,6 +39,13 @@ type WalkEntry struct {
 	// Type is the entry's type bits (fs.ModeDir, fs.ModeSymlink, …; 0 for a
 	// regular file), as fs.DirEntry.Type reports them.
 	Type fs.FileMode
+	// Mode, Size and Link are set when the request asks for Info: the
+	// entry's mode (type and permission bits) and size as Lstat reports
+	// them, and a link's target as Readlink reports it. An entry that
+	// vanished before it could be described keeps Type alone.
+	Mode fs.FileMode `json:",omitempty"`
+	Size int64       `json:",omitempty"`
+	Link string      `json:",omitempty"`
 }
 
 // WalkResult is what a walk found, in walk order: depth first, each
@@ -78,7 +89,7 @@ func WalkGeneric(ctx context.Context, fsys FileSystem, req WalkRequest) (WalkRes
 				return w.result(w.dir(start))
 			}
 		}
-		w.visit(start, info.Mode().Type())
+		w.visit(start, info.Mode().Type(), func() (fs.FileInfo, error) { return info, nil })
 		return w.result(nil)
 	}
 	return w.result(w.dir(start))
@@ -100,8 +111,9 @@ func (w *walker) result(err error) (WalkResult, error) {
 	return w.out, nil
 }
 
-// visit records an entry; it returns errWalkDone when the limit is passed.
-func (w *walker) visit(name string, typ fs.FileMode) error {
+// visit records an entry, described by info when the request asks for
+// Info; it returns errWalkDone when the limit is passed.
+func (w *walker) visit(name string, typ fs.FileMode, info func() (fs.FileInfo, error)) error {
 	if w.req.FilesOnly && typ.IsDir() {
 		return nil
 	}
@@ -112,7 +124,16 @@ func (w *walker) visit(name string, typ fs.FileMode) error {
 		w.out.Truncated = true
 		return errWalkDone
 	}
-	w.out.Entries = append(w.out.Entries, WalkEntry{Path: name, Type: typ})
+	e := WalkEntry{Path: name, Type: typ}
+	if w.req.Info {
+		if fi, err := info(); err == nil && fi.Mode().Type() == typ {
+			e.Mode, e.Size = fi.Mode(), fi.Size()
+			if sl, ok := w.fsys.(SymlinkFS); ok && typ == fs.ModeSymlink {
+				e.Link, _ = sl.Readlink(w.ctx, name)
+			}
+		}
+	}
+	w.out.Entries = append(w.out.Entries, e)
 	return nil
 }
 
@@ -129,7 +150,7 @@ func (w *walker) dir(name string) error {
 		if w.req.Exclude.Skip(child) {
 			continue
 		}
-		if err := w.visit(child, e.Type()); err != nil {
+		if err := w.visit(child, e.Type(), e.Info); err != nil {
 			return err
 		}
 		if e.IsDir() { // a link to a directory is not IsDir: never entered

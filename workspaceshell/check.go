@@ -51,11 +51,11 @@ const maxLineBytes = 64 << 10
 // workspace.ErrInvalidArgument.
 func Parse(line string) (*syntax.File, error) {
 	if len(line) > maxLineBytes {
-		return nil, &Error{Kind: workspace.ErrInvalidArgument, Msg: fmt.Sprintf("the command line is %d bytes; the shell tool takes at most %d", len(line), maxLineBytes)}
+		return nil, workspace.Errorf(workspace.ErrInvalidArgument, "the command line is %d bytes; the shell tool takes at most %d", len(line), maxLineBytes)
 	}
 	f, err := syntax.NewParser(syntax.Variant(syntax.LangBash)).Parse(strings.NewReader(line), "")
 	if err != nil {
-		return nil, &Error{Kind: workspace.ErrInvalidArgument, Msg: "shell: syntax error: " + err.Error()}
+		return nil, workspace.Errorf(workspace.ErrInvalidArgument, "shell: syntax error: %v", err)
 	}
 	return f, nil
 }

@@ -134,9 +134,8 @@ func isDigits(s string) bool {
 // errText is an error's text as coreutils words it: "No such file or
 // directory".
 func errText(err error) string {
-	var e *Error
-	if errors.As(err, &e) {
-		return e.Msg
+	if msg, ok := ownMessage(err); ok {
+		return msg
 	}
 	if k := workspace.KindOf(err); k != nil {
 		if t, ok := strerror[k]; ok {
@@ -146,6 +145,18 @@ func errText(err error) string {
 		return strings.ToUpper(t[:1]) + t[1:]
 	}
 	return err.Error()
+}
+
+// ownMessage returns the message of an error this package (or the journal)
+// worded itself: a *workspace.Error that no *fs.PathError carries. An
+// adapter's error names an operation and a path, and is worded from its kind.
+func ownMessage(err error) (string, bool) {
+	var e *workspace.Error
+	var pe *fs.PathError
+	if errors.As(err, &e) && !errors.As(err, &pe) {
+		return e.Msg, true
+	}
+	return "", false
 }
 
 // strerror words kinds that have a C library counterpart the way the C

@@ -98,27 +98,27 @@ func DeniedEnv(key string) string {
 // the root) or workspace.ErrInvalidArgument.
 func (s Settings) ExecCommand(root string, req ExecRequest) (workspace.Command, error) {
 	if !s.Commands.Set() {
-		return workspace.Command{}, errorf(workspace.ErrForbidden, "workspace_exec is not configured: the profile has no commands")
+		return workspace.Command{}, workspace.Errorf(workspace.ErrForbidden, "workspace_exec is not configured: the profile has no commands")
 	}
 	if req.Command == "" {
-		return workspace.Command{}, errorf(workspace.ErrInvalidArgument, "command is required")
+		return workspace.Command{}, workspace.Errorf(workspace.ErrInvalidArgument, "command is required")
 	}
 	if !s.Commands.Allows(req.Command) {
 		if s.Commands.All {
-			return workspace.Command{}, errorf(workspace.ErrInvalidArgument, "command %q is not an executable name or absolute path: %s", req.Command, checkExecutable(req.Command))
+			return workspace.Command{}, workspace.Errorf(workspace.ErrInvalidArgument, "command %q is not an executable name or absolute path: %s", req.Command, checkExecutable(req.Command))
 		}
-		return workspace.Command{}, errorf(workspace.ErrForbidden, "command %q is not allowlisted: workspace_exec runs only %s", req.Command, strings.Join(s.Commands.Names, ", "))
+		return workspace.Command{}, workspace.Errorf(workspace.ErrForbidden, "command %q is not allowlisted: workspace_exec runs only %s", req.Command, strings.Join(s.Commands.Names, ", "))
 	}
 	for i, a := range req.Args {
 		if strings.IndexByte(a, 0) >= 0 {
-			return workspace.Command{}, errorf(workspace.ErrInvalidArgument, "args[%d] contains a NUL byte", i)
+			return workspace.Command{}, workspace.Errorf(workspace.ErrInvalidArgument, "args[%d] contains a NUL byte", i)
 		}
 	}
 	name := path.Base(req.Command)
 	if !s.Commands.All {
 		if policy := argPolicies[name]; policy != nil {
 			if why := policy(req.Args); why != "" {
-				return workspace.Command{}, errorf(workspace.ErrForbidden, "%s %s is refused: %s; the allowlist lets %s run, not the programs it would start (allowlist those instead)",
+				return workspace.Command{}, workspace.Errorf(workspace.ErrForbidden, "%s %s is refused: %s; the allowlist lets %s run, not the programs it would start (allowlist those instead)",
 					req.Command, strings.Join(req.Args, " "), why, req.Command)
 			}
 		}
@@ -132,7 +132,7 @@ func (s Settings) ExecCommand(root string, req ExecRequest) (workspace.Command, 
 		if kind == nil {
 			kind = workspace.ErrInvalidArgument
 		}
-		return workspace.Command{}, errorf(kind, "cwd %q: %s; it must stay inside the workspace (%s)", req.Cwd, errText(err), root)
+		return workspace.Command{}, workspace.Errorf(kind, "cwd %q: %s; it must stay inside the workspace (%s)", req.Cwd, errText(err), root)
 	}
 	keys := make([]string, 0, len(req.Env))
 	for k := range req.Env {
@@ -141,20 +141,20 @@ func (s Settings) ExecCommand(root string, req ExecRequest) (workspace.Command, 
 	slices.Sort(keys)
 	for _, k := range keys {
 		if !validEnvName(k) {
-			return workspace.Command{}, errorf(workspace.ErrInvalidArgument, "env key %q is not a variable name", k)
+			return workspace.Command{}, workspace.Errorf(workspace.ErrInvalidArgument, "env key %q is not a variable name", k)
 		}
 		if why := DeniedEnv(k); why != "" {
-			return workspace.Command{}, errorf(workspace.ErrForbidden, "env key %s is refused: %s", k, why)
+			return workspace.Command{}, workspace.Errorf(workspace.ErrForbidden, "env key %s is refused: %s", k, why)
 		}
 		if strings.IndexByte(req.Env[k], 0) >= 0 {
-			return workspace.Command{}, errorf(workspace.ErrInvalidArgument, "env %s contains a NUL byte", k)
+			return workspace.Command{}, workspace.Errorf(workspace.ErrInvalidArgument, "env %s contains a NUL byte", k)
 		}
 	}
 	ms := s.TimeoutMS()
 	if req.Timeout != nil {
 		ms = *req.Timeout
 		if ms <= 0 || ms > MaxTimeoutMS {
-			return workspace.Command{}, errorf(workspace.ErrInvalidArgument, "timeout %d ms is out of range: it must be positive and at most %d", ms, MaxTimeoutMS)
+			return workspace.Command{}, workspace.Errorf(workspace.ErrInvalidArgument, "timeout %d ms is out of range: it must be positive and at most %d", ms, MaxTimeoutMS)
 		}
 	}
 	cmd := workspace.Command{
@@ -347,7 +347,7 @@ func Exec(ctx context.Context, bash workspace.Bash, s Settings, root string, req
 		return workspace.Result{}, err
 	}
 	if bash == nil {
-		return workspace.Result{}, errorf(workspace.ErrForbidden, "workspace_exec cannot run %s: this session's host permits no processes", req.Command)
+		return workspace.Result{}, workspace.Errorf(workspace.ErrForbidden, "workspace_exec cannot run %s: this session's host permits no processes", req.Command)
 	}
 	cmd.Output = output
 	res, err := bash.Run(ctx, cmd)

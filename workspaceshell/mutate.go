@@ -243,7 +243,7 @@ func (r *runner) mutator() mutator { return newMutator(r.env) }
 
 func (m mutator) protected(name string) error {
 	if m.protect.Match(name) {
-		return errorf(workspace.ErrProtected, "%s is protected: changes to paths matching %s are refused", name, strings.Join(m.protect, ", "))
+		return workspace.Errorf(workspace.ErrProtected, "%s is protected: changes to paths matching %s are refused", name, strings.Join(m.protect, ", "))
 	}
 	return nil
 }
@@ -253,14 +253,14 @@ func (m mutator) protected(name string) error {
 // resolved.
 func (m mutator) target(ctx context.Context, arg string) (string, error) {
 	if m.fs == nil {
-		return "", errorf(workspace.ErrInvalidArgument, "no workspace file system")
+		return "", workspace.Errorf(workspace.ErrInvalidArgument, "no workspace file system")
 	}
 	name, err := workspace.Resolve(m.root, arg)
 	if err != nil {
 		return "", err
 	}
 	if name == "." {
-		return "", errorf(workspace.ErrInvalidArgument, "%s is the workspace root, which cannot be replaced, moved or deleted", arg)
+		return "", workspace.Errorf(workspace.ErrInvalidArgument, "%s is the workspace root, which cannot be replaced, moved or deleted", arg)
 	}
 	if err := m.protected(name); err != nil {
 		return "", err
@@ -313,7 +313,7 @@ func (m mutator) destination(ctx context.Context, from, to string, overwrite, fo
 // overwrite is set and both are files, and a directory into itself.
 func (m mutator) checkClobber(ctx context.Context, from, to string, overwrite, follow bool) error {
 	if to == from || strings.HasPrefix(to, from+"/") {
-		return errorf(workspace.ErrInvalidArgument, "cannot copy or move %s into itself (%s)", from, to)
+		return workspace.Errorf(workspace.ErrInvalidArgument, "cannot copy or move %s into itself (%s)", from, to)
 	}
 	src, err := m.lstatOrStat(ctx, from, follow)
 	if err != nil {
@@ -326,11 +326,11 @@ func (m mutator) checkClobber(ctx context.Context, from, to string, overwrite, f
 	case err != nil:
 		return err
 	case dst.IsDir():
-		return errorf(workspace.ErrExists, "%s exists and is a directory, which is never replaced", to)
+		return workspace.Errorf(workspace.ErrExists, "%s exists and is a directory, which is never replaced", to)
 	case !overwrite:
-		return errorf(workspace.ErrExists, "%s exists; set overwrite to replace it", to)
+		return workspace.Errorf(workspace.ErrExists, "%s exists; set overwrite to replace it", to)
 	case src.IsDir():
-		return errorf(workspace.ErrNotADirectory, "cannot replace the file %s with the directory %s", to, from)
+		return workspace.Errorf(workspace.ErrNotADirectory, "cannot replace the file %s with the directory %s", to, from)
 	}
 	return nil
 }
@@ -369,7 +369,7 @@ func (m mutator) appendFile(ctx context.Context, name string, data []byte, mkPar
 		return AppendFileResult{}, err
 	}
 	if int64(len(data)) > m.maxFile {
-		return AppendFileResult{}, errorf(workspace.ErrFileTooLarge, "appending %d bytes to %s would pass the %d-byte file limit", len(data), name, m.maxFile)
+		return AppendFileResult{}, workspace.Errorf(workspace.ErrFileTooLarge, "appending %d bytes to %s would pass the %d-byte file limit", len(data), name, m.maxFile)
 	}
 	var old []byte
 	if !created {
@@ -405,9 +405,9 @@ func (m mutator) prepare(ctx context.Context, name string, mkParents bool) (crea
 	case err != nil:
 		return false, err
 	case info.IsDir():
-		return false, errorf(workspace.ErrNotAFile, "%s is a directory", name)
+		return false, workspace.Errorf(workspace.ErrNotAFile, "%s is a directory", name)
 	case !info.Mode().IsRegular():
-		return false, errorf(workspace.ErrNotAFile, "%s is not a regular file", name)
+		return false, workspace.Errorf(workspace.ErrNotAFile, "%s is not a regular file", name)
 	}
 	return false, nil
 }
@@ -441,7 +441,7 @@ func (m mutator) copyEntry(ctx context.Context, from, to string, info fs.FileInf
 		} else if !errors.Is(err, workspace.ErrExists) {
 			return 0, err
 		} else if ti, serr := m.fs.Stat(ctx, to); serr != nil || !ti.IsDir() {
-			return 0, errorf(workspace.ErrNotADirectory, "cannot copy the directory %s onto the file %s", from, to)
+			return 0, workspace.Errorf(workspace.ErrNotADirectory, "cannot copy the directory %s onto the file %s", from, to)
 		}
 		entries, err := m.fs.ReadDir(ctx, from)
 		if err != nil {
@@ -462,7 +462,7 @@ func (m mutator) copyEntry(ctx context.Context, from, to string, info fs.FileInf
 	case typ == fs.ModeSymlink:
 		sl, ok := m.fs.(workspace.SymlinkFS)
 		if !ok {
-			return 0, errorf(workspace.ErrInvalidArgument, "%s is a link, and this workspace cannot make links", from)
+			return 0, workspace.Errorf(workspace.ErrInvalidArgument, "%s is a link, and this workspace cannot make links", from)
 		}
 		target, err := sl.Readlink(ctx, from)
 		if err != nil {
@@ -482,14 +482,14 @@ func (m mutator) copyEntry(ctx context.Context, from, to string, info fs.FileInf
 		}
 		return 1, nil
 	}
-	return 0, errorf(workspace.ErrNotAFile, "%s is a special file, which is not copied", from)
+	return 0, workspace.Errorf(workspace.ErrNotAFile, "%s is a special file, which is not copied", from)
 }
 
 // move renames from to to after checking both trees against the protect
 // globs.
 func (m mutator) move(ctx context.Context, from, to string) error {
 	if to == from || strings.HasPrefix(to, from+"/") {
-		return errorf(workspace.ErrInvalidArgument, "cannot move %s into itself (%s)", from, to)
+		return workspace.Errorf(workspace.ErrInvalidArgument, "cannot move %s into itself (%s)", from, to)
 	}
 	if _, err := m.checkTree(ctx, from, to); err != nil {
 		return err
@@ -507,7 +507,7 @@ func (m mutator) remove(ctx context.Context, name string, recursive bool) (int, 
 	if !info.IsDir() || !recursive {
 		if err := m.fs.Remove(ctx, name); err != nil {
 			if errors.Is(err, workspace.ErrNotEmpty) {
-				return 0, errorf(workspace.ErrNotEmpty, "%s is a directory with entries; delete it recursively to remove them too", name)
+				return 0, workspace.Errorf(workspace.ErrNotEmpty, "%s is a directory with entries; delete it recursively to remove them too", name)
 			}
 			return 0, err
 		}
@@ -800,9 +800,9 @@ func (c *call) mvClear(src fs.FileInfo, to, toArg string, noClobber bool) error 
 	case noClobber:
 		return errSkip
 	case ti.IsDir() && !src.IsDir():
-		return errorf(workspace.ErrExists, "cannot overwrite directory '%s' with non-directory", toArg)
+		return workspace.Errorf(workspace.ErrExists, "cannot overwrite directory '%s' with non-directory", toArg)
 	case !ti.IsDir() && src.IsDir():
-		return errorf(workspace.ErrNotADirectory, "cannot overwrite non-directory '%s' with directory", toArg)
+		return workspace.Errorf(workspace.ErrNotADirectory, "cannot overwrite non-directory '%s' with directory", toArg)
 	case ti.IsDir():
 		if err := fsys.Remove(c.ctx, to); err != nil {
 			return err
@@ -858,15 +858,14 @@ func cmdRm(c *call) int {
 			continue
 		}
 		if err == nil && info.IsDir() && !recursive && !emptyDirs {
-			err = errorf(workspace.ErrNotAFile, "cannot remove '%s': Is a directory", a)
+			err = workspace.Errorf(workspace.ErrNotAFile, "cannot remove '%s': Is a directory", a)
 		}
 		if err == nil {
 			_, err = m.remove(c.ctx, name, recursive)
 		}
 		if err != nil {
-			var e *Error
-			if errors.As(err, &e) && strings.HasPrefix(e.Msg, "cannot remove") {
-				c.errorf("%s", e.Msg)
+			if msg, ok := ownMessage(err); ok && strings.HasPrefix(msg, "cannot remove") {
+				c.errorf("%s", msg)
 			} else {
 				c.errorf("cannot remove '%s': %s", a, errText(err))
 			}

@@ -114,19 +114,6 @@ type Result struct {
 	TimedOut bool
 }
 
-// Error is a failure of this package that carries a workspace.Kind.
-type Error struct {
-	Kind *workspace.Kind
-	Msg  string
-}
-
-func (e *Error) Error() string { return e.Msg }
-func (e *Error) Unwrap() error { return e.Kind }
-
-func errorf(kind *workspace.Kind, format string, args ...any) error {
-	return &Error{Kind: kind, Msg: fmt.Sprintf(format, args...)}
-}
-
 var (
 	errOutputFull = errors.New("output limit reached")
 	errTimedOut   = errors.New("command line timed out")
@@ -232,11 +219,11 @@ func (s *slots) drop(key string, sl *slot) {
 // ctx's error.
 func Run(ctx context.Context, env Env, line string, mode Mode) (Result, error) {
 	if env.FS == nil {
-		return Result{}, errorf(workspace.ErrInvalidArgument, "shell: no workspace file system")
+		return Result{}, workspace.Errorf(workspace.ErrInvalidArgument, "shell: no workspace file system")
 	}
 	mode = mode.orRead()
 	if mode != Read && mode != Write {
-		return Result{}, errorf(workspace.ErrInvalidArgument, "shell: %q is not a mode", string(mode))
+		return Result{}, workspace.Errorf(workspace.ErrInvalidArgument, "shell: %q is not a mode", string(mode))
 	}
 	f, err := Parse(line)
 	if err != nil {
@@ -593,7 +580,7 @@ type limitWriter struct {
 
 func (l *limitWriter) Write(p []byte) (int, error) {
 	if int64(len(p)) > l.left {
-		return 0, errorf(workspace.ErrFileTooLarge, "output over %d bytes", l.left)
+		return 0, workspace.Errorf(workspace.ErrFileTooLarge, "output over %d bytes", l.left)
 	}
 	l.left -= int64(len(p))
 	return l.w.Write(p)
@@ -665,14 +652,14 @@ func (s *sink) Write(p []byte) (int, error) {
 	defer s.mu.Unlock()
 	if int64(s.buf.Len()+len(p)) > s.max {
 		s.over = true
-		return 0, errorf(workspace.ErrFileTooLarge, "%s: over %d bytes", s.arg, s.max)
+		return 0, workspace.Errorf(workspace.ErrFileTooLarge, "%s: over %d bytes", s.arg, s.max)
 	}
 	return s.buf.Write(p)
 }
 
 func (s *sink) commit(ctx context.Context, r *runner) error {
 	if s.over {
-		return errorf(workspace.ErrFileTooLarge, "more than %d bytes", s.max)
+		return workspace.Errorf(workspace.ErrFileTooLarge, "more than %d bytes", s.max)
 	}
 	m := r.mutator()
 	if s.append {
@@ -948,7 +935,7 @@ func readAll(ctx context.Context, r io.Reader, max int64) ([]byte, error) {
 		return nil, err
 	}
 	if n > max {
-		return nil, errorf(workspace.ErrFileTooLarge, "input over %d bytes", max)
+		return nil, workspace.Errorf(workspace.ErrFileTooLarge, "input over %d bytes", max)
 	}
 	return b.Bytes(), nil
 }
@@ -980,9 +967,8 @@ func copyCtx(ctx context.Context, w io.Writer, r io.Reader) (int64, error) {
 // text with a capital, "x: No such file or directory"; messages of this
 // package are passed as they are.
 func describeErr(arg string, err error) string {
-	var e *Error
-	if errors.As(err, &e) {
-		return e.Msg
+	if msg, ok := ownMessage(err); ok {
+		return msg
 	}
 	return arg + ": " + errText(err)
 }

@@ -302,6 +302,15 @@ func (s *searcher) search(c *call, name string, data []byte) bool {
 	if len(lines) > 0 && len(lines[len(lines)-1]) == 0 {
 		lines = lines[:len(lines)-1]
 	}
+	return s.searchLines(c, name, lines, nil, isBinary)
+}
+
+// searchLines is search over the lines of an input. known, when not nil,
+// says which lines it holds: the others are taken as lines that do not
+// match, and are never shown (the input is what a workspace.Grep reported,
+// with enough context around each match).
+func (s *searcher) searchLines(c *call, name string, lines [][]byte, known []bool, isBinary bool) bool {
+	match := func(i int) bool { return (known == nil || known[i]) && s.m.match(lines[i]) }
 	quietOut := s.quiet || s.count || s.listMatch || s.listNo || isBinary
 	var selected int64
 	lastPrinted, afterLeft := -1, 0
@@ -329,11 +338,11 @@ func (s *searcher) search(c *call, name string, data []byte) bool {
 			break
 		}
 		if s.maxCount >= 0 && selected >= s.maxCount {
-			if quietOut || afterLeft == 0 || s.m.match(line) != s.invert {
+			if quietOut || afterLeft == 0 || match(i) != s.invert {
 				break
 			}
 		}
-		if s.m.match(line) == s.invert {
+		if match(i) == s.invert {
 			if !quietOut && afterLeft > 0 && !s.only {
 				printLine(i, '-')
 				afterLeft--
@@ -396,49 +405,61 @@ func (s *searcher) search(c *call, name string, data []byte) bool {
 	return selected > 0
 }
 
-// walkFiles visits the files below the directory ws (shown as disp), sorted
-// depth first, skipping the workspace's exclude names. skipDir prunes
-// directories and keep selects files (rel is the path below ws, depth 1 for
-// ws's entries); links are visited only with follow, and then only links to
-// files. Errors below the start are reported with onErr.
-func (c *call) walkFiles(ws, disp string, follow bool, maxDepth int,
-	skipDir func(rel string) bool, keep func(rel string) bool,
-	visit func(ws, disp string), onErr func(disp string, err error)) {
-	var walk func(dir, ddisp, rel string, depth int)
-	walk = func(dir, ddisp, rel string, depth int) {
-		entries, err := c.r.env.FS.ReadDir(c.ctx, dir)
-		if err != nil {
-			onErr(ddisp, err)
-			return
+// treeFile is a file a recursive search visits.
+type treeFile struct {
+	ws, disp string
+	size     int64
+	link     bool // a link to a regular file, followed
+}
+
+// treeFiles lists the files below the directory ws (shown as disp) in one
+// workspace.Walk, depth first and sorted, skipping the workspace's exclude
+// names. skipDir prunes directories and keep selects files (rel is the path
+// below ws, depth 1 for ws's entries); links are listed only with follow,
+// and then only links to files. A start that cannot be listed is reported
+// with onErr; directories below it that cannot be read are skipped.
+func (c *call) treeFiles(ws, disp string, follow bool, maxDepth int,
+	skipDir func(rel string) bool, keep func(rel string) bool, onErr func(disp string, err error)) []treeFile {
+	w, err := workspace.Walk(c.ctx, c.r.env.FS, workspace.WalkRequest{Dir: ws, Exclude: c.r.env.exclude(), Info: true})
+	if err != nil {
+		onErr(disp, err)
+		return nil
+	}
+	prefix := ws + "/"
+	if ws == "." {
+		prefix = ""
+	}
+	var out []treeFile
+	pruned := "" // a directory whose entries are left out, with a trailing "/"
+	for _, e := range w.Entries {
+		if c.stopped() {
+			break
 		}
-		for _, e := range entries {
-			if c.stopped() {
-				return
+		rel, ok := strings.CutPrefix(e.Path, prefix)
+		if !ok || (pruned != "" && strings.HasPrefix(rel, pruned)) {
+			continue
+		}
+		pruned = ""
+		depth := strings.Count(rel, "/") + 1
+		switch e.Type {
+		case fs.ModeDir:
+			if (maxDepth >= 0 && depth >= maxDepth) || skipDir(rel) {
+				pruned = rel + "/"
 			}
-			child, cdisp, crel := path.Join(dir, e.Name()), display(ddisp, e.Name()), path.Join(rel, e.Name())
-			if c.r.env.exclude().Skip(child) {
+		case fs.ModeSymlink:
+			if !follow {
 				continue
 			}
-			switch t := e.Type(); {
-			case t == fs.ModeDir:
-				if (maxDepth < 0 || depth < maxDepth) && !skipDir(crel) {
-					walk(child, cdisp, crel, depth+1)
-				}
-			case t == fs.ModeSymlink:
-				if !follow {
-					continue
-				}
-				if info, err := c.r.env.FS.Stat(c.ctx, child); err == nil && info.Mode().IsRegular() && keep(crel) {
-					visit(child, cdisp)
-				}
-			case t == 0:
-				if keep(crel) {
-					visit(child, cdisp)
-				}
+			if info, err := c.r.env.FS.Stat(c.ctx, e.Path); err == nil && info.Mode().IsRegular() && keep(rel) {
+				out = append(out, treeFile{ws: e.Path, disp: display(disp, rel), size: info.Size(), link: true})
+			}
+		case 0:
+			if keep(rel) {
+				out = append(out, treeFile{ws: e.Path, disp: display(disp, rel), size: e.Size})
 			}
 		}
 	}
-	walk(ws, disp, "", 1)
+	return out
 }
 
 // ---- grep
@@ -607,15 +628,13 @@ func cmdGrep(c *call) int {
 				run.file(ws, a)
 			}
 		case !recursive:
-			run.report(a, errorf(workspace.ErrNotAFile, "%s: Is a directory", a))
+			run.report(a, workspace.Errorf(workspace.ErrNotAFile, "%s: Is a directory", a))
 		default:
 			disp := a
 			if bareRecursive {
 				disp = ""
 			}
-			c.walkFiles(ws, disp, follow, -1,
-				func(rel string) bool { return globs(excludeDir, path.Base(rel)) },
-				keep, run.file, run.report)
+			run.tree(ws, disp, follow, -1, func(rel string) bool { return globs(excludeDir, path.Base(rel)) }, keep)
 		}
 	}
 	return run.status()
@@ -627,6 +646,59 @@ type searchRun struct {
 	s                   *searcher
 	matched, failed     bool
 	noMessages, listing bool // listing: rg --files, print the files instead
+}
+
+// tree searches the files below the directory ws (see treeFiles). When
+// the searcher can work from the lines that match and their context (not
+// -v, not -a), one workspace.Grep finds them, so an adapter's own search
+// (one round trip to a container's agent) serves the whole tree; only the
+// files it cannot speak for are read one by one: binary files that match,
+// and links followed with -R.
+func (r *searchRun) tree(ws, disp string, follow bool, maxDepth int, skipDir, keep func(rel string) bool) {
+	c, s := r.c, r.s
+	files := c.treeFiles(ws, disp, follow, maxDepth, skipDir, keep, r.report)
+	var found map[string][]workspace.GrepLine
+	if !r.listing && !s.invert && s.binary != 't' && len(files) > 0 {
+		g, err := workspace.Grep(c.ctx, c.r.env.FS, workspace.GrepRequest{
+			Pattern: s.m.re.String(), Dir: ws, Exclude: c.r.env.exclude(), Context: max(s.before, s.after),
+			MaxFileBytes: c.r.env.maxFileBytes(), KeepCR: true, Binary: true,
+		})
+		if err == nil { // otherwise every file is read
+			found = make(map[string][]workspace.GrepLine)
+			for _, l := range g.Lines {
+				found[l.Path] = append(found[l.Path], l)
+			}
+		}
+	}
+	for _, f := range files {
+		if c.stopped() || (s.quiet && r.matched) {
+			return
+		}
+		lines := found[f.ws]
+		switch {
+		case found == nil || f.link || (len(lines) > 0 && lines[0].Binary):
+			r.file(f.ws, f.disp)
+		case f.size > c.r.env.maxFileBytes():
+			r.report(f.disp, workspace.PathError("read", f.ws, workspace.ErrFileTooLarge))
+		default:
+			r.found(f.disp, lines)
+		}
+	}
+}
+
+// found searches a file through the lines a workspace.Grep reported of it.
+func (r *searchRun) found(disp string, lines []workspace.GrepLine) {
+	var text [][]byte
+	var known []bool
+	if n := len(lines); n > 0 {
+		text, known = make([][]byte, lines[n-1].Line), make([]bool, lines[n-1].Line)
+	}
+	for _, l := range lines {
+		text[l.Line-1], known[l.Line-1] = []byte(l.Text), true
+	}
+	if r.s.searchLines(r.c, disp, text, known, false) {
+		r.matched = true
+	}
 }
 
 func (r *searchRun) report(disp string, err error) {
@@ -935,7 +1007,7 @@ func cmdRg(c *call) int {
 			if bare {
 				disp = ""
 			}
-			c.walkFiles(ws, disp, false, maxDepth, skipDir, keep, run.file, run.report)
+			run.tree(ws, disp, false, maxDepth, skipDir, keep)
 		}
 	}
 	return run.status()

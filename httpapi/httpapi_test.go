@@ -237,6 +237,9 @@ func TestToolCalls(t *testing.T) {
 	var names []string
 	for _, tl := range cat.Tools {
 		names = append(names, tl.Name)
+		if !strings.Contains(string(tl.OutputSchema), `"oneOf"`) {
+			t.Errorf("%s: outputSchema %s", tl.Name, tl.OutputSchema)
+		}
 	}
 	if !slices.Equal(names, slices.Concat(tools.AllTools, tools.JournalTools, []string{tools.LoadSkill})) {
 		t.Fatalf("catalogue %v", names)

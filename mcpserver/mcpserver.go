@@ -7,8 +7,9 @@
 //
 // What a client sees:
 //
-//   - tools/list names the tools active now, each with its input schema, and
-//     load_skill. When load_skill activates a skill, the skill's tools are
+//   - tools/list names the tools active now, each with its input schema and
+//     its output schema (MCP 2025-06-18's outputSchema: one of the tool's
+//     result shapes, or the error shape below), and load_skill. When load_skill activates a skill, the skill's tools are
 //     added and the server sends notifications/tools/list_changed.
 //   - A tool result carries the text for the model as text content, the
 //     tool's structured result as structuredContent and, for read of an
@@ -174,10 +175,11 @@ func mcpTool(t tools.Tool) *mcp.Tool {
 		ann.DestructiveHint = &destructive
 	}
 	return &mcp.Tool{
-		Name:        t.Name,
-		Description: t.Description,
-		InputSchema: t.InputSchema,
-		Annotations: ann,
+		Name:         t.Name,
+		Description:  t.Description,
+		InputSchema:  t.InputSchema,
+		OutputSchema: t.OutputSchema,
+		Annotations:  ann,
 	}
 }
 

@@ -190,10 +190,21 @@ func TestListServesActiveToolsWithSchemasAndInstructions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	catalogue := map[string]tools.Tool{}
+	for _, tool := range set.List() {
+		catalogue[tool.Name] = tool
+	}
 	for _, tool := range res.Tools {
 		schema, ok := tool.InputSchema.(map[string]any)
 		if !ok || schema["type"] != "object" || schema["properties"] == nil {
 			t.Errorf("%s: input schema %v, want an object schema with properties", tool.Name, tool.InputSchema)
+		}
+		// The output schema is the catalogue's: its result shapes and the error shape.
+		got, _ := json.Marshal(tool.OutputSchema)
+		var want any
+		json.Unmarshal(catalogue[tool.Name].OutputSchema, &want)
+		if wantJSON, _ := json.Marshal(want); tool.OutputSchema == nil || string(got) != string(wantJSON) {
+			t.Errorf("%s: output schema %s, want %s", tool.Name, got, wantJSON)
 		}
 		if tool.Description == "" {
 			t.Errorf("%s: no description", tool.Name)

@@ -6,14 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/sandboxd/sandboxd/localfs"
-	"github.com/sandboxd/sandboxd/memfs"
 	"github.com/sandboxd/sandboxd/scope"
-	"github.com/sandboxd/sandboxd/sources"
 	"github.com/sandboxd/sandboxd/tools"
 	"github.com/sandboxd/sandboxd/workspace"
 )
@@ -49,30 +46,27 @@ type Session struct {
 
 // checkTools fails when a tool configuration cannot start a session — an
 // always-on skill without its grant — before a workspace is started for it.
-// Whether the backend has a shell is known only once it has.
+// Whether the backend has a shell is known only once it has: until then it
+// is taken to have one.
 func checkTools(cfg tools.Config, actor scope.Rules) error {
-	_, err := tools.New(tools.Env{FS: memfs.New(), Bash: noBash{}, Sources: noSources{}, Scope: actor}, cfg)
-	if err != nil {
-		return &SettingError{"always", strings.TrimPrefix(err.Error(), "tools: ")}
+	return toolsError(cfg.Check(tools.Caps{Bash: true, Scope: actor}))
+}
+
+// toolsError is a failed tools.Config.Check as a *SettingError: the bad
+// option's, or, for what makes a skill unavailable, always's.
+func toolsError(err error) error {
+	var oe *tools.OptionError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &oe):
+		return &SettingError{oe.Option, oe.Reason}
 	}
-	return nil
+	return &SettingError{"always", err.Error()}
 }
 
 // removeTimeout bounds the removal of one workspace.
 const removeTimeout = time.Minute
-
-// noSources stands in for the gateway when a configuration is checked.
-type noSources struct{}
-
-func (noSources) Do(context.Context, sources.HTTPRequest) (*sources.HTTPResponse, error) {
-	return nil, errors.New("no sources")
-}
-
-type noBash struct{}
-
-func (noBash) Run(context.Context, workspace.Command) (workspace.Result, error) {
-	return workspace.Result{}, workspace.ErrUnavailable
-}
 
 // journalStore makes the store of a session's journal: a private directory
 // of the daemon's (mode 0700 in the host's temporary directory), outside
@@ -92,6 +86,9 @@ func journalStore() (store workspace.FileSystem, drop func() error, err error) {
 }
 
 func (m *Manager) newSession(id, tenant string, st Settings, cfg tools.Config, inst *Instance, lifetime, idle time.Duration) (*Session, error) {
+	if err := toolsError(cfg.Check(tools.Caps{Bash: inst.Bash != nil, Scope: st.Scope})); err != nil {
+		return nil, err
+	}
 	store, dropJournal, err := journalStore()
 	if err != nil {
 		return nil, err
@@ -110,7 +107,7 @@ func (m *Manager) newSession(id, tenant string, st Settings, cfg tools.Config, i
 		if derr := dropJournal(); derr != nil {
 			m.o.logger.Warn("the session's journal store was not removed", "session", id, "err", derr)
 		}
-		return nil, &SettingError{"always", strings.TrimPrefix(err.Error(), "tools: ")}
+		return nil, err
 	}
 	now := time.Now()
 	s := &Session{

@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -15,6 +14,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/sandboxd/sandboxd/workspace"
 )
 
@@ -38,15 +38,31 @@ type BashResult struct {
 	DurationMs  int64 `json:"durationMs"`
 }
 
-func (s *Set) bash(ctx context.Context, args json.RawMessage, c *call) (Result, error) {
-	var p struct {
-		Command string   `json:"command"`
-		Timeout *float64 `json:"timeout"`
-		Stdin   *string  `json:"stdin"`
-	}
-	if err := decodeArgs(args, &p); err != nil {
-		return Result{}, err
-	}
+type bashArgs struct {
+	Command string   `json:"command" jsonschema:"the command line, run by {{.Shell}}"`
+	Timeout *float64 `json:"timeout,omitempty" jsonschema:"seconds before the command and everything it started are killed (default {{seconds .BashTimeoutMs}}, at most {{seconds .BashMaxTimeoutMs}})"`
+	Stdin   *string  `json:"stdin,omitempty" jsonschema:"the command's standard input"`
+}
+
+var bashTool = newTool(spec[bashArgs, *BashResult]{
+	name: "bash", skill: "workspace.shell",
+	describe: func(s *Set) string {
+		c := s.cfg
+		desc := fmt.Sprintf("Run a shell command in the workspace root. Returns the end of its output (stdout and stderr, last %s) and how it ended; when there was more, the whole output (up to %s) is saved to a file under %s whose path the result gives. Non-zero exit, a signal or a timeout are reported, not failures. Default timeout %ds, at most %ds.",
+			s.limits(), kb(c.MaxFileBytes), c.SpillDir, c.BashTimeoutMs/1000, c.BashMaxTimeoutMs/1000)
+		if sh := s.notBash(); sh != "" {
+			desc += " " + noBashNote(sh)
+		}
+		return desc
+	},
+	constrain: func(props map[string]*jsonschema.Schema) { props["timeout"].ExclusiveMinimum = jsonschema.Ptr(0.0) },
+	handle:    (*Set).bash,
+	// The rules bind the file tools, not a command: a session with rules
+	// is offered no bash.
+	offered: func(s *Set) bool { return s.env.Bash != nil && !s.scoped() },
+})
+
+func (s *Set) bash(ctx context.Context, p bashArgs, c *call) (Result, error) {
 	if strings.TrimSpace(p.Command) == "" {
 		return Result{}, invalid("command is required")
 	}

@@ -199,8 +199,9 @@ const (
 	DefaultBashTimeoutMs = 120_000
 )
 
-// AllTools are the seven workspace tools, in catalogue order.
-var AllTools = []string{"read", "ls", "find", "grep", "write", "edit", "bash"}
+// AllTools are the seven workspace tools, in catalogue order (the
+// catalogue's tools of the workspace-tools profile's skills).
+var AllTools []string
 
 // AllGrants are the grants there are.
 var AllGrants = []string{GrantFSWrite, GrantShellExec}
@@ -310,6 +311,46 @@ type OptionError struct {
 }
 
 func (e *OptionError) Error() string { return "option " + e.Option + ": " + e.Reason }
+
+// Caps is what a session's host gives its tool set, besides the
+// configuration: what Check needs to know of it.
+type Caps struct {
+	// Bash says the workspace runs commands (Env.Bash is set). A host that
+	// checks a configuration before its workspace is started, and knows
+	// only then, says true.
+	Bash bool
+	// Scope is the actor's scope (Env.Scope), applied on top of the
+	// configuration's visible and commit rules.
+	Scope scope.Rules
+}
+
+// Check reports whether a tool set can be built with c over a host that
+// gives caps: c is valid (Validate: an *OptionError), the actor's scope is
+// valid, and every always-on skill can be active — its grant is given, and
+// its tools can be offered (workspace.shell needs a Bash and a session
+// without visible or commit rules). It is a pure function of its inputs,
+// and what New checks; a host calls it before it starts a workspace.
+func (c Config) Check(caps Caps) error {
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	if err := caps.Scope.Validate(); err != nil {
+		return err
+	}
+	scoped := !c.Rules().IsZero() || !caps.Scope.IsZero()
+	for _, a := range c.Always {
+		sk := skillByName(a)
+		switch {
+		case sk.grant != "" && !slices.Contains(c.Grants, sk.grant):
+			return fmt.Errorf("always-on skill %s needs the grant %s, which is not given", sk.name, sk.grant)
+		case sk.name == "workspace.shell" && !caps.Bash:
+			return errors.New("always-on skill workspace.shell needs a Bash (Env.Bash is nil)")
+		case sk.name == "workspace.shell" && scoped:
+			return errors.New("always-on skill workspace.shell: this session has visible/commit rules, which bind the file tools but not a command, so bash is not offered")
+		}
+	}
+	return nil
+}
 
 // Validate reports the first bad option, as an *OptionError.
 func (c Config) Validate() error {

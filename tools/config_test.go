@@ -8,7 +8,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sandboxd/sandboxd/memfs"
 	"github.com/sandboxd/sandboxd/policy"
+	"github.com/sandboxd/sandboxd/scope"
 	"github.com/sandboxd/sandboxd/sources"
 	"github.com/sandboxd/sandboxd/tools"
 	"github.com/sandboxd/sandboxd/workspace"
@@ -228,5 +230,66 @@ func TestWith(t *testing.T) {
 		case tc.err == "" && (err != nil || c.BashTimeoutMs != tc.timeout):
 			t.Errorf("%s: bashTimeoutMs %d, %v; want %d", tc.json, c.BashTimeoutMs, err, tc.timeout)
 		}
+	}
+}
+
+// TestCheck: Config.Check judges a configuration against what a host gives
+// without building anything, and New fails with the same message.
+func TestCheck(t *testing.T) {
+	withBash := tools.Caps{Bash: true}
+	for _, tc := range []struct {
+		name      string
+		configure func(*tools.Config)
+		caps      tools.Caps
+		want      string // "" for none; *OptionError's option after "option "
+	}{
+		{"defaults", func(*tools.Config) {}, tools.Caps{}, ""},
+		{"edit without its grant", func(c *tools.Config) { c.Always = []string{"read", "edit"} }, withBash,
+			"always-on skill workspace.edit needs the grant fs.write, which is not given"},
+		{"shell without its grant", func(c *tools.Config) { c.Grants = []string{tools.GrantFSWrite}; c.Always = []string{"shell"} }, withBash,
+			"always-on skill workspace.shell needs the grant shell.exec, which is not given"},
+		{"shell without a Bash", func(c *tools.Config) { c.Grants = []string{tools.GrantShellExec}; c.Always = []string{"shell"} }, tools.Caps{},
+			"always-on skill workspace.shell needs a Bash (Env.Bash is nil)"},
+		{"shell with a Bash", func(c *tools.Config) { c.Grants = []string{tools.GrantShellExec}; c.Always = []string{"shell"} }, withBash, ""},
+		{"shell under the actor's rules", func(c *tools.Config) { c.Grants = []string{tools.GrantShellExec}; c.Always = []string{"shell"} },
+			tools.Caps{Bash: true, Scope: scope.Rules{Commit: []string{"src/**"}}},
+			"always-on skill workspace.shell: this session has visible/commit rules, which bind the file tools but not a command, so bash is not offered"},
+		{"shell under the operator's rules", func(c *tools.Config) {
+			c.Grants = []string{tools.GrantShellExec}
+			c.Always = []string{"shell"}
+			c.Visible = []string{"src/**"}
+		}, withBash, "always-on skill workspace.shell: this session has visible/commit rules, which bind the file tools but not a command, so bash is not offered"},
+		{"a bad actor's scope", func(*tools.Config) {}, tools.Caps{Scope: scope.Rules{Commit: []string{"src/[a"}}}, "commit"},
+		{"a bad option", func(c *tools.Config) { c.MaxLines = 0 }, withBash, "option maxLines: must be positive, got 0"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := tools.DefaultConfig()
+			tc.configure(&cfg)
+			err := cfg.Check(tc.caps)
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("Check: %v", err)
+			case tc.want == "":
+			case err == nil || !strings.Contains(err.Error(), tc.want):
+				t.Fatalf("Check: %v, want %q", err, tc.want)
+			}
+			env := tools.Env{FS: memfs.New(), Scope: tc.caps.Scope}
+			if tc.caps.Bash {
+				env.Bash = &fakeBash{run: prints("", workspace.Result{})}
+			}
+			_, nerr := tools.New(env, cfg)
+			if tc.want == "" && nerr == nil {
+				return
+			}
+			if err == nil || nerr == nil || nerr.Error() != "tools: "+err.Error() {
+				t.Fatalf("New: %v, want tools: %v", nerr, err)
+			}
+		})
+	}
+	var oe *tools.OptionError
+	cfg := tools.DefaultConfig()
+	cfg.MaxLines = 0
+	if err := cfg.Check(tools.Caps{}); !errors.As(err, &oe) || oe.Option != "maxLines" {
+		t.Fatalf("a bad option: %v, want an *OptionError naming maxLines", err)
 	}
 }

@@ -2,7 +2,6 @@ package tools
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -13,6 +12,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/pmezard/go-difflib/difflib"
 	"github.com/sandboxd/sandboxd/workspace"
 )
@@ -34,9 +34,44 @@ type EditResult struct {
 
 // Replacement is one block of an edit.
 type Replacement struct {
-	OldText string `json:"oldText"`
-	NewText string `json:"newText"`
+	OldText string `json:"oldText" jsonschema:"text that appears exactly once in the file"`
+	NewText string `json:"newText" jsonschema:"its replacement"`
 }
+
+type writeArgs struct {
+	Path    string  `json:"path" jsonschema:"the file to write"`
+	Content *string `json:"content" jsonschema:"the whole new content"`
+}
+
+var writeTool = newTool(spec[writeArgs, *WriteResult]{
+	name: "write", skill: "workspace.edit",
+	describe: func(s *Set) string {
+		return fmt.Sprintf("Create or replace a file with content, creating missing parent directories. Readers never see half a file. Refuses to empty a file that has content, and paths matching %s.",
+			strings.Join(s.cfg.Protect, ", "))
+	},
+	handle:    (*Set).write,
+	journaled: yes,
+})
+
+type editArgs struct {
+	Path  string        `json:"path" jsonschema:"the file to edit"`
+	Edits []Replacement `json:"edits" jsonschema:"the replacements, applied together"`
+}
+
+var editTool = newTool(spec[editArgs, *EditResult]{
+	name: "edit", skill: "workspace.edit",
+	describe: func(s *Set) string {
+		fuzzy := ""
+		if s.cfg.FuzzyEdit {
+			fuzzy = " When the exact text is not found, it is matched once more with whitespace, quotes and dashes normalised; that match must be unique too."
+		}
+		return "Replace text in a file: several blocks at once, each oldText exactly as it appears once in the file (as it was before this call), blocks not overlapping." + fuzzy +
+			" Line endings and a byte-order mark are kept. Returns how many blocks were replaced and at which lines. Refuses files that are not UTF-8 and paths matching " + strings.Join(s.cfg.Protect, ", ") + "."
+	},
+	constrain: func(props map[string]*jsonschema.Schema) { props["edits"].MinItems = jsonschema.Ptr(1) },
+	handle:    (*Set).edit,
+	journaled: yes,
+})
 
 // lockForChange resolves a path write or edit is to change, checks it
 // against the protect globs both as written and with its links resolved (a
@@ -73,14 +108,7 @@ func (s *Set) mutable(ctx context.Context, fsys workspace.FileSystem, name strin
 	return real, protected(real)
 }
 
-func (s *Set) write(ctx context.Context, args json.RawMessage, c *call) (Result, error) {
-	var p struct {
-		Path    string  `json:"path"`
-		Content *string `json:"content"`
-	}
-	if err := decodeArgs(args, &p); err != nil {
-		return Result{}, err
-	}
+func (s *Set) write(ctx context.Context, p writeArgs, c *call) (Result, error) {
 	if p.Path == "" || p.Content == nil {
 		return Result{}, invalid("path and content are required")
 	}
@@ -125,14 +153,7 @@ func describeMode(m fs.FileMode) string {
 	return fileKind(m)
 }
 
-func (s *Set) edit(ctx context.Context, args json.RawMessage, c *call) (Result, error) {
-	var p struct {
-		Path  string        `json:"path"`
-		Edits []Replacement `json:"edits"`
-	}
-	if err := decodeArgs(args, &p); err != nil {
-		return Result{}, err
-	}
+func (s *Set) edit(ctx context.Context, p editArgs, c *call) (Result, error) {
 	if p.Path == "" || len(p.Edits) == 0 {
 		return Result{}, invalid("path and at least one edit are required")
 	}

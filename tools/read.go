@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -12,6 +11,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/sandboxd/sandboxd/workspace"
 )
 
@@ -45,6 +45,43 @@ type ReadBinaryResult struct {
 	Binary   bool   `json:"binary"` // always true
 	MIMEType string `json:"mimeType"`
 	Bytes    int64  `json:"bytes"`
+}
+
+// readOutput is the structured content of read: a *ReadResult, a
+// *ReadImageResult or a *ReadBinaryResult.
+type readOutput interface{ readOutput() }
+
+func (*ReadResult) readOutput()       {}
+func (*ReadImageResult) readOutput()  {}
+func (*ReadBinaryResult) readOutput() {}
+
+type readArgs struct {
+	Path   string `json:"path" jsonschema:"the file, relative to the workspace root (or absolute inside it)"`
+	Offset *int   `json:"offset,omitempty" jsonschema:"the first line to show, from 1"`
+	Limit  *int   `json:"limit,omitempty" jsonschema:"the most lines to show (at most {{.MaxLines}})"`
+}
+
+var readTool = newTool(spec[readArgs, readOutput]{
+	name: "read", skill: "workspace.read",
+	describe: func(s *Set) string {
+		c := s.cfg
+		img := "Images are reported as binary files, not shown."
+		if c.ReadImages {
+			img = fmt.Sprintf("PNG, JPEG, GIF and WebP files (recognised from their bytes, whatever their name) are returned as images you can see, up to %s and %d pixels a side.",
+				kb(min(MaxImageBytes, c.MaxFileBytes)), MaxImageSide)
+		}
+		return fmt.Sprintf("Read a file of the workspace. Text is shown %s at a time from offset; the result ends with the offset to continue from. %s Other binary files are reported, not shown. Files over %s are refused.",
+			s.limits(), img, kb(c.MaxFileBytes))
+	},
+	constrain: func(props map[string]*jsonschema.Schema) { minimum(props, 1, "offset", "limit") },
+	variants:  []any{ReadResult{}, ReadImageResult{}, ReadBinaryResult{}},
+	handle:    (*Set).read,
+	readOnly:  yes,
+})
+
+// limits says how much read, find and grep show, for descriptions.
+func (s *Set) limits() string {
+	return fmt.Sprintf("%d lines or %s", s.cfg.MaxLines, kb(int64(s.cfg.MaxBytes)))
 }
 
 // resolve turns a path the model wrote into a workspace name.
@@ -102,15 +139,7 @@ func (s *Set) load(ctx context.Context, fsys workspace.FileSystem, name, tool st
 	return data, err
 }
 
-func (s *Set) read(ctx context.Context, args json.RawMessage, c *call) (Result, error) {
-	var p struct {
-		Path   string `json:"path"`
-		Offset *int   `json:"offset"`
-		Limit  *int   `json:"limit"`
-	}
-	if err := decodeArgs(args, &p); err != nil {
-		return Result{}, err
-	}
+func (s *Set) read(ctx context.Context, p readArgs, c *call) (Result, error) {
 	if p.Path == "" {
 		return Result{}, invalid("path is required")
 	}

@@ -2,7 +2,6 @@ package tools
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -12,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/bmatcuk/doublestar/v4"
+	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/sandboxd/sandboxd/workspace"
 )
 
@@ -43,21 +43,71 @@ type GrepResult struct {
 	Truncated bool        `json:"truncated"`
 }
 
-// listArgs are the arguments ls, find and grep share.
-type listArgs struct {
-	Path  string `json:"path"`
-	Limit *int   `json:"limit"`
+type lsArgs struct {
+	Path  string `json:"path,omitempty" jsonschema:"the directory (default: the workspace root)"`
+	Limit *int   `json:"limit,omitempty" jsonschema:"the most entries to return (at most {{.LsEntries}}, the default)"`
 }
 
-// limit applies a call's limit under the configured cap.
-func (a listArgs) limit(max int) (int, error) {
-	if a.Limit == nil {
+var lsTool = newTool(spec[lsArgs, *LsResult]{
+	name: "ls", skill: "workspace.read",
+	describe: func(s *Set) string {
+		return fmt.Sprintf("List a directory of the workspace, sorted by name. Directories end in /, symbolic links in @; a name holding a control character (a newline, an escape) is shown quoted, Go-style (\"a\\nb\"). At most %d entries.", s.cfg.LsEntries)
+	},
+	constrain: func(props map[string]*jsonschema.Schema) { minimum(props, 1, "limit") },
+	handle:    (*Set).ls,
+	readOnly:  yes,
+})
+
+type findArgs struct {
+	Pattern string `json:"pattern" jsonschema:"the glob, e.g. **/*.ts or src/**/test_*.py"`
+	Path    string `json:"path,omitempty" jsonschema:"the directory to search (default: the workspace root)"`
+	Limit   *int   `json:"limit,omitempty" jsonschema:"the most paths to return (at most {{.FindResults}}, the default)"`
+}
+
+var findTool = newTool(spec[findArgs, *FindResult]{
+	name: "find", skill: "workspace.read",
+	describe: func(s *Set) string {
+		return fmt.Sprintf("Find files whose path matches a glob (doublestar: *, **, ?, [abc], {a,b}), written relative to the workspace root; a pattern without / matches the file name at any depth (*.go). Returns paths relative to the root (quoted, Go-style, when one holds a control character), at most %d, shown up to %s. Never enters linked directories or %s.",
+			s.cfg.FindResults, s.limits(), excludeText(s.cfg.Exclude))
+	},
+	constrain: func(props map[string]*jsonschema.Schema) { minimum(props, 1, "limit") },
+	handle:    (*Set).find,
+	readOnly:  yes,
+})
+
+type grepArgs struct {
+	Pattern    string `json:"pattern" jsonschema:"the regular expression (or plain text with literal)"`
+	Path       string `json:"path,omitempty" jsonschema:"a directory or file to search (default: the workspace root)"`
+	Glob       string `json:"glob,omitempty" jsonschema:"only files whose root-relative path matches this glob (*.go matches at any depth)"`
+	IgnoreCase bool   `json:"ignoreCase,omitempty" jsonschema:"match case-insensitively"`
+	Literal    bool   `json:"literal,omitempty" jsonschema:"treat pattern as plain text"`
+	Context    int    `json:"context,omitempty" jsonschema:"lines to show before and after each match"`
+	Limit      *int   `json:"limit,omitempty" jsonschema:"the most matching lines to return (at most {{.GrepMatches}}, the default)"`
+}
+
+var grepTool = newTool(spec[grepArgs, *GrepResult]{
+	name: "grep", skill: "workspace.read",
+	describe: func(s *Set) string {
+		return fmt.Sprintf("Search file contents for a regular expression (Go RE2 syntax: no backreferences or lookaround; matching takes linear time, so no pattern can hang the search). Returns path:line:text for each matching line (context lines as path-line-text), at most %d matches, lines cut to %d characters before matching, shown up to %s. Skips binary files, linked directories and %s.",
+			s.cfg.GrepMatches, s.cfg.GrepLineChars, s.limits(), excludeText(s.cfg.Exclude))
+	},
+	constrain: func(props map[string]*jsonschema.Schema) {
+		minimum(props, 1, "limit")
+		minimum(props, 0, "context")
+	},
+	handle:   (*Set).grep,
+	readOnly: yes,
+})
+
+// limitOf applies a call's limit under the configured cap.
+func limitOf(limit *int, max int) (int, error) {
+	if limit == nil {
 		return max, nil
 	}
-	if *a.Limit < 1 {
-		return 0, invalid("limit must be at least 1, got %d", *a.Limit)
+	if *limit < 1 {
+		return 0, invalid("limit must be at least 1, got %d", *limit)
 	}
-	return min(*a.Limit, max), nil
+	return min(*limit, max), nil
 }
 
 // capOutput keeps the lines that fit in maxLines and maxBytes.
@@ -90,12 +140,8 @@ func shownName(name string) string {
 	return strconv.Quote(name)
 }
 
-func (s *Set) ls(ctx context.Context, args json.RawMessage, c *call) (Result, error) {
-	var p listArgs
-	if err := decodeArgs(args, &p); err != nil {
-		return Result{}, err
-	}
-	limit, err := p.limit(s.cfg.LsEntries)
+func (s *Set) ls(ctx context.Context, p lsArgs, c *call) (Result, error) {
+	limit, err := limitOf(p.Limit, s.cfg.LsEntries)
 	if err != nil {
 		return Result{}, err
 	}
@@ -133,21 +179,14 @@ func (s *Set) ls(ctx context.Context, args json.RawMessage, c *call) (Result, er
 	return Result{Text: text, Structured: r}, nil
 }
 
-func (s *Set) find(ctx context.Context, args json.RawMessage, c *call) (Result, error) {
-	var p struct {
-		listArgs
-		Pattern string `json:"pattern"`
-	}
-	if err := decodeArgs(args, &p); err != nil {
-		return Result{}, err
-	}
+func (s *Set) find(ctx context.Context, p findArgs, c *call) (Result, error) {
 	if p.Pattern == "" {
 		return Result{}, invalid("pattern is required (e.g. **/*.go)")
 	}
 	if !doublestar.ValidatePattern(strings.TrimPrefix(p.Pattern, "/")) {
 		return Result{}, invalid("pattern %q is not a valid glob", p.Pattern)
 	}
-	limit, err := p.limit(s.cfg.FindResults)
+	limit, err := limitOf(p.Limit, s.cfg.FindResults)
 	if err != nil {
 		return Result{}, err
 	}
@@ -187,18 +226,7 @@ func (s *Set) find(ctx context.Context, args json.RawMessage, c *call) (Result, 
 	return Result{Text: text, Structured: r}, nil
 }
 
-func (s *Set) grep(ctx context.Context, args json.RawMessage, c *call) (Result, error) {
-	var p struct {
-		listArgs
-		Pattern    string `json:"pattern"`
-		Glob       string `json:"glob"`
-		IgnoreCase bool   `json:"ignoreCase"`
-		Literal    bool   `json:"literal"`
-		Context    int    `json:"context"`
-	}
-	if err := decodeArgs(args, &p); err != nil {
-		return Result{}, err
-	}
+func (s *Set) grep(ctx context.Context, p grepArgs, c *call) (Result, error) {
 	if p.Pattern == "" {
 		return Result{}, invalid("pattern is required")
 	}
@@ -208,7 +236,7 @@ func (s *Set) grep(ctx context.Context, args json.RawMessage, c *call) (Result, 
 	if p.Glob != "" && !doublestar.ValidatePattern(strings.TrimPrefix(p.Glob, "/")) {
 		return Result{}, invalid("glob %q is not a valid glob", p.Glob)
 	}
-	limit, err := p.limit(s.cfg.GrepMatches)
+	limit, err := limitOf(p.Limit, s.cfg.GrepMatches)
 	if err != nil {
 		return Result{}, err
 	}

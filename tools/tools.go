@@ -13,6 +13,14 @@
 // A failure is a Result too (IsError, with Structured an *ErrorResult naming
 // the kind), so a model can read it and correct itself. A Set is safe for
 // concurrent use.
+//
+// Each tool is a value declared in one file (newTool: its name, skill,
+// description, argument and result types, handler), listed once in
+// catalogue.go. [Tool.InputSchema] is derived from the argument type and
+// [Tool.OutputSchema] from the result type and [ErrorResult], so a client
+// can validate a call's arguments and its structured content. A host checks
+// a configuration with [Config.Check] before it has a workspace; [New]
+// checks it the same way.
 package tools
 
 import (
@@ -76,6 +84,10 @@ type Tool struct {
 	Active      bool            `json:"active"`
 	Description string          `json:"description"`
 	InputSchema json.RawMessage `json:"inputSchema"`
+	// OutputSchema is the JSON Schema of the call's structured content
+	// (MCP's outputSchema): one of the tool's result shapes, or, for a
+	// failed call, an ErrorResult.
+	OutputSchema json.RawMessage `json:"outputSchema"`
 	// ReadOnly says the tool changes nothing in the workspace.
 	ReadOnly bool `json:"readOnly"`
 }
@@ -154,40 +166,28 @@ type ErrorResult struct {
 	Bytes    int64  `json:"bytes,omitempty"`
 }
 
-// LoadSkillResult is the structured content of load_skill.
-type LoadSkillResult struct {
-	Skill string   `json:"skill"`
-	Tools []string `json:"tools"` // the tools the skill made active
-}
-
-// LoadSkill is the name of the tool that activates skills.
-const LoadSkill = "load_skill"
-
 type skillDef struct {
 	name, short, grant string
-	tools              []string
-	desc               string
+	what               string // what its tools do
 }
 
+// skillDefs are the workspace-tools profile's skills; their tools are the
+// catalogue's of that skill.
 var skillDefs = []skillDef{
-	{"workspace.read", "read", "", []string{"read", "ls", "find", "grep"}, "look around the workspace: read, ls, find, grep"},
-	{"workspace.edit", "edit", GrantFSWrite, []string{"write", "edit"}, "change files: write, edit"},
-	{"workspace.shell", "shell", GrantShellExec, []string{"bash"}, "run commands: bash"},
+	{"workspace.read", "read", "", "look around the workspace"},
+	{"workspace.edit", "edit", GrantFSWrite, "change files"},
+	{"workspace.shell", "shell", GrantShellExec, "run commands"},
+}
+
+// desc describes the skill: what its tools do, and which they are.
+func (sk *skillDef) desc() string {
+	return sk.what + ": " + strings.Join(toolsOf(sk.name), ", ")
 }
 
 // skillByName finds a skill by its full or short name.
 func skillByName(name string) *skillDef {
 	for i := range skillDefs {
 		if skillDefs[i].name == name || skillDefs[i].short == name {
-			return &skillDefs[i]
-		}
-	}
-	return nil
-}
-
-func skillOf(tool string) *skillDef {
-	for i := range skillDefs {
-		if slices.Contains(skillDefs[i].tools, tool) {
 			return &skillDefs[i]
 		}
 	}
@@ -209,16 +209,27 @@ type call struct {
 
 type toolFunc func(s *Set, ctx context.Context, args json.RawMessage, c *call) (Result, error)
 
+// toolDef is a tool as a set offers it, under its settings.
 type toolDef struct {
-	name     string
-	skill    string
+	*tool
 	desc     string
 	schema   json.RawMessage
-	run      toolFunc
 	readOnly bool
 	// journaled tools change the workspace in this process: each call is
 	// recorded as one commit of the journal (or rolled back when it fails).
 	journaled bool
+}
+
+// offer adds t to the set's tools.
+func (s *Set) offer(t *tool) {
+	d := &toolDef{tool: t, desc: t.describe(s), schema: t.args(s)}
+	if t.readOnlyIf != nil {
+		d.readOnly = t.readOnlyIf(s)
+	}
+	if t.journaledIf != nil {
+		d.journaled = t.journaledIf(s)
+	}
+	s.defs = append(s.defs, d)
 }
 
 // Set is a session's workspace tools.
@@ -246,13 +257,13 @@ type Set struct {
 	provider *journal.Session
 }
 
-// New builds a tool set. It validates cfg, and fails when Config.Always
-// names a skill whose grant is missing (the message names the grant).
+// New builds a tool set. It checks cfg as Config.Check does, with what env
+// gives, and fails with Check's message (after "tools: ").
 func New(env Env, cfg Config) (*Set, error) {
 	if env.FS == nil {
 		return nil, errors.New("tools: Env.FS is required")
 	}
-	if err := cfg.Validate(); err != nil {
+	if err := cfg.Check(Caps{Bash: env.Bash != nil, Scope: env.Scope}); err != nil {
 		return nil, fmt.Errorf("tools: %w", err)
 	}
 	root := env.Session.Root
@@ -280,27 +291,14 @@ func New(env Env, cfg Config) (*Set, error) {
 		return nil, fmt.Errorf("tools: %w", err)
 	}
 	for _, a := range cfg.Always {
-		sk := skillByName(a)
-		if sk.grant != "" && !slices.Contains(cfg.Grants, sk.grant) {
-			return nil, fmt.Errorf("tools: always-on skill %s needs the grant %s, which is not given", sk.name, sk.grant)
-		}
-		if sk.name == "workspace.shell" && env.Bash == nil {
-			return nil, errors.New("tools: always-on skill workspace.shell needs a Bash (Env.Bash is nil)")
-		}
-		if sk.name == "workspace.shell" && s.scoped() {
-			return nil, errors.New("tools: always-on skill workspace.shell: this session has visible/commit rules, which bind the file tools but not a command, so bash is not offered")
-		}
-		s.active[sk.name] = true
+		s.active[skillByName(a).name] = true
 	}
 	profiles := cfg.Profiles()
 	if slices.Contains(profiles, ProfileWorkspaceTools) {
 		for _, name := range AllTools {
-			if !slices.Contains(cfg.Tools, name) || (name == "bash" && (env.Bash == nil || s.scoped())) {
-				continue
+			if t := lookupTool(name); slices.Contains(cfg.Tools, name) && (t.offered == nil || t.offered(s)) {
+				s.offer(t)
 			}
-			d := s.define(name)
-			d.skill = skillOf(name).name
-			s.defs = append(s.defs, d)
 		}
 	}
 	if slices.Contains(profiles, ProfileWorkspaceShell) {
@@ -315,21 +313,21 @@ func New(env Env, cfg Config) (*Set, error) {
 		s.wsEntry = entry
 		s.active[SkillWorkspaceShell] = true
 		for _, name := range entryTools(entry) {
-			d := s.defineShell(name)
-			d.skill = SkillWorkspaceShell
-			s.defs = append(s.defs, d)
+			t := lookupTool(name)
+			if t == nil {
+				return nil, fmt.Errorf("tools: the workspace-shell profile gives a tool %q that the catalogue does not declare", name)
+			}
+			s.offer(t)
 		}
 	}
 	if slices.Contains(cfg.Grants, GrantFSWrite) {
 		s.active[SkillJournal] = true
 		for _, name := range JournalTools {
-			d := s.defineShell(name)
-			d.skill = SkillJournal
-			s.defs = append(s.defs, d)
+			s.offer(lookupTool(name))
 		}
 	}
 	if slices.Contains(profiles, ProfileWorkspaceTools) {
-		s.defs = append(s.defs, s.define(LoadSkill))
+		s.offer(loadSkillTool)
 	}
 	return s, nil
 }
@@ -376,7 +374,8 @@ func (s *Set) List() []Tool {
 	defer s.mu.Unlock()
 	out := make([]Tool, 0, len(s.defs))
 	for _, d := range s.defs {
-		out = append(out, Tool{Name: d.name, Skill: d.skill, Active: s.isActive(d), Description: d.desc, InputSchema: d.schema, ReadOnly: d.readOnly})
+		out = append(out, Tool{Name: d.name, Skill: d.skill, Active: s.isActive(d), Description: d.desc,
+			InputSchema: d.schema, OutputSchema: d.out, ReadOnly: d.readOnly})
 	}
 	return out
 }
@@ -403,7 +402,7 @@ func (s *Set) Skills() []Skill {
 	for _, sk := range skillDefs {
 		out = append(out, Skill{
 			Name: sk.name, Grant: sk.grant, Granted: s.granted(&sk), Active: s.active[sk.name],
-			Tools: s.registered(&sk), Description: sk.desc,
+			Tools: s.registered(&sk), Description: sk.desc(),
 		})
 	}
 	return out

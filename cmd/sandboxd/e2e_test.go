@@ -515,10 +515,11 @@ func TestToolsJSON(t *testing.T) {
 	}
 	var cat struct {
 		Tools []struct {
-			Name        string         `json:"name"`
-			Skill       *string        `json:"skill"`
-			Active      *bool          `json:"active"`
-			InputSchema map[string]any `json:"inputSchema"`
+			Name         string         `json:"name"`
+			Skill        *string        `json:"skill"`
+			Active       *bool          `json:"active"`
+			InputSchema  map[string]any `json:"inputSchema"`
+			OutputSchema map[string]any `json:"outputSchema"`
 		} `json:"tools"`
 	}
 	if err := json.Unmarshal([]byte(out), &cat); err != nil {
@@ -545,6 +546,9 @@ func TestToolsJSON(t *testing.T) {
 		}
 		if tool.InputSchema["type"] != "object" || tool.InputSchema["properties"] == nil {
 			t.Errorf("%s: inputSchema %v", tool.Name, tool.InputSchema)
+		}
+		if shapes, _ := tool.OutputSchema["oneOf"].([]any); tool.OutputSchema["type"] != "object" || len(shapes) < 2 {
+			t.Errorf("%s: outputSchema %v, want an object, one of the result's shapes or the error's", tool.Name, tool.OutputSchema)
 		}
 	}
 	for name := range wantTools {

@@ -17,7 +17,7 @@ var cmdTools = &command{
 	args:    "[--json] [session flags of mcp, --profile, --mode, --commands, --driver, --exec-timeout]",
 	summary: "print the tool catalogue a session with these settings gets",
 	setup: func(fs *flag.FlagSet) runFunc {
-		asJSON := fs.Bool("json", false, `print JSON: {"tools":[{"name","skill","active","description","inputSchema"}],"skills":[…]}`)
+		asJSON := fs.Bool("json", false, `print JSON: {"tools":[{"name","skill","active","description","inputSchema","outputSchema"}],"skills":[…]}`)
 		return withSession(fs, func(_ context.Context, sio stdio, s *session) error {
 			if !*asJSON {
 				return printCatalogue(sio, s.set)

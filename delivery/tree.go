@@ -93,8 +93,8 @@ func NewStore() (*Store, error) {
 // Close removes the store's files.
 func (s *Store) Close() error { return os.RemoveAll(s.dir) }
 
-// put keeps data and returns its object name.
-func (s *Store) put(data []byte) (string, error) {
+// Put keeps data and returns its object name (BlobOID).
+func (s *Store) Put(data []byte) (string, error) {
 	oid := BlobOID(data)
 	p := s.path(oid)
 	if _, err := os.Stat(p); err == nil {
@@ -211,7 +211,7 @@ func readEntry(ctx context.Context, fsys workspace.FileSystem, st *Store, name s
 	default:
 		return nil, "", nil
 	}
-	oid, err := st.put(data)
+	oid, err := st.Put(data)
 	if err != nil {
 		return nil, "", err
 	}
@@ -236,10 +236,15 @@ func (c Change) gitInvisible() bool {
 	return c.Old != nil && c.New != nil && c.Old.OID == c.New.OID && c.Old.gitMode() == c.New.gitMode()
 }
 
-// Changes lists what differs from base to final, sorted by path.
+// Changes lists what differs from base to final, sorted by path. A path
+// either tree skipped is not listed: what it holds there is not known, so
+// its absence is no deletion.
 func Changes(base, final *Tree) []Change {
 	var out []Change
 	for p, o := range base.Files {
+		if _, skipped := final.Skipped[p]; skipped {
+			continue
+		}
 		if n, ok := final.Files[p]; !ok {
 			out = append(out, Change{Path: p, Old: &o})
 		} else if n != o {
@@ -247,7 +252,8 @@ func Changes(base, final *Tree) []Change {
 		}
 	}
 	for p, n := range final.Files {
-		if _, ok := base.Files[p]; !ok {
+		_, skipped := base.Skipped[p]
+		if _, ok := base.Files[p]; !ok && !skipped {
 			out = append(out, Change{Path: p, New: &n})
 		}
 	}

@@ -164,3 +164,21 @@ func TestDiff(t *testing.T) {
 		t.Errorf("another tenant's diff: %d", status)
 	}
 }
+
+// A download of the root leaves sandboxd's bookkeeping out, as the diff
+// does; naming .sandboxd downloads it.
+func TestDownloadLeavesBookkeepingOut(t *testing.T) {
+	e := start(t, config{})
+	s := e.create(acmeToken, writer)
+	if r := e.call(acmeToken, s.ID, "bash", map[string]any{"command": "echo a > a.txt && mkdir -p .sandboxd/x && echo j > .sandboxd/x/junk"}); r.IsError {
+		t.Fatalf("bash: %+v", r)
+	}
+	status, body, _ := e.do(acmeToken, "GET", "/v1/sessions/"+s.ID+"/files/", nil)
+	if got := readTar(t, body); status != http.StatusOK || len(got) != 1 || got[0].name != "a.txt" {
+		t.Fatalf("download of the root: %d %v", status, got)
+	}
+	status, body, _ = e.do(acmeToken, "GET", "/v1/sessions/"+s.ID+"/files/.sandboxd", nil)
+	if got := readTar(t, body); status != http.StatusOK || len(got) != 2 || got[1].name != "x/junk" {
+		t.Fatalf("download of .sandboxd: %d %v", status, got)
+	}
+}

@@ -402,6 +402,8 @@ func extract(ctx context.Context, l *lease, fsys workspace.FileSystem, dir strin
 
 // download answers a tar stream of a file or a directory of the workspace:
 // a directory's entries are named relative to it, a file by its base name.
+// A download of the root leaves sandboxd's bookkeeping (.sandboxd/) out;
+// naming it downloads it.
 // Links are kept as links, except those that lead outside the workspace
 // (an upload would refuse them); pipes, sockets and devices are left out.
 // Over the transfer cap is 413, and no room in the memory budget for its
@@ -474,6 +476,9 @@ func planDownload(ctx context.Context, fsys workspace.FileSystem, name string, l
 			return err
 		}
 		for _, d := range list {
+			if dir == "." && d.Name() == daemonDir {
+				continue // sandboxd's bookkeeping: downloaded only when named
+			}
 			info, err := d.Info()
 			if err != nil {
 				continue // gone since the listing

@@ -28,6 +28,17 @@ func (s *Server) diff(w http.ResponseWriter, r *http.Request) {
 		}
 		req.Since = &n
 	}
+	// The diff reads files of up to a tenant's share of the memory budget
+	// over the files read at once (and the transfer cap), each drawn from
+	// the budget while it is held; larger ones are named, not shown.
+	req.MaxFileBytes = min(s.o.maxTransfer, s.o.budget/2/runner.DiffReaders)
+	l := leaseOf(r.Context())
+	req.Hold = func(_ context.Context, n int64) (func(), error) {
+		if err := l.take(n); err != nil {
+			return nil, err
+		}
+		return func() { l.put(n) }, nil
+	}
 	started := false
 	err := sess.Do(r.Context(), "diff", func(ctx context.Context) (bool, error) {
 		d, err := sess.Diff(ctx, req)
@@ -38,7 +49,7 @@ func (s *Server) diff(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/x-diff; charset=utf-8")
 		w.WriteHeader(http.StatusOK)
 		started = true
-		return false, d.WritePatch(w)
+		return false, d.WritePatch(ctx, w)
 	})
 	if err != nil {
 		if started {

@@ -3,6 +3,7 @@ package httpapi_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
@@ -10,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sandboxd/sandboxd/httpapi"
 	"github.com/sandboxd/sandboxd/runner"
 )
 
@@ -180,5 +182,28 @@ func TestDownloadLeavesBookkeepingOut(t *testing.T) {
 	status, body, _ = e.do(acmeToken, "GET", "/v1/sessions/"+s.ID+"/files/.sandboxd", nil)
 	if got := readTar(t, body); status != http.StatusOK || len(got) != 2 || got[1].name != "x/junk" {
 		t.Fatalf("download of .sandboxd: %d %v", status, got)
+	}
+}
+
+// A diff draws its files from the memory budget: a file over a tenant's
+// share of it over the files read at once is named in the patch's header,
+// not shown.
+func TestDiffBoundedByTheMemoryBudget(t *testing.T) {
+	const budget = 6 << 20 // the least for a 1 MiB body cap
+	e := start(t, config{api: []httpapi.Option{httpapi.WithMaxBodyBytes(1 << 20), httpapi.WithMemoryBudget(budget)}})
+	s := e.create(acmeToken, writer)
+	perFile := budget / 2 / runner.DiffReaders
+	if r := e.call(acmeToken, s.ID, "bash", map[string]any{"command": fmt.Sprintf("head -c %d /dev/zero > big.bin && echo small > small.txt", perFile+1)}); r.IsError {
+		t.Fatalf("bash: %+v", r)
+	}
+	status, body, _ := e.do(acmeToken, "GET", "/v1/sessions/"+s.ID+"/diff", nil)
+	if status != http.StatusOK || !bytes.Contains(body, []byte(fmt.Sprintf("sandboxd: not in this diff: big.bin (over %d bytes)", perFile))) ||
+		!bytes.Contains(body, []byte("diff --git a/small.txt b/small.txt\n")) || bytes.Contains(body, []byte("a/big.bin")) {
+		t.Fatalf("diff: %d\n%s", status, body)
+	}
+	tree := t.TempDir()
+	gitApply(t, tree, body)
+	if data, err := os.ReadFile(filepath.Join(tree, "small.txt")); err != nil || string(data) != "small\n" {
+		t.Fatalf("small.txt after git apply: %q, %v", data, err)
 	}
 }

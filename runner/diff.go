@@ -1,6 +1,7 @@
 package runner
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -53,6 +54,10 @@ func (b *baseline) close() error {
 	return b.store.Close()
 }
 
+// DiffReaders is how many files a Diff reads at once (and holds, with
+// DiffRequest.Hold).
+const DiffReaders = delivery.SnapshotReaders
+
 // DiffRequest says what a Diff compares.
 type DiffRequest struct {
 	// Since, when set, is a journal commit (0: the journal's start): the
@@ -60,6 +65,13 @@ type DiffRequest struct {
 	// from their state just after it to their state now. Without it the
 	// diff is of the whole tree, from the session's start to now.
 	Since *int
+	// MaxFileBytes leaves files over it out of the diff (named in Skipped);
+	// 0 is delivery.MaxFileBytes.
+	MaxFileBytes int64
+	// Hold, when set, is the memory budget the diff draws on: each file
+	// while it is read, and, while the patch is written, three times the
+	// largest change's two sides (their bytes, their lines, the hunks).
+	Hold delivery.Hold
 }
 
 // Diff is what a session changed, as Session.Diff found it. Close releases
@@ -71,17 +83,46 @@ type Diff struct {
 	// delivery.MaxFileBytes, contents the journal did not keep).
 	Skipped map[string]string
 	store   *delivery.Store
+	hold    delivery.Hold
 }
 
 // WritePatch writes the diff as a git-format patch (delivery.WritePatch)
 // that `git apply` applies to the tree it was taken from. Skipped paths are
 // named in its header, which git ignores.
-func (d *Diff) WritePatch(w io.Writer) error {
+func (d *Diff) WritePatch(ctx context.Context, w io.Writer) error {
+	var largest int64
+	for _, c := range d.Changes {
+		var n int64
+		for _, e := range []*delivery.Entry{c.Old, c.New} {
+			if e != nil {
+				size, err := d.store.Size(e.OID)
+				if err != nil {
+					return err
+				}
+				n += size
+			}
+		}
+		largest = max(largest, n)
+	}
 	var header strings.Builder
 	for _, p := range slices.Sorted(maps.Keys(d.Skipped)) {
 		fmt.Fprintf(&header, "sandboxd: not in this diff: %s (%s)\n", p, d.Skipped[p])
 	}
-	return delivery.WritePatch(w, header.String(), d.Changes, d.store)
+	return d.holding(ctx, 3*largest, func() error {
+		return delivery.WritePatch(w, header.String(), d.Changes, d.store)
+	})
+}
+
+// holding runs fn holding n bytes of the diff's budget, if it has one.
+func (d *Diff) holding(ctx context.Context, n int64, fn func() error) error {
+	if d.hold != nil {
+		release, err := d.hold(ctx, n)
+		if err != nil {
+			return err
+		}
+		defer release()
+	}
+	return fn()
 }
 
 // Close removes the contents the diff holds.
@@ -104,7 +145,7 @@ func (s *Session) Diff(ctx context.Context, req DiffRequest) (*Diff, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &Diff{store: st, Skipped: map[string]string{}}
+	d := &Diff{store: st, Skipped: map[string]string{}, hold: req.Hold}
 	if err := d.compute(ctx, s, req); err != nil {
 		st.Close()
 		return nil, err
@@ -113,7 +154,11 @@ func (s *Session) Diff(ctx context.Context, req DiffRequest) (*Diff, error) {
 }
 
 func (d *Diff) compute(ctx context.Context, s *Session, req DiffRequest) error {
-	now, err := delivery.Snapshot(ctx, s.inst.FS, d.store)
+	opts := []delivery.SnapshotOption{delivery.WithMaxFileBytes(cmp.Or(req.MaxFileBytes, delivery.MaxFileBytes))}
+	if req.Hold != nil {
+		opts = append(opts, delivery.WithHold(req.Hold))
+	}
+	now, err := delivery.Snapshot(ctx, s.inst.FS, d.store, opts...)
 	if err != nil {
 		return err
 	}
@@ -135,11 +180,18 @@ func (d *Diff) compute(ctx context.Context, s *Session, req DiffRequest) error {
 		if c.Old == nil {
 			continue
 		}
-		data, err := from.Get(c.Old.OID)
+		size, err := from.Size(c.Old.OID)
 		if err != nil {
 			return fmt.Errorf("runner: the session's first tree: %w", err)
 		}
-		if _, err := d.store.Put(data); err != nil {
+		err = d.holding(ctx, size, func() error {
+			data, err := from.Get(c.Old.OID)
+			if err == nil {
+				_, err = d.store.Put(data)
+			}
+			return err
+		})
+		if err != nil {
 			return err
 		}
 	}
@@ -200,20 +252,24 @@ func (d *Diff) journalBase(ctx context.Context, s *Session, since int, now *deli
 // entryOf is a journal state as a tree's entry, its contents put in the
 // diff's store: nil for a state that is no file or link.
 func (d *Diff) entryOf(ctx context.Context, j *journal.Journal, e journal.Entry) (*delivery.Entry, error) {
-	var data []byte
+	var oid string
+	var err error
 	mode := e.Mode & fs.ModePerm
 	switch e.Type {
 	case "file":
-		var err error
-		if data, err = j.Contents(ctx, e); err != nil {
-			return nil, err
-		}
+		err = d.holding(ctx, e.Size, func() error {
+			data, err := j.Contents(ctx, e)
+			if err == nil {
+				oid, err = d.store.Put(data)
+			}
+			return err
+		})
 	case "symlink":
-		data, mode = []byte(e.Target), fs.ModeSymlink|mode
+		mode |= fs.ModeSymlink
+		oid, err = d.store.Put([]byte(e.Target))
 	default:
 		return nil, nil
 	}
-	oid, err := d.store.Put(data)
 	if err != nil {
 		return nil, err
 	}

@@ -31,7 +31,7 @@ func TestDiffFirstTree(t *testing.T) {
 			return false, err
 		}
 		defer d.Close()
-		return false, d.WritePatch(&patch)
+		return false, d.WritePatch(ctx, &patch)
 	})
 	if err != nil || !strings.HasPrefix(patch.String(), "diff --git a/a.txt b/a.txt\nnew file mode 100644\n") {
 		t.Fatalf("diff: %v\n%s", err, patch.String())

@@ -93,8 +93,8 @@ func NewStore() (*Store, error) {
 // Close removes the store's files.
 func (s *Store) Close() error { return os.RemoveAll(s.dir) }
 
-// put keeps data and returns its object name.
-func (s *Store) put(data []byte) (string, error) {
+// Put keeps data and returns its object name (BlobOID).
+func (s *Store) Put(data []byte) (string, error) {
 	oid := BlobOID(data)
 	p := s.path(oid)
 	if _, err := os.Stat(p); err == nil {
@@ -121,6 +121,15 @@ func (s *Store) put(data []byte) (string, error) {
 // Get returns the content named oid.
 func (s *Store) Get(oid string) ([]byte, error) { return os.ReadFile(s.path(oid)) }
 
+// Size returns the length of the content named oid.
+func (s *Store) Size(oid string) (int64, error) {
+	info, err := os.Stat(s.path(oid))
+	if err != nil {
+		return 0, err
+	}
+	return info.Size(), nil
+}
+
 func (s *Store) path(oid string) string { return filepath.Join(s.dir, oid) }
 
 // BlobOID is git's object name for a blob of data.
@@ -131,13 +140,39 @@ func BlobOID(data []byte) string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
+// SnapshotOption bounds what Snapshot holds.
+type SnapshotOption func(*snapshotOptions)
+
+type snapshotOptions struct {
+	maxFile int64
+	hold    Hold
+}
+
+// Hold takes n bytes of a memory budget before they are read, or fails
+// (and Snapshot with it); release gives them back.
+type Hold func(ctx context.Context, n int64) (release func(), err error)
+
+// WithMaxFileBytes skips files over n bytes (listed in Tree.Skipped),
+// instead of MaxFileBytes.
+func WithMaxFileBytes(n int64) SnapshotOption {
+	return func(o *snapshotOptions) { o.maxFile = min(n, MaxFileBytes) }
+}
+
+// WithHold makes each file's read hold its size from hold until its
+// contents are in the store.
+func WithHold(hold Hold) SnapshotOption { return func(o *snapshotOptions) { o.hold = hold } }
+
 // Snapshot reads the tree of fsys (its regular files and symbolic links,
 // leaving out what Excluded names and other special files) and keeps the
 // contents in st. It reads through the FileSystem port, so a workspace in a
 // container, in memory or on disk is read the same way, several files at a
 // time (a container's agent serves calls concurrently); it does not stop
-// writers meanwhile.
-func Snapshot(ctx context.Context, fsys workspace.FileSystem, st *Store) (*Tree, error) {
+// writers meanwhile. It holds at most SnapshotReaders files in memory.
+func Snapshot(ctx context.Context, fsys workspace.FileSystem, st *Store, opts ...SnapshotOption) (*Tree, error) {
+	o := snapshotOptions{maxFile: MaxFileBytes}
+	for _, opt := range opts {
+		opt(&o)
+	}
 	walk, err := workspace.Walk(ctx, fsys, workspace.WalkRequest{FilesOnly: true, Exclude: bookkeeping})
 	if err != nil {
 		return nil, fmt.Errorf("delivery: listing the workspace: %w", err)
@@ -145,13 +180,13 @@ func Snapshot(ctx context.Context, fsys workspace.FileSystem, st *Store) (*Tree,
 	t := &Tree{Files: map[string]Entry{}, Skipped: map[string]string{}}
 	var mu sync.Mutex
 	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(snapshotReaders)
+	g.SetLimit(SnapshotReaders)
 	for _, e := range walk.Entries {
 		if Excluded(e.Path) {
 			continue
 		}
 		g.Go(func() error {
-			entry, why, err := readEntry(gctx, fsys, st, e.Path)
+			entry, why, err := o.readEntry(gctx, fsys, st, e.Path)
 			mu.Lock()
 			defer mu.Unlock()
 			switch {
@@ -171,18 +206,29 @@ func Snapshot(ctx context.Context, fsys workspace.FileSystem, st *Store) (*Tree,
 	return t, nil
 }
 
-// snapshotReaders is how many files Snapshot reads at a time.
-const snapshotReaders = 8
+// SnapshotReaders is how many files Snapshot reads, and holds, at a time.
+const SnapshotReaders = 8
 
 // readEntry reads one entry of a walk: nil for a special file, why for one
 // that cannot be delivered, an error when the workspace failed.
-func readEntry(ctx context.Context, fsys workspace.FileSystem, st *Store, name string) (_ *Entry, why string, _ error) {
+func (o snapshotOptions) readEntry(ctx context.Context, fsys workspace.FileSystem, st *Store, name string) (_ *Entry, why string, _ error) {
 	info, err := fsys.Lstat(ctx, name)
 	if errors.Is(err, workspace.ErrNotFound) {
 		return nil, "", nil // gone since the listing
 	}
 	if err != nil {
 		return nil, "", err
+	}
+	tooLarge := fmt.Sprintf("over %d bytes", o.maxFile)
+	if info.Mode().IsRegular() && info.Size() > o.maxFile {
+		return nil, tooLarge, nil
+	}
+	if o.hold != nil {
+		release, err := o.hold(ctx, min(info.Size(), o.maxFile))
+		if err != nil {
+			return nil, "", err
+		}
+		defer release()
 	}
 	var data []byte
 	switch {
@@ -197,10 +243,10 @@ func readEntry(ctx context.Context, fsys workspace.FileSystem, st *Store, name s
 		}
 		data = []byte(target)
 	case info.Mode().IsRegular():
-		data, err = fsys.ReadFile(ctx, name, MaxFileBytes)
+		data, err = fsys.ReadFile(ctx, name, o.maxFile)
 		switch {
 		case errors.Is(err, workspace.ErrFileTooLarge):
-			return nil, fmt.Sprintf("over %d bytes", MaxFileBytes), nil
+			return nil, tooLarge, nil
 		case errors.Is(err, workspace.ErrNotFound):
 			return nil, "", nil
 		case errors.Is(err, workspace.ErrForbidden):
@@ -211,7 +257,7 @@ func readEntry(ctx context.Context, fsys workspace.FileSystem, st *Store, name s
 	default:
 		return nil, "", nil
 	}
-	oid, err := st.put(data)
+	oid, err := st.Put(data)
 	if err != nil {
 		return nil, "", err
 	}
@@ -236,10 +282,15 @@ func (c Change) gitInvisible() bool {
 	return c.Old != nil && c.New != nil && c.Old.OID == c.New.OID && c.Old.gitMode() == c.New.gitMode()
 }
 
-// Changes lists what differs from base to final, sorted by path.
+// Changes lists what differs from base to final, sorted by path. A path
+// either tree skipped is not listed: what it holds there is not known, so
+// its absence is no deletion.
 func Changes(base, final *Tree) []Change {
 	var out []Change
 	for p, o := range base.Files {
+		if _, skipped := final.Skipped[p]; skipped {
+			continue
+		}
 		if n, ok := final.Files[p]; !ok {
 			out = append(out, Change{Path: p, Old: &o})
 		} else if n != o {
@@ -247,7 +298,8 @@ func Changes(base, final *Tree) []Change {
 		}
 	}
 	for p, n := range final.Files {
-		if _, ok := base.Files[p]; !ok {
+		_, skipped := base.Skipped[p]
+		if _, ok := base.Files[p]; !ok && !skipped {
 			out = append(out, Change{Path: p, New: &n})
 		}
 	}

@@ -214,6 +214,7 @@ func (s *Server) routes() []route {
 		{"POST", "/v1/sessions/{id}/provider-run/end", true, f(s.endProviderRun)},
 		{"PUT", "/v1/sessions/{id}/files/{path...}", true, f(s.upload)},
 		{"GET", "/v1/sessions/{id}/files/{path...}", true, f(s.download)},
+		{"GET", "/v1/sessions/{id}/diff", true, f(s.diff)},
 		{"POST", "/mcp", true, s.mcp},
 		{"GET", "/mcp", true, s.mcp},
 		{"DELETE", "/mcp", true, s.mcp},

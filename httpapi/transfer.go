@@ -26,8 +26,8 @@ const maxTarEntries = 100_000
 // since a case-insensitive file system makes .SANDBOXD the same directory.
 const daemonDir = ".sandboxd"
 
-// transferResult is the answer to an upload.
-type transferResult struct {
+// TransferResult is the answer to an upload.
+type TransferResult struct {
 	Files int   `json:"files"`
 	Dirs  int   `json:"dirs"`
 	Links int   `json:"links"`
@@ -46,7 +46,7 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	body := http.MaxBytesReader(w, r.Body, s.o.maxTransfer)
-	var res transferResult
+	var res TransferResult
 	err := sess.Do(r.Context(), "upload", func(ctx context.Context) (bool, error) {
 		spool, err := newSpool()
 		if err != nil {
@@ -355,8 +355,8 @@ func checkTargets(ctx context.Context, fsys workspace.FileSystem, entries []tarE
 // it is written, drawn from the request's lease of the memory budget: an
 // archive's size counts, not its size on the wire (a sparse entry of 3 KB
 // that holds 256 MB costs 256 MB).
-func extract(ctx context.Context, l *lease, fsys workspace.FileSystem, dir string, entries []tarEntry, spool io.ReaderAt) (transferResult, error) {
-	var res transferResult
+func extract(ctx context.Context, l *lease, fsys workspace.FileSystem, dir string, entries []tarEntry, spool io.ReaderAt) (TransferResult, error) {
+	var res TransferResult
 	if err := workspace.MkdirAll(ctx, fsys, dir, 0o755); err != nil {
 		return res, err
 	}
@@ -402,6 +402,8 @@ func extract(ctx context.Context, l *lease, fsys workspace.FileSystem, dir strin
 
 // download answers a tar stream of a file or a directory of the workspace:
 // a directory's entries are named relative to it, a file by its base name.
+// A download of the root leaves sandboxd's bookkeeping (.sandboxd/) out;
+// naming it downloads it.
 // Links are kept as links, except those that lead outside the workspace
 // (an upload would refuse them); pipes, sockets and devices are left out.
 // Over the transfer cap is 413, and no room in the memory budget for its
@@ -474,6 +476,9 @@ func planDownload(ctx context.Context, fsys workspace.FileSystem, name string, l
 			return err
 		}
 		for _, d := range list {
+			if dir == "." && d.Name() == daemonDir {
+				continue // sandboxd's bookkeeping: downloaded only when named
+			}
 			info, err := d.Info()
 			if err != nil {
 				continue // gone since the listing

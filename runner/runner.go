@@ -385,6 +385,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Session, erro
 		return nil, err
 	}
 	s.pooled = pooled
+	s.base = m.takeBaseline(ctx, s)
 	m.mu.Lock()
 	if m.closing {
 		m.mu.Unlock()

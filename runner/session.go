@@ -30,6 +30,8 @@ type Session struct {
 	// dropJournal removes the journal's store (see journalStore).
 	dropJournal func() error
 	pooled      bool
+	// base is the workspace's tree as the session began (Diff).
+	base *baseline
 
 	ctx    context.Context // ends when the session does
 	cancel context.CancelCauseFunc
@@ -303,7 +305,7 @@ func (s *Session) close(ctx context.Context, cause error, drain bool) error {
 		}
 		// Removal happens even when ctx is over: a workspace is never leaked.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), removeTimeout)
-		s.closeErr = errors.Join(s.inst.Close(rctx), s.dropJournal())
+		s.closeErr = errors.Join(s.inst.Close(rctx), s.dropJournal(), s.base.close())
 		cancel()
 		s.m.release(s.tenant)
 		s.m.o.logger.Info("session ended", "tenant", s.tenant, "session", s.id, "reason", cause.Error())

@@ -1,16 +1,12 @@
 package main
 
 import (
-	"bufio"
-	"bytes"
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"strings"
 	"text/tabwriter"
@@ -18,65 +14,39 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sandboxd/sandboxd/client"
 	"github.com/sandboxd/sandboxd/httpapi"
 	"github.com/sandboxd/sandboxd/runner"
 	"github.com/sandboxd/sandboxd/scope"
 )
 
-// daemonClient talks to a running daemon: --url and --token, or
-// SANDBOXD_URL and SANDBOXD_TOKEN.
+// daemonClient is the client of a running daemon the session commands
+// use: --url and --token, or SANDBOXD_URL and SANDBOXD_TOKEN.
 type daemonClient struct {
 	url, token string
 }
 
-func (c *daemonClient) register(fs *flag.FlagSet) {
+// daemonFlags declares --url and --token on fs.
+func daemonFlags(fs *flag.FlagSet) *daemonClient {
+	c := &daemonClient{}
 	fs.StringVar(&c.url, "url", "", "the daemon's `URL` (default $SANDBOXD_URL, else http://"+defaultListen+")")
 	fs.StringVar(&c.token, "token", "", "the tenant's bearer `token` (default $SANDBOXD_TOKEN)")
+	return c
 }
 
-// do sends a request and decodes a JSON answer into out; an error answer
-// becomes an error carrying the daemon's message.
-func (c *daemonClient) do(ctx context.Context, method, path string, in, out any, header ...string) (*http.Response, error) {
-	base := strings.TrimSuffix(cmp.Or(c.url, os.Getenv("SANDBOXD_URL"), "http://"+defaultListen), "/")
-	token := cmp.Or(c.token, os.Getenv("SANDBOXD_TOKEN"))
-	if token == "" {
+// open returns the client the flags and the environment describe.
+func (c *daemonClient) open() (*client.Client, error) {
+	if c.token == "" && os.Getenv("SANDBOXD_TOKEN") == "" {
 		return nil, errors.New("no token: set SANDBOXD_TOKEN (sandboxd serve prints one in development) or pass --token")
 	}
-	var body io.Reader
-	if in != nil {
-		data, err := json.Marshal(in)
-		if err != nil {
-			return nil, err
-		}
-		body = bytes.NewReader(data)
+	opts := []client.Opt{client.WithBaseURL("http://" + defaultListen), client.FromEnv}
+	if c.url != "" {
+		opts = append(opts, client.WithBaseURL(c.url))
 	}
-	req, err := http.NewRequestWithContext(ctx, method, base+path, body)
-	if err != nil {
-		return nil, err
+	if c.token != "" {
+		opts = append(opts, client.WithToken(c.token))
 	}
-	req.Header.Set("Authorization", "Bearer "+token)
-	req.Header.Set("Content-Type", "application/json")
-	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Set(header[i], header[i+1])
-	}
-	res, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	if res.StatusCode >= 300 {
-		defer res.Body.Close()
-		var e struct{ Error, Message string }
-		data, _ := io.ReadAll(io.LimitReader(res.Body, 1<<20))
-		if json.Unmarshal(data, &e) != nil || e.Message == "" {
-			e.Message = strings.TrimSpace(string(data))
-		}
-		return nil, fmt.Errorf("%s (%d %s)", e.Message, res.StatusCode, cmp.Or(e.Error, http.StatusText(res.StatusCode)))
-	}
-	if out == nil {
-		return res, nil // the caller reads the body
-	}
-	defer res.Body.Close()
-	return res, json.NewDecoder(res.Body).Decode(out)
+	return client.New(opts...)
 }
 
 // globsFlag collects one glob per use: globs may hold commas ("{a,b}").
@@ -100,8 +70,7 @@ var cmdSessionCreate = &command{
 	args:    "[--grant fs.write] [--grant shell.exec] [--always read,edit,shell] [--visible GLOB]... [--commit GLOB]... [--image IMAGE] [--lifetime D] [--idle-timeout D] [--json]",
 	summary: "create a session on a running daemon and print its ID",
 	setup: func(fs *flag.FlagSet) runFunc {
-		var c daemonClient
-		c.register(fs)
+		c := daemonFlags(fs)
 		var grants, always listFlag
 		fs.Var(&grants, "grant", "a `permission` to give: fs.write or shell.exec; repeatable")
 		fs.Var(&always, "always", "`skills` active from the first step: read, edit, shell")
@@ -121,14 +90,18 @@ var cmdSessionCreate = &command{
 			if always.set {
 				st.Always = always.values
 			}
-			var info runner.Info
-			if _, err := c.do(ctx, "POST", "/v1/sessions", st, &info); err != nil {
+			cl, err := c.open()
+			if err != nil {
+				return err
+			}
+			res, err := cl.SessionCreate(ctx, client.SessionCreateOptions{Settings: st})
+			if err != nil {
 				return err
 			}
 			if *asJSON {
-				return printJSON(sio.out, info)
+				return printJSON(sio.out, res.Session)
 			}
-			fmt.Fprintln(sio.out, info.ID)
+			fmt.Fprintln(sio.out, res.Session.ID)
 			return nil
 		}
 	},
@@ -139,17 +112,18 @@ var cmdSessionList = &command{
 	args:    "[--json]",
 	summary: "list the tenant's sessions on a running daemon",
 	setup: func(fs *flag.FlagSet) runFunc {
-		var c daemonClient
-		c.register(fs)
+		c := daemonFlags(fs)
 		asJSON := fs.Bool("json", false, "print JSON")
 		return func(ctx context.Context, sio stdio, args []string) error {
 			if len(args) > 0 {
 				return usagef("unexpected arguments %q", args)
 			}
-			var list struct {
-				Sessions []runner.Info `json:"sessions"`
+			cl, err := c.open()
+			if err != nil {
+				return err
 			}
-			if _, err := c.do(ctx, "GET", "/v1/sessions", nil, &list); err != nil {
+			list, err := cl.SessionList(ctx, client.SessionListOptions{})
+			if err != nil {
 				return err
 			}
 			if *asJSON {
@@ -185,20 +159,20 @@ var cmdSessionRemove = &command{
 	args:    "ID...",
 	summary: "end sessions on a running daemon (calls in flight are cancelled, workspaces removed)",
 	setup: func(fs *flag.FlagSet) runFunc {
-		var c daemonClient
-		c.register(fs)
+		c := daemonFlags(fs)
 		return func(ctx context.Context, sio stdio, args []string) error {
 			if len(args) == 0 {
 				return usagef("name at least one session")
 			}
+			cl, err := c.open()
+			if err != nil {
+				return err
+			}
 			var errs []error
 			for _, id := range args {
-				res, err := c.do(ctx, "DELETE", "/v1/sessions/"+id, nil, nil)
-				if err != nil {
+				if _, err := cl.SessionRemove(ctx, id, client.SessionRemoveOptions{}); err != nil {
 					errs = append(errs, fmt.Errorf("%s: %w", id, err))
-					continue
 				}
-				res.Body.Close()
 			}
 			return errors.Join(errs...)
 		}
@@ -210,8 +184,7 @@ var cmdSessionCall = &command{
 	args:    "[--json] ID TOOL [ARGUMENTS-JSON]",
 	summary: "call a tool of a session on a running daemon; bash output is shown as it arrives",
 	setup: func(fs *flag.FlagSet) runFunc {
-		var c daemonClient
-		c.register(fs)
+		c := daemonFlags(fs)
 		asJSON := fs.Bool("json", false, "print the whole result as JSON (content, structuredContent, isError)")
 		return func(ctx context.Context, sio stdio, args []string) error {
 			if len(args) < 2 || len(args) > 3 {
@@ -224,23 +197,29 @@ var cmdSessionCall = &command{
 					return usagef("the arguments are not JSON: %s", args[2])
 				}
 			}
-			res, err := c.do(ctx, "POST", "/v1/sessions/"+args[0]+"/tools/"+args[1],
-				map[string]any{"arguments": args3}, nil, "Accept", "text/event-stream, application/json")
+			cl, err := c.open()
 			if err != nil {
 				return err
 			}
-			defer res.Body.Close()
-			result, streamed, err := readCallAnswer(res, sio.out, *asJSON)
+			// Output is shown as it comes, unless the whole result is
+			// printed as JSON.
+			live := &shownWriter{w: sio.out}
+			opts := client.ToolCallOptions{Tool: args[1], Arguments: args3, Output: live}
+			if *asJSON {
+				opts.Output = io.Discard
+			}
+			res, err := cl.ToolCall(ctx, args[0], opts)
 			if err != nil {
 				return err
 			}
+			result := res.CallResult
 			if *asJSON {
 				err = printJSON(sio.out, result)
 			} else if len(result.Content) > 0 {
 				text := result.Content[0].Text
-				if streamed != "" {
+				if shown := live.shown.String(); shown != "" {
 					// The output has been shown as it came; print what follows it.
-					text = strings.TrimPrefix(strings.TrimPrefix(text, streamed), "\n")
+					text = strings.TrimPrefix(strings.TrimPrefix(text, shown), "\n")
 				}
 				fmt.Fprint(sio.out, text)
 				if !strings.HasSuffix(text, "\n") {
@@ -289,45 +268,13 @@ func commandStatus(r httpapi.CallResult) int {
 	return *run.ExitCode
 }
 
-// readCallAnswer reads a call's answer: JSON, or server-sent events whose
-// output is copied to live as it arrives (unless quiet). It returns the
-// result and the output shown.
-func readCallAnswer(res *http.Response, live io.Writer, quiet bool) (httpapi.CallResult, string, error) {
-	var result httpapi.CallResult
-	if !strings.HasPrefix(res.Header.Get("Content-Type"), "text/event-stream") {
-		return result, "", json.NewDecoder(res.Body).Decode(&result)
-	}
-	var shown strings.Builder
-	sc := bufio.NewScanner(res.Body)
-	sc.Buffer(nil, 64<<20)
-	var event string
-	for sc.Scan() {
-		line := sc.Text()
-		if name, ok := strings.CutPrefix(line, "event: "); ok {
-			event = name
-			continue
-		}
-		data, ok := strings.CutPrefix(line, "data: ")
-		if !ok {
-			continue
-		}
-		switch event {
-		case "output":
-			var p struct{ Text string }
-			if json.Unmarshal([]byte(data), &p) == nil && !quiet {
-				io.WriteString(live, p.Text)
-				shown.WriteString(p.Text)
-			}
-		case "result":
-			return result, shown.String(), json.Unmarshal([]byte(data), &result)
-		case "error":
-			var e struct{ Error, Message string }
-			json.Unmarshal([]byte(data), &e)
-			return result, "", fmt.Errorf("%s (%s)", e.Message, e.Error)
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return result, "", err
-	}
-	return result, "", errors.New("the daemon ended the stream without a result")
+// shownWriter passes output on and keeps what it showed.
+type shownWriter struct {
+	w     io.Writer
+	shown strings.Builder
+}
+
+func (s *shownWriter) Write(p []byte) (int, error) {
+	s.shown.Write(p)
+	return s.w.Write(p)
 }

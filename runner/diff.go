@@ -1,0 +1,277 @@
+package runner
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"maps"
+	"slices"
+	"strings"
+
+	"github.com/sandboxd/sandboxd/delivery"
+	"github.com/sandboxd/sandboxd/journal"
+	"github.com/sandboxd/sandboxd/workspace"
+)
+
+// baseline is the workspace's tree as the session began, kept so that Diff
+// can say what the session changed.
+type baseline struct {
+	tree  *delivery.Tree
+	store *delivery.Store
+	err   error // why there is none
+}
+
+// takeBaseline reads the tree of a new session's workspace (its files'
+// contents into a private store in the host's temporary directory).
+func (m *Manager) takeBaseline(ctx context.Context, s *Session) *baseline {
+	b := readBaseline(ctx, s.inst.FS)
+	if b.err != nil {
+		m.o.logger.Warn("the session's first tree was not read: it has no diff since its start", "session", s.id, "err", b.err)
+	}
+	return b
+}
+
+func readBaseline(ctx context.Context, fsys workspace.FileSystem) *baseline {
+	st, err := delivery.NewStore()
+	if err != nil {
+		return &baseline{err: err}
+	}
+	t, err := delivery.Snapshot(ctx, fsys, st)
+	if err != nil {
+		st.Close()
+		return &baseline{err: err}
+	}
+	return &baseline{tree: t, store: st}
+}
+
+func (b *baseline) close() error {
+	if b == nil || b.store == nil {
+		return nil
+	}
+	return b.store.Close()
+}
+
+// DiffReaders is how many files a Diff reads at once (and holds, with
+// DiffRequest.Hold).
+const DiffReaders = delivery.SnapshotReaders
+
+// DiffRequest says what a Diff compares.
+type DiffRequest struct {
+	// Since, when set, is a journal commit (0: the journal's start): the
+	// diff is then of the paths the journal's commits after it touched,
+	// from their state just after it to their state now. Without it the
+	// diff is of the whole tree, from the session's start to now.
+	Since *int
+	// MaxFileBytes leaves files over it out of the diff (named in Skipped);
+	// 0 is delivery.MaxFileBytes.
+	MaxFileBytes int64
+	// Hold, when set, is the memory budget the diff draws on: each file
+	// while it is read, and, while the patch is written, three times the
+	// largest change's two sides (their bytes, their lines, the hunks).
+	Hold delivery.Hold
+}
+
+// Diff is what a session changed, as Session.Diff found it. Close releases
+// it.
+type Diff struct {
+	// Changes are the paths changed, sorted.
+	Changes []delivery.Change
+	// Skipped names paths that cannot be shown, with why (a file over
+	// delivery.MaxFileBytes, contents the journal did not keep).
+	Skipped map[string]string
+	store   *delivery.Store
+	hold    delivery.Hold
+}
+
+// WritePatch writes the diff as a git-format patch (delivery.WritePatch)
+// that `git apply` applies to the tree it was taken from. Skipped paths are
+// named in its header, which git ignores.
+func (d *Diff) WritePatch(ctx context.Context, w io.Writer) error {
+	var largest int64
+	for _, c := range d.Changes {
+		var n int64
+		for _, e := range []*delivery.Entry{c.Old, c.New} {
+			if e != nil {
+				size, err := d.store.Size(e.OID)
+				if err != nil {
+					return err
+				}
+				n += size
+			}
+		}
+		largest = max(largest, n)
+	}
+	var header strings.Builder
+	for _, p := range slices.Sorted(maps.Keys(d.Skipped)) {
+		fmt.Fprintf(&header, "sandboxd: not in this diff: %s (%s)\n", p, d.Skipped[p])
+	}
+	return d.holding(ctx, 3*largest, func() error {
+		return delivery.WritePatch(w, header.String(), d.Changes, d.store)
+	})
+}
+
+// holding runs fn holding n bytes of the diff's budget, if it has one.
+func (d *Diff) holding(ctx context.Context, n int64, fn func() error) error {
+	if d.hold != nil {
+		release, err := d.hold(ctx, n)
+		if err != nil {
+			return err
+		}
+		defer release()
+	}
+	return fn()
+}
+
+// Close removes the contents the diff holds.
+func (d *Diff) Close() error { return d.store.Close() }
+
+// Diff returns what changed in the session's workspace: its files and
+// symbolic links, added, modified (contents, modes), deleted. sandboxd's
+// bookkeeping (.sandboxd/) and git's (every .git) are left out, as in a
+// delivery. Every file of the workspace is read once; a call that changes
+// files while Diff reads them may be seen in part. Call it within Do.
+//
+// With req.Since the journal says which paths changed: a command's
+// changes (bash) are not journaled, so they appear only where a journaled
+// call touched the same path; the whole-tree diff shows them all.
+func (s *Session) Diff(ctx context.Context, req DiffRequest) (*Diff, error) {
+	if req.Since == nil && s.base.err != nil {
+		return nil, fmt.Errorf("runner: the session's tree was not read when it began, so there is nothing to compare with: %w", s.base.err)
+	}
+	st, err := delivery.NewStore()
+	if err != nil {
+		return nil, err
+	}
+	d := &Diff{store: st, Skipped: map[string]string{}, hold: req.Hold}
+	if err := d.compute(ctx, s, req); err != nil {
+		st.Close()
+		return nil, err
+	}
+	return d, nil
+}
+
+func (d *Diff) compute(ctx context.Context, s *Session, req DiffRequest) error {
+	opts := []delivery.SnapshotOption{delivery.WithMaxFileBytes(cmp.Or(req.MaxFileBytes, delivery.MaxFileBytes))}
+	if req.Hold != nil {
+		opts = append(opts, delivery.WithHold(req.Hold))
+	}
+	now, err := delivery.Snapshot(ctx, s.inst.FS, d.store, opts...)
+	if err != nil {
+		return err
+	}
+	base, from := s.base.tree, s.base.store
+	if req.Since != nil {
+		if base, err = d.journalBase(ctx, s, *req.Since, now); err != nil {
+			return err
+		}
+		from = d.store
+	}
+	d.Changes = delivery.Changes(base, now)
+	maps.Copy(d.Skipped, base.Skipped)
+	maps.Copy(d.Skipped, now.Skipped)
+	if from == d.store {
+		return nil
+	}
+	// The diff holds its contents in one store: the old sides come over.
+	for _, c := range d.Changes {
+		if c.Old == nil {
+			continue
+		}
+		size, err := from.Size(c.Old.OID)
+		if err != nil {
+			return fmt.Errorf("runner: the session's first tree: %w", err)
+		}
+		err = d.holding(ctx, size, func() error {
+			data, err := from.Get(c.Old.OID)
+			if err == nil {
+				_, err = d.store.Put(data)
+			}
+			return err
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// journalBase is the tree as it was just after journal commit since, as
+// far as the journal knows: now, with each path a later commit touched put
+// back to its state before the first of them.
+func (d *Diff) journalBase(ctx context.Context, s *Session, since int, now *delivery.Tree) (*delivery.Tree, error) {
+	j, err := s.set.Journal(ctx)
+	if err != nil {
+		return nil, err
+	}
+	list := j.List() // newest first
+	last, oldest := 0, 1
+	if len(list) > 0 {
+		last, oldest = list[0].ID, list[len(list)-1].ID
+	}
+	switch {
+	case since < 0:
+		return nil, workspace.PathError("diff", fmt.Sprintf("since %d", since), workspace.ErrInvalidArgument)
+	case since > last:
+		return nil, &fs.PathError{Op: "diff", Path: fmt.Sprintf("commit %d", since),
+			Err: fmt.Errorf("%w: the journal's last commit is %d", workspace.ErrNotFound, last)}
+	case since < last && since+1 < oldest:
+		return nil, &fs.PathError{Op: "diff", Path: fmt.Sprintf("commit %d", since),
+			Err: fmt.Errorf("%w: the commits after it are no longer kept (the oldest kept is %d)", workspace.ErrNotFound, oldest)}
+	}
+	base := &delivery.Tree{Files: maps.Clone(now.Files), Skipped: map[string]string{}}
+	seen := map[string]bool{}
+	for id := since + 1; id <= last; id++ {
+		c, err := j.Get(id)
+		if err != nil {
+			return nil, err
+		}
+		for _, ch := range c.Changes {
+			if seen[ch.Path] || delivery.Excluded(ch.Path) {
+				continue
+			}
+			seen[ch.Path] = true
+			entry, err := d.entryOf(ctx, j, ch.Before)
+			switch {
+			case errors.Is(err, workspace.ErrFileTooLarge):
+				base.Skipped[ch.Path] = "the journal did not keep its contents"
+			case err != nil:
+				return nil, err
+			case entry == nil:
+				delete(base.Files, ch.Path)
+			default:
+				base.Files[ch.Path] = *entry
+			}
+		}
+	}
+	return base, nil
+}
+
+// entryOf is a journal state as a tree's entry, its contents put in the
+// diff's store: nil for a state that is no file or link.
+func (d *Diff) entryOf(ctx context.Context, j *journal.Journal, e journal.Entry) (*delivery.Entry, error) {
+	var oid string
+	var err error
+	mode := e.Mode & fs.ModePerm
+	switch e.Type {
+	case "file":
+		err = d.holding(ctx, e.Size, func() error {
+			data, err := j.Contents(ctx, e)
+			if err == nil {
+				oid, err = d.store.Put(data)
+			}
+			return err
+		})
+	case "symlink":
+		mode |= fs.ModeSymlink
+		oid, err = d.store.Put([]byte(e.Target))
+	default:
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &delivery.Entry{Mode: mode, OID: oid}, nil
+}

@@ -16,11 +16,11 @@ import (
 func (j *Journal) Contents(ctx context.Context, e Entry) ([]byte, error) {
 	switch {
 	case e.Type != "file":
-		return nil, errorf(workspace.ErrInvalidArgument, "journal: a %s state has no contents", cmp.Or(e.Type, "absent"))
+		return nil, workspace.Errorf(workspace.ErrInvalidArgument, "journal: a %s state has no contents", cmp.Or(e.Type, "absent"))
 	case e.Hash == "" && e.Size == 0:
 		return []byte{}, nil
 	case e.Hash == "":
-		return nil, errorf(workspace.ErrFileTooLarge, "journal: the contents (%d bytes) were not kept: over the journal's cap of %d bytes", e.Size, j.maxBlob)
+		return nil, workspace.Errorf(workspace.ErrFileTooLarge, "journal: the contents (%d bytes) were not kept: over the journal's cap of %d bytes", e.Size, j.maxBlob)
 	}
 	data, err := j.readBlob(ctx, e.Hash)
 	if err != nil {

@@ -89,6 +89,7 @@ func startMCP(t *testing.T, args ...string) *mcpClient {
 		t.Fatalf("connecting to sandboxd mcp %q: %v\nstderr: %s", args, err, c.stderr)
 	}
 	c.ClientSession = cs
+	startedMCP.Store(strconv.Itoa(c.cmd.Process.Pid), true)
 	t.Cleanup(func() {
 		// Closing our end is how the session ends: the server must exit by
 		// itself, successfully, not be signalled.

@@ -17,6 +17,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxd/sandboxd/backend"
+	"github.com/sandboxd/sandboxd/backend/docker"
+	"github.com/sandboxd/sandboxd/backend/local"
+	"github.com/sandboxd/sandboxd/backend/memory"
 	"github.com/sandboxd/sandboxd/dockerexec"
 	"github.com/sandboxd/sandboxd/dockerfs"
 	"github.com/sandboxd/sandboxd/httpapi"
@@ -257,15 +261,15 @@ type daemonConfig struct {
 
 func newDaemon(t testing.TB, c daemonConfig) *daemon {
 	t.Helper()
-	var backend runner.Backend
+	var b backend.Backend
 	pol := policy.Policy{Images: []string{"sandboxd/*"}}
 	switch c.backend {
 	case "memory":
-		backend = runner.Memory{TempDir: t.TempDir()}
+		b = memory.Backend{TempDir: t.TempDir()}
 	case "local":
-		backend = &runner.Local{Dir: t.TempDir()}
+		b = &local.Backend{Dir: t.TempDir()}
 	case "docker":
-		backend = &runner.Docker{Client: dockertest.Client(t)}
+		b = &docker.Backend{Client: dockertest.Client(t)}
 		pol.DefaultImage = dockertest.Image(t)
 	default:
 		t.Fatalf("no backend %q", c.backend)
@@ -284,7 +288,7 @@ func newDaemon(t testing.TB, c daemonConfig) *daemon {
 		opts = append(opts, runner.WithPool(runner.PoolConfig{Size: c.pool}))
 	}
 	opts = append(opts, c.options...)
-	m, err := runner.New(context.Background(), backend, opts...)
+	m, err := runner.New(context.Background(), b, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -32,6 +32,7 @@ import (
 	"github.com/sandboxd/sandboxd/runner"
 	"github.com/sandboxd/sandboxd/tools"
 	"github.com/sandboxd/sandboxd/workspace"
+	"github.com/sandboxd/sandboxd/workspaceshell"
 )
 
 // fakeSecret is set in this test process's environment; no tool output of
@@ -200,6 +201,18 @@ func (w *world) toolSet(t *testing.T, edit func(*tools.Config)) *tools.Set {
 		t.Fatal(err)
 	}
 	return set
+}
+
+// execSet returns the workspace-shell profile over w as a provider drives
+// it: workspace_exec of commands, each call judged, run and committed or
+// restored as production runs it (tools.Set.Call).
+func (w *world) execSet(t *testing.T, commands workspaceshell.Commands, timeoutMS int64) *tools.Set {
+	return w.toolSet(t, func(c *tools.Config) {
+		c.Always = nil
+		c.Profile = tools.Profiles{tools.ProfileWorkspaceShell}
+		c.Driver = workspaceshell.DriverProvider
+		c.WorkspaceShell = &workspaceshell.Settings{Mode: workspaceshell.Write, Commands: commands, Timeout: &timeoutMS}
+	})
 }
 
 // call calls a tool and returns its result; a result never carries the

@@ -87,7 +87,7 @@ func (d *Backend) start(ctx context.Context, spec backend.Spec, prof policy.Prof
 // owner: what dead runs of the daemon left. What a run that may live holds
 // is left alone.
 func (d *Backend) Reap(ctx context.Context, labels map[string]string) (int, error) {
-	return dockerexec.ReapWhere(ctx, d.Client, labels, ownerGone)
+	return dockerexec.Reap(ctx, d.Client, labels, ownerGone)
 }
 
 // ownerGone reports whether the owner labels name has ended, or none is named.

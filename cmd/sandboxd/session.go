@@ -269,7 +269,7 @@ func openDocker(ctx context.Context, sio stdio, f *sessionFlags) (*openedBackend
 // own, so no run's start reaps another's; a run whose process may live is
 // left alone.
 func reapDeadRuns(ctx context.Context, cli client.APIClient) (int, error) {
-	return dockerexec.ReapWhere(ctx, cli, map[string]string{backend.LabelOwnerHost: backend.Self().Host}, func(labels map[string]string) bool {
+	return dockerexec.Reap(ctx, cli, map[string]string{backend.LabelOwnerHost: backend.Self().Host}, func(labels map[string]string) bool {
 		o, ok := backend.OwnerOf(labels)
 		return ok && strings.HasPrefix(labels[backend.LabelDaemon], "cli-") && o.Gone()
 	})

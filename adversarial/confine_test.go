@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/dockerfs"
 	"github.com/sandboxd/sandboxd/tools"
 	"github.com/sandboxd/sandboxd/workspace"
 )
@@ -160,49 +159,6 @@ func TestConfinement(t *testing.T) {
 				}
 				if r, ok := w.fs.(workspace.RemoveAllFS); ok {
 					r.RemoveAll(ctx, "d/d")
-				}
-			}
-		}},
-		{"SymlinkSwapDuringBulkTransfer", func(t *testing.T, w *world) {
-			fsys, ok := w.fs.(*dockerfs.FS)
-			if !ok {
-				t.Skip("bulk import and export are the docker adapter's; the daemon's tar API is TestDaemon/SymlinkSwapDuringTransfer")
-			}
-			stop := w.swapping(t)
-			ctx := context.Background()
-			exportFailed := 0
-			defer func() {
-				stop()
-				// Whatever the exports did, the container is not left paused.
-				if _, err := w.fs.Stat(ctx, "."); err != nil {
-					t.Errorf("after the exports: %v", err)
-				}
-				if exportFailed == 10 {
-					t.Error("every export failed")
-				}
-			}()
-			for range 10 {
-				var out bytes.Buffer
-				if err := fsys.Export(ctx, &out); err != nil {
-					// A tight fork loop can keep the cgroup freezer from
-					// freezing: the export fails, whole, and leaks nothing.
-					t.Logf("export mid-swap: %v", err)
-					exportFailed++
-					continue
-				}
-				if bytes.Contains(out.Bytes(), []byte(outsideSecret)) {
-					t.Fatal("export carried a file of the outside")
-				}
-				tarNames(t, out.Bytes())
-				var in bytes.Buffer
-				tw := tar.NewWriter(&in)
-				for _, n := range []string{"d/f", "d/g", "d/d/f"} {
-					tw.WriteHeader(&tar.Header{Name: n, Mode: 0o644, Size: 5, Typeflag: tar.TypeReg})
-					tw.Write([]byte("pwned"))
-				}
-				tw.Close()
-				if err := fsys.Import(ctx, &in); err != nil {
-					t.Logf("import mid-swap: %v", err) // refused or failed; the outside is checked at the end
 				}
 			}
 		}},

@@ -1,15 +1,13 @@
 package adversarial
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 
+	"github.com/sandboxd/sandboxd/tools"
 	"github.com/sandboxd/sandboxd/workspace"
 	"github.com/sandboxd/sandboxd/workspaceshell"
 )
@@ -32,13 +30,9 @@ func TestExecGit(t *testing.T) {
 		mkdir -p .git/hooks && printf '#!/bin/sh\ntouch %[1]s\n' > .git/hooks/pre-commit && chmod +x .git/hooks/pre-commit &&
 		printf '#!/bin/sh\ntouch %[1]s\n' > hook.sh && chmod +x hook.sh &&
 		git config core.fsmonitor "$PWD/hook.sh" && git config core.pager "$PWD/hook.sh" && git config alias.st '!touch %[1]s'`, flag))
-	timeout := int64(30_000)
-	s := workspaceshell.Settings{Mode: "write", Commands: workspaceshell.Commands{Names: []string{"git"}}, Driver: "provider", WriteAccess: true, Timeout: &timeout}
-	run := func(env map[string]string, args ...string) (workspace.Result, string, error) {
-		var out strings.Builder
-		res, err := workspaceshell.Exec(context.Background(), w.bash, s, w.root,
-			workspaceshell.ExecRequest{Command: "git", Args: args, Env: env}, func(_ workspace.Stream, p []byte) { out.Write(p) })
-		return res, out.String(), err
+	set := w.execSet(t, workspaceshell.Commands{Names: []string{"git"}}, 30_000)
+	run := func(env map[string]string, args ...string) tools.Result {
+		return call(t, set, "workspace_exec", workspaceshell.ExecRequest{Command: "git", Args: args, Env: env})
 	}
 	pwned := func(what string) {
 		t.Helper()
@@ -60,17 +54,17 @@ func TestExecGit(t *testing.T) {
 		{map[string]string{"GIT_SEQUENCE_EDITOR": "touch " + flag}, []string{"rebase", "-i", "HEAD"}},
 		{map[string]string{"GIT_CONFIG_PARAMETERS": "'alias.x'='!touch " + flag + "'"}, []string{"x"}},
 	} {
-		if _, _, err := run(tc.env, tc.args...); !errors.Is(err, workspace.ErrForbidden) {
-			t.Errorf("git %q with %v: %v, want it refused", tc.args, tc.env, err)
+		if res := run(tc.env, tc.args...); errKind(res) != workspace.ErrForbidden.Name() {
+			t.Errorf("git %q with %v: %s, want it refused", tc.args, tc.env, res.Text)
 		}
 		pwned(fmt.Sprintf("git %q", tc.args))
 	}
 	// The repository's own hooks, fsmonitor and pager do not run either.
 	for _, args := range [][]string{{"status"}, {"add", "a.txt"}, {"commit", "-q", "-m", "one"}, {"log", "--oneline"}} {
-		res, out, err := run(map[string]string{"GIT_AUTHOR_NAME": "a", "GIT_AUTHOR_EMAIL": "a@example.com",
+		res := run(map[string]string{"GIT_AUTHOR_NAME": "a", "GIT_AUTHOR_EMAIL": "a@example.com",
 			"GIT_COMMITTER_NAME": "a", "GIT_COMMITTER_EMAIL": "a@example.com"}, args...)
-		if err != nil || res.ExitCode != 0 {
-			t.Fatalf("git %q: exit %d, %v: %s", args, res.ExitCode, err, out)
+		if er, ok := res.Structured.(*tools.ExecResult); res.IsError || !ok || er.ExitCode != 0 {
+			t.Fatalf("git %q: %s", args, res.Text)
 		}
 		pwned(fmt.Sprintf("git %q in a hostile repository", args))
 	}

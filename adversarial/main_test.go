@@ -17,6 +17,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxd/sandboxd/backend"
+	"github.com/sandboxd/sandboxd/backend/docker"
+	"github.com/sandboxd/sandboxd/backend/local"
+	"github.com/sandboxd/sandboxd/backend/memory"
 	"github.com/sandboxd/sandboxd/dockerexec"
 	"github.com/sandboxd/sandboxd/dockerfs"
 	"github.com/sandboxd/sandboxd/httpapi"
@@ -28,6 +32,7 @@ import (
 	"github.com/sandboxd/sandboxd/runner"
 	"github.com/sandboxd/sandboxd/tools"
 	"github.com/sandboxd/sandboxd/workspace"
+	"github.com/sandboxd/sandboxd/workspaceshell"
 )
 
 // fakeSecret is set in this test process's environment; no tool output of
@@ -198,6 +203,18 @@ func (w *world) toolSet(t *testing.T, edit func(*tools.Config)) *tools.Set {
 	return set
 }
 
+// execSet returns the workspace-shell profile over w as a provider drives
+// it: workspace_exec of commands, each call judged, run and committed or
+// restored as production runs it (tools.Set.Call).
+func (w *world) execSet(t *testing.T, commands workspaceshell.Commands, timeoutMS int64) *tools.Set {
+	return w.toolSet(t, func(c *tools.Config) {
+		c.Always = nil
+		c.Profile = tools.Profiles{tools.ProfileWorkspaceShell}
+		c.Driver = workspaceshell.DriverProvider
+		c.WorkspaceShell = &workspaceshell.Settings{Mode: workspaceshell.Write, Commands: commands, Timeout: &timeoutMS}
+	})
+}
+
 // call calls a tool and returns its result; a result never carries the
 // fake host secret or the outside secret.
 func call(t *testing.T, set *tools.Set, tool string, args any) tools.Result {
@@ -257,15 +274,15 @@ type daemonConfig struct {
 
 func newDaemon(t testing.TB, c daemonConfig) *daemon {
 	t.Helper()
-	var backend runner.Backend
+	var b backend.Backend
 	pol := policy.Policy{Images: []string{"sandboxd/*"}}
 	switch c.backend {
 	case "memory":
-		backend = runner.Memory{TempDir: t.TempDir()}
+		b = memory.Backend{TempDir: t.TempDir()}
 	case "local":
-		backend = &runner.Local{Dir: t.TempDir()}
+		b = &local.Backend{Dir: t.TempDir()}
 	case "docker":
-		backend = &runner.Docker{Client: dockertest.Client(t)}
+		b = &docker.Backend{Client: dockertest.Client(t)}
 		pol.DefaultImage = dockertest.Image(t)
 	default:
 		t.Fatalf("no backend %q", c.backend)
@@ -284,7 +301,7 @@ func newDaemon(t testing.TB, c daemonConfig) *daemon {
 		opts = append(opts, runner.WithPool(runner.PoolConfig{Size: c.pool}))
 	}
 	opts = append(opts, c.options...)
-	m, err := runner.New(context.Background(), backend, opts...)
+	m, err := runner.New(context.Background(), b, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

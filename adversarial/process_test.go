@@ -207,22 +207,18 @@ func TestEnvironment(t *testing.T) {
 			}
 		}},
 		{"InjectionKeysRefused", func(t *testing.T, w *world) {
-			timeout := int64(5000)
-			s := workspaceshell.Settings{Mode: "write", Commands: workspaceshell.Commands{All: true}, Driver: "provider", WriteAccess: true, Timeout: &timeout}
+			set := w.execSet(t, workspaceshell.Commands{All: true}, 5000)
 			for _, k := range []string{"LD_PRELOAD", "ld_preload", "LD_LIBRARY_PATH", "BASH_ENV", "ENV", "PATH", "NODE_OPTIONS",
 				"PYTHONSTARTUP", "PERL5OPT", "GIT_CONFIG_COUNT", "GIT_CONFIG_KEY_0", "GIT_SSH_COMMAND", "GIT_EXTERNAL_DIFF", "BASH_FUNC_x%%",
 				"PROMPT_COMMAND", "HOME", "DYLD_INSERT_LIBRARIES", "JAVA_TOOL_OPTIONS"} {
-				_, err := workspaceshell.Exec(context.Background(), w.bash, s, w.root,
-					workspaceshell.ExecRequest{Command: "env", Env: map[string]string{k: "/tmp/x"}}, nil)
-				if !errors.Is(err, workspace.ErrForbidden) && !errors.Is(err, workspace.ErrInvalidArgument) {
-					t.Errorf("workspace_exec with %s: %v, want it refused", k, err)
+				res := call(t, set, "workspace_exec", workspaceshell.ExecRequest{Command: "env", Env: map[string]string{k: "/tmp/x"}})
+				if kind := errKind(res); kind != workspace.ErrForbidden.Name() && kind != workspace.ErrInvalidArgument.Name() {
+					t.Errorf("workspace_exec with %s: %s, want it refused", k, res.Text)
 				}
 			}
-			var out strings.Builder
-			res, err := workspaceshell.Exec(context.Background(), w.bash, s, w.root,
-				workspaceshell.ExecRequest{Command: "env", Env: map[string]string{"GOFLAGS": "-mod=mod"}}, func(_ workspace.Stream, p []byte) { out.Write(p) })
-			if err != nil || res.ExitCode != 0 || !strings.Contains(out.String(), "GOFLAGS=-mod=mod") || strings.Contains(out.String(), fakeSecret) {
-				t.Errorf("workspace_exec with an ordinary variable: %+v, %v: %s", res, err, out.String())
+			res := call(t, set, "workspace_exec", workspaceshell.ExecRequest{Command: "env", Env: map[string]string{"GOFLAGS": "-mod=mod"}})
+			if er, ok := res.Structured.(*tools.ExecResult); res.IsError || !ok || er.ExitCode != 0 || !strings.Contains(er.Output, "GOFLAGS=-mod=mod") {
+				t.Errorf("workspace_exec with an ordinary variable: %s", res.Text)
 			}
 		}},
 	})

@@ -15,6 +15,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/sandboxd/sandboxd/backend/memory"
 	"github.com/sandboxd/sandboxd/client"
 	"github.com/sandboxd/sandboxd/httpapi"
 	"github.com/sandboxd/sandboxd/runner"
@@ -42,7 +43,7 @@ type daemonConfig struct {
 
 func startDaemon(t *testing.T, c daemonConfig) *daemon {
 	t.Helper()
-	m, err := runner.New(context.Background(), runner.Memory{TempDir: t.TempDir()},
+	m, err := runner.New(context.Background(), memory.Backend{TempDir: t.TempDir()},
 		append([]runner.Option{runner.WithTools(tools.DefaultConfig())}, c.runner...)...)
 	if err != nil {
 		t.Fatal(err)

@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"os"
 
+	"github.com/sandboxd/sandboxd/backend/memory"
 	"github.com/sandboxd/sandboxd/client"
 	"github.com/sandboxd/sandboxd/httpapi"
 	"github.com/sandboxd/sandboxd/runner"
@@ -18,7 +19,7 @@ import (
 // only the client part is needed, with client.FromEnv.
 func Example() {
 	ctx := context.Background()
-	m, err := runner.New(ctx, runner.Memory{})
+	m, err := runner.New(ctx, memory.Backend{})
 	if err != nil {
 		log.Fatal(err)
 	}

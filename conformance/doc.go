@@ -1,7 +1,8 @@
 // Package conformance checks adapters of the workspace ports against one
-// behaviour, as testing/fstest does for io/fs: TestFileSystem for a
-// workspace.FileSystem, TestBash for a workspace.Bash. Each adapter's test is
-// a few lines that say how to make a fresh instance; the kit does the rest.
+// behaviour, as [testing/fstest] does for [io/fs]: [TestFileSystem] for a
+// [workspace.FileSystem], [TestBash] for a [workspace.Bash]. Each adapter's
+// test is a few lines that say how to make a fresh instance; the kit does
+// the rest.
 //
 // # Using it
 //

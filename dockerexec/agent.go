@@ -257,15 +257,12 @@ func chownVolume(ctx context.Context, cli client.APIClient, image, volume string
 		})
 }
 
-// TarDir streams the contents of a host directory as a tar archive, names
+// tarDir streams the contents of a host directory as a tar archive, names
 // relative to dir: directories, regular files and symbolic links (stored as
 // links, never followed). Other kinds of file are skipped. An error walking
-// the directory ends the stream with that error.
-func TarDir(dir string) io.Reader { return tarDir(dir, nil) }
-
-// tarDir is TarDir; when sparse is set, a sparse file (fewer bytes on disk
-// than its size) goes in as an empty file and is added to *sparse, for
-// writeSparse to fill with its holes kept.
+// the directory ends the stream with that error. When sparse is set, a
+// sparse file (fewer bytes on disk than its size) goes in as an empty file
+// and is added to *sparse, for writeSparse to fill with its holes kept.
 func tarDir(dir string, sparse *[]string) io.Reader {
 	pr, pw := io.Pipe()
 	go func() {

@@ -1,9 +1,10 @@
 // Package dockerexec runs sandboxd sessions in hardened Docker containers:
-// it creates a container from a policy.Profile, puts the sandboxd agent and
-// the initial workspace into it before it starts, runs the agent as its
-// PID 1 and talks to it over the container's attached standard input and
-// output. Bash is the workspace.Bash adapter over that agent; the dockerfs
-// package has the FileSystem adapter.
+// [Start] creates a container from a [policy.Profile], puts the sandboxd
+// agent and the initial workspace into it before it starts, runs the agent
+// as its PID 1 and talks to it over the container's attached standard input
+// and output. [Bash] is the [workspace.Bash] adapter over that agent;
+// package [github.com/sandboxd/sandboxd/dockerfs] binds the same agent
+// client to the container as its [workspace.FileSystem].
 //
 //	c, err := dockerexec.Start(ctx, cli, dockerexec.Spec{Profile: prof, WorkspaceDir: dir})
 //	defer c.Close(context.Background())
@@ -11,8 +12,8 @@
 //
 // Tool calls go through the agent's one long-lived stream and never through
 // docker exec or the archive API. The archive API is used only while no code
-// runs in the container: before it starts, and for Export with the container
-// paused. Import into a running container goes through the agent.
+// runs in the container: before it starts, to put the agent and the initial
+// workspace in.
 package dockerexec
 
 import (
@@ -27,6 +28,7 @@ import (
 	"io"
 	"maps"
 	mathrand "math/rand/v2"
+	"path"
 	"regexp"
 	"slices"
 	"strconv"
@@ -291,31 +293,6 @@ func (c *Container) state(ctx context.Context) string {
 	return msg + ")"
 }
 
-// AgentAt starts a second agent in the container, through docker exec, that
-// serves the directory root (an absolute path in the container, which must
-// exist) and returns its client. It runs as the container's user, under the
-// same isolation; its process ends when the client is closed. Tests use it
-// for a directory beside the workspace; a session needs none.
-func (c *Container) AgentAt(ctx context.Context, root string, opts ...agent.ClientOption) (*agent.Client, error) {
-	ex, err := c.cli.ExecCreate(ctx, c.id, client.ExecCreateOptions{
-		AttachStdin: true, AttachStdout: true, AttachStderr: true,
-		Cmd: []string{mountAgent + "/sandboxd-agent", "serve", "--root", root},
-	})
-	if err != nil {
-		return nil, fmt.Errorf("dockerexec: exec agent: %w", err)
-	}
-	att, err := c.cli.ExecAttach(ctx, ex.ID, client.ExecAttachOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("dockerexec: exec agent: %w", err)
-	}
-	ag, err := agent.NewClient(&attachStream{demux: demux{r: att.Reader, stderr: io.Discard}, conn: att.Conn}, opts...)
-	if err != nil {
-		att.Close()
-		return nil, fmt.Errorf("dockerexec: agent at %s: %w", root, err)
-	}
-	return ag, nil
-}
-
 // Close ends the session: it closes the agent's stream and removes the
 // container and its workspace volume. It is safe to call more than once.
 func (c *Container) Close(ctx context.Context) error {
@@ -389,46 +366,12 @@ func releaseUID(uid int) {
 	sessionUIDs.Unlock()
 }
 
-// Export writes the workspace as a tar stream to w, names relative to the
-// workspace root ("./a/b"). The container is paused for the copy, so no
-// process in it can change or swap what is being read, and resumed after.
-func (c *Container) Export(ctx context.Context, w io.Writer) error {
-	return c.paused(ctx, func() error {
-		res, err := c.cli.CopyFromContainer(ctx, c.id, client.CopyFromContainerOptions{SourcePath: policy.WorkspaceDir + "/."})
-		if err != nil {
-			return fmt.Errorf("dockerexec: export: %w", err)
-		}
-		defer res.Content.Close()
-		_, err = io.Copy(w, res.Content)
-		return err
-	})
-}
-
-// paused runs f with the container paused and resumes it after, even when ctx
-// has ended.
-func (c *Container) paused(ctx context.Context, f func() error) error {
-	if _, err := c.cli.ContainerPause(ctx, c.id, client.ContainerPauseOptions{}); err != nil {
-		return fmt.Errorf("dockerexec: pause: %w", err)
-	}
-	ferr := f()
-	_, err := c.cli.ContainerUnpause(context.WithoutCancel(ctx), c.id, client.ContainerUnpauseOptions{})
-	if err != nil {
-		err = fmt.Errorf("dockerexec: unpause: %w", err)
-	}
-	return errors.Join(ferr, err)
-}
-
 // Reap removes every container, and then every volume, that carries all of
-// labels — those a crashed earlier run left behind, say — and reports how
-// many containers it removed. Labels must not be empty.
-func Reap(ctx context.Context, cli client.APIClient, labels map[string]string) (int, error) {
-	return ReapWhere(ctx, cli, labels, nil)
-}
-
-// ReapWhere is Reap of only the containers and volumes whose labels gone
-// accepts (all of them when gone is nil): those whose owner has ended, say.
-// What it leaves is never touched.
-func ReapWhere(ctx context.Context, cli client.APIClient, labels map[string]string, gone func(labels map[string]string) bool) (int, error) {
+// labels and whose labels gone accepts (all of them when gone is nil) —
+// those a crashed earlier run left behind, say — and reports how many
+// containers it removed. What it leaves is never touched. Labels must not
+// be empty.
+func Reap(ctx context.Context, cli client.APIClient, labels map[string]string, gone func(labels map[string]string) bool) (int, error) {
 	if len(labels) == 0 {
 		return 0, errors.New("dockerexec: Reap needs at least one label")
 	}
@@ -472,16 +415,6 @@ func ReapWhere(ctx context.Context, cli client.APIClient, labels map[string]stri
 		return n, fmt.Errorf("dockerexec: reap: %w", errors.Join(errs...))
 	}
 	return n, nil
-}
-
-// Runtimes lists the OCI runtimes the engine has, sorted ("runc", and
-// "runsc" where gVisor is installed), for an operator's policy.Policy.
-func Runtimes(ctx context.Context, cli client.APIClient) ([]string, error) {
-	info, err := cli.Info(ctx, client.InfoOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("dockerexec: engine info: %w", err)
-	}
-	return slices.Sorted(maps.Keys(info.Info.Runtimes)), nil
 }
 
 // containerConfig turns a profile into the engine's container configuration.
@@ -627,6 +560,13 @@ func ownTar(w io.Writer, src io.Reader, uid, gid int, budget *copyBudget) error 
 		}
 	}
 	return tw.Close()
+}
+
+// cleanName returns a tar entry's name cleaned and relative, or false for
+// the root itself and names that leave it.
+func cleanName(name string) (string, bool) {
+	name = path.Clean(strings.TrimPrefix(name, "/"))
+	return name, name != "." && name != ".." && !strings.HasPrefix(name, "../")
 }
 
 // Bash is the workspace.Bash of a session container: every command runs in

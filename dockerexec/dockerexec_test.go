@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -157,9 +156,9 @@ func tail(s string) string {
 	return s
 }
 
-// TestWorkspaceInAndOut copies a host directory in at start, changes it in
-// the container, and exports and imports it with the container paused.
-func TestWorkspaceInAndOut(t *testing.T) {
+// TestWorkspaceCopiedIn copies a host directory in at start: its files,
+// modes and links, owned by the session's user.
+func TestWorkspaceCopiedIn(t *testing.T) {
 	dir := t.TempDir()
 	must(t, os.MkdirAll(filepath.Join(dir, "src/sub"), 0o755))
 	must(t, os.WriteFile(filepath.Join(dir, "src/sub/a.txt"), []byte("alpha\n"), 0o640))
@@ -172,49 +171,11 @@ func TestWorkspaceInAndOut(t *testing.T) {
 	if out != want {
 		t.Errorf("workspace as copied in:\n%s\nwant:\n%s", out, want)
 	}
-
-	run(t, c.Bash(), "echo beta > b.txt", time.Minute)
-	var buf bytes.Buffer
-	must(t, c.Export(context.Background(), &buf))
-	got := map[string]string{}
-	tr := tar.NewReader(&buf)
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		must(t, err)
-		body, _ := io.ReadAll(tr)
-		got[strings.TrimPrefix(h.Name, "./")] = string(body) + h.Linkname
-	}
-	if got["b.txt"] != "beta\n" || got["src/sub/a.txt"] != "alpha\n" || got["src/link"] != "sub/a.txt" {
-		t.Errorf("export: %q", got)
-	}
-
-	var in bytes.Buffer
-	tw := tar.NewWriter(&in)
-	must(t, tw.WriteHeader(&tar.Header{Name: "imported/x", Mode: 0o600, Size: 2, Uid: 0}))
-	tw.Write([]byte("x\n"))
-	must(t, tw.WriteHeader(&tar.Header{Name: "../escape", Mode: 0o600, Size: 0}))
-	must(t, tw.WriteHeader(&tar.Header{Name: "dev", Typeflag: tar.TypeChar, Devmajor: 1, Devminor: 3}))
-	must(t, tw.Close())
-	must(t, c.Import(context.Background(), &in))
-	_, out = run(t, c.Bash(), "stat -c '%u %n' imported/x; cat imported/x; ls -A / | grep -c escape; ls dev 2>&1", time.Minute)
-	if u := sessionUID(out); u == "" || !strings.HasPrefix(out, u+" imported/x\nx\n0\n") || !strings.Contains(out, "No such file") {
-		t.Errorf("after import: %q", out)
-	}
 }
 
 // TestStartFailureLeavesNothing fails Start early (an unknown runtime) and
 // late (an agent that exits at once, so the handshake fails after the
 // container started): neither leaves a container or a workspace volume.
-func TestRuntimes(t *testing.T) {
-	rts, err := dockerexec.Runtimes(context.Background(), dockertest.Client(t))
-	if err != nil || !slices.Contains(rts, policy.RuntimeRunc) {
-		t.Fatalf("Runtimes = %v, %v; want runc among them", rts, err)
-	}
-}
-
 func TestStartFailureLeavesNothing(t *testing.T) {
 	cli := dockertest.Client(t)
 	ctx := context.Background()
@@ -248,7 +209,7 @@ func TestStartFailureLeavesNothing(t *testing.T) {
 			if !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("Start: %v; want it to mention %q", err, tc.want)
 			}
-			n, err := dockerexec.Reap(ctx, cli, map[string]string{dockertest.LabelTest: dockertest.Label(), "sandboxd.case": "failure"})
+			n, err := dockerexec.Reap(ctx, cli, map[string]string{dockertest.LabelTest: dockertest.Label(), "sandboxd.case": "failure"}, nil)
 			if err != nil || n != 0 {
 				t.Errorf("a failed Start left %d containers (%v)", n, err)
 			}
@@ -271,23 +232,23 @@ func TestReap(t *testing.T) {
 	cli := dockertest.Client(t)
 	ctx := context.Background()
 	c := dockertest.Start(t, dockerexec.Spec{})
-	n, err := dockerexec.Reap(ctx, cli, map[string]string{policy.LabelSession: dockertest.Label(), "sandboxd.case": "none"})
+	n, err := dockerexec.Reap(ctx, cli, map[string]string{policy.LabelSession: dockertest.Label(), "sandboxd.case": "none"}, nil)
 	if err != nil || n != 0 {
 		t.Fatalf("Reap of a label nothing has = %d, %v", n, err)
 	}
-	if _, err := dockerexec.Reap(ctx, cli, nil); err == nil {
+	if _, err := dockerexec.Reap(ctx, cli, nil, nil); err == nil {
 		t.Error("Reap with no labels must refuse")
 	}
 	mine := map[string]string{policy.LabelSession: "dockerexec", dockertest.LabelTest: dockertest.Label()}
-	// ReapWhere leaves what its judge keeps (a living owner's).
-	n, err = dockerexec.ReapWhere(ctx, cli, mine, func(labels map[string]string) bool { return labels[policy.LabelSession] != "dockerexec" })
+	// Reap leaves what its judge keeps (a living owner's).
+	n, err = dockerexec.Reap(ctx, cli, mine, func(labels map[string]string) bool { return labels[policy.LabelSession] != "dockerexec" })
 	if err != nil || n != 0 {
-		t.Fatalf("ReapWhere that keeps the container = %d, %v", n, err)
+		t.Fatalf("Reap that keeps the container = %d, %v", n, err)
 	}
 	if _, err := c.Bash().Run(ctx, workspace.Command{Script: "true"}); err != nil {
-		t.Fatalf("the container kept by ReapWhere: %v", err)
+		t.Fatalf("the container kept by Reap: %v", err)
 	}
-	n, err = dockerexec.Reap(ctx, cli, mine)
+	n, err = dockerexec.Reap(ctx, cli, mine, nil)
 	if err != nil || n < 1 {
 		t.Fatalf("Reap = %d, %v", n, err)
 	}

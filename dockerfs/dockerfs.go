@@ -1,10 +1,13 @@
-// Package dockerfs is the workspace.FileSystem adapter of a sandboxd session
-// container: every call goes to the sandboxd agent running as the
-// container's PID 1, over the one stream dockerexec attached to it, and is
-// carried out there on /workspace with the agent's traversal-resistant
-// confinement (links are followed only inside the workspace, resolution and
-// use are one step). A call costs one round trip on an open stream, well under
-// a millisecond; it never runs docker exec or touches the archive API.
+// Package dockerfs is a session container's [workspace.FileSystem]: the
+// sandboxd agent's client (package agent), bound to the container
+// [dockerexec.Start] made, which serves the FileSystem and every extension
+// over the one stream dockerexec attached to the container's PID 1. It adds
+// nothing to the client but that binding and the root; the calls are
+// carried out in the container on /workspace with the agent's
+// traversal-resistant confinement (links are followed only inside the
+// workspace, resolution and use are one step). A call costs one round trip
+// on an open stream, well under a millisecond; it never runs docker exec or
+// touches the archive API.
 //
 //	c, err := dockerexec.Start(ctx, cli, spec)
 //	fsys := dockerfs.New(c)
@@ -12,12 +15,11 @@
 //
 // Everything the agent answers is treated as untrusted by the agent client:
 // sizes are bounded, names checked, and a garbled stream makes the FileSystem
-// unavailable (workspace.ErrUnavailable), never panics.
+// unavailable ([workspace.ErrUnavailable]), never panics.
 package dockerfs
 
 import (
 	"context"
-	"io"
 	"io/fs"
 
 	"github.com/sandboxd/sandboxd/dockerexec"
@@ -38,11 +40,9 @@ type agentFS interface {
 
 // FS is the workspace of a session container. It is safe for concurrent use;
 // calls in flight share the stream. Its methods are the agent client's (see
-// workspace.FileSystem for what each guarantees); FS adds the container's
-// bulk copy in and out.
+// [workspace.FileSystem] for what each guarantees).
 type FS struct {
 	agentFS
-	c *dockerexec.Container
 }
 
 var (
@@ -58,16 +58,8 @@ var (
 // New returns the FileSystem of c's workspace. It lives as long as c: once
 // c is closed every call fails with workspace.ErrUnavailable.
 func New(c *dockerexec.Container) *FS {
-	return &FS{agentFS: c.Agent(), c: c}
+	return &FS{agentFS: c.Agent()}
 }
 
 // Root is the workspace root as commands in the container see it.
 func (f *FS) Root() string { return policy.WorkspaceDir }
-
-// Export writes the whole workspace as a tar stream to w (names "./a/b"),
-// with the container paused for the copy.
-func (f *FS) Export(ctx context.Context, w io.Writer) error { return f.c.Export(ctx, w) }
-
-// Import extracts a tar stream into the workspace, with the container paused;
-// owners become the session's user.
-func (f *FS) Import(ctx context.Context, r io.Reader) error { return f.c.Import(ctx, r) }

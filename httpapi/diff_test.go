@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sandboxd/sandboxd/backend/memory"
 	"github.com/sandboxd/sandboxd/httpapi"
 	"github.com/sandboxd/sandboxd/runner"
 )
@@ -65,7 +66,7 @@ func TestDiff(t *testing.T) {
 	if _, err := exec.LookPath("git"); err != nil {
 		t.Skip("no git")
 	}
-	e := start(t, config{backend: runner.Memory{TempDir: t.TempDir()}})
+	e := start(t, config{backend: memory.Backend{TempDir: t.TempDir()}})
 	src := diffSource(t)
 	sess, err := e.m.Create(context.Background(), runner.CreateRequest{Tenant: "acme", Settings: writer, Source: src})
 	if err != nil {

@@ -21,6 +21,8 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/sandboxd/sandboxd/backend"
+	"github.com/sandboxd/sandboxd/backend/local"
 	"github.com/sandboxd/sandboxd/httpapi"
 	"github.com/sandboxd/sandboxd/runner"
 	"github.com/sandboxd/sandboxd/tools"
@@ -42,7 +44,7 @@ type config struct {
 	runner  []runner.Option
 	api     []httpapi.Option
 	acmeCap int
-	backend runner.Backend // default: runner.Local in a temporary directory
+	backend backend.Backend // default: local.Backend in a temporary directory
 }
 
 // start serves a manager over the local backend (so bash runs) for two
@@ -54,7 +56,7 @@ func start(t *testing.T, c config) *env {
 	cfg.ProgressMs = 10
 	opts := append([]runner.Option{runner.WithTools(cfg), runner.WithObserver(metrics.Observe)}, c.runner...)
 	if c.backend == nil {
-		c.backend = &runner.Local{Dir: t.TempDir()}
+		c.backend = &local.Backend{Dir: t.TempDir()}
 	}
 	m, err := runner.New(context.Background(), c.backend, opts...)
 	if err != nil {

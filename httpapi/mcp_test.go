@@ -12,17 +12,18 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 
+	"github.com/sandboxd/sandboxd/backend"
+	"github.com/sandboxd/sandboxd/backend/local"
 	"github.com/sandboxd/sandboxd/httpapi"
-	"github.com/sandboxd/sandboxd/runner"
 )
 
 // countingBackend counts the workspaces its backend opens.
 type countingBackend struct {
-	runner.Backend
+	backend.Backend
 	opens atomic.Int64
 }
 
-func (b *countingBackend) Open(ctx context.Context, spec runner.Spec) (*runner.Instance, error) {
+func (b *countingBackend) Open(ctx context.Context, spec backend.Spec) (*backend.Instance, error) {
 	b.opens.Add(1)
 	return b.Backend.Open(ctx, spec)
 }
@@ -81,7 +82,7 @@ func (e *env) mcpSession() string {
 // is not one valid initialize request — garbage included — is answered
 // with a JSON-RPC error, and no workspace starts for it.
 func TestMCPWithoutSessionStartsNothing(t *testing.T) {
-	b := &countingBackend{Backend: &runner.Local{Dir: t.TempDir()}}
+	b := &countingBackend{Backend: &local.Backend{Dir: t.TempDir()}}
 	e := start(t, config{backend: b})
 	for _, tc := range []struct {
 		name, body string

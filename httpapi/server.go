@@ -3,7 +3,7 @@
 // Prometheus metrics, and the OpenAPI document that describes it all
 // (/openapi.json, checked in as openapi.json).
 //
-//	m, _ := runner.New(ctx, runner.Memory{}, runner.WithObserver(metrics.Observe))
+//	m, _ := runner.New(ctx, memory.Backend{}, runner.WithObserver(metrics.Observe))
 //	srv, _ := httpapi.New(m, httpapi.WithTenants(tenants), httpapi.WithMetrics(metrics))
 //	http.ListenAndServe("127.0.0.1:7878", srv)
 //

@@ -28,6 +28,7 @@ import (
 	"github.com/moby/moby/client"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/sandboxd/sandboxd/backend"
 	"github.com/sandboxd/sandboxd/httpapi"
 	"github.com/sandboxd/sandboxd/internal/dockertest"
 	"github.com/sandboxd/sandboxd/runner"
@@ -518,14 +519,14 @@ func TestCrashThenRestart(t *testing.T) {
 func daemonContainers(t *testing.T, cli *client.Client, name string, except int) []string {
 	t.Helper()
 	f := make(client.Filters)
-	f.Add("label", runner.LabelDaemon+"="+name)
+	f.Add("label", backend.LabelDaemon+"="+name)
 	list, err := cli.ContainerList(context.Background(), client.ContainerListOptions{All: true, Filters: f})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var left []string
 	mine := func(labels map[string]string) bool {
-		return except != 0 && labels[runner.LabelOwnerPID] == fmt.Sprint(except)
+		return except != 0 && labels[backend.LabelOwnerPID] == fmt.Sprint(except)
 	}
 	for _, c := range list.Items {
 		if !mine(c.Labels) {

@@ -1,6 +1,10 @@
-// Package memexec runs workspace commands over an in-memory workspace: the
-// Bash port for a memfs.FS (or any workspace.FileSystem that holds its files
-// away from the host's disk).
+// Package memexec is the [workspace.Bash] of any [workspace.FileSystem]
+// whose files are not on the host's disk: it mirrors the FileSystem to a
+// private host directory, runs each command there with [localexec], and
+// copies what the command changed back through the FileSystem's own
+// methods. Nothing in it is particular to memory but a fast path: a
+// FileSystem that reports where it changed ([memfs.FS.Changes]) is compared
+// only there. Its first user is [memfs.FS] (the memory backend).
 //
 //	fsys, _ := memfs.FromDir(ctx, "./repo", memfs.WithUmask(0))
 //	sh, err := memexec.New(fsys, memexec.WithExec(localexec.WithEnv(vars)))

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxd/sandboxd/backend/memory"
 	"github.com/sandboxd/sandboxd/runner"
 	"github.com/sandboxd/sandboxd/tools"
 )
@@ -110,7 +111,7 @@ func BenchmarkIdleSessionMemory(b *testing.B) {
 		open func(b *testing.B) *runner.Manager
 	}{
 		{"memory", 500, func(b *testing.B) *runner.Manager {
-			m, err := runner.New(context.Background(), runner.Memory{})
+			m, err := runner.New(context.Background(), memory.Backend{})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sandboxd/sandboxd/backend/memory"
 	"github.com/sandboxd/sandboxd/runner"
 	"github.com/sandboxd/sandboxd/tools"
 )
@@ -18,7 +19,7 @@ import (
 func TestDiffFirstTree(t *testing.T) {
 	tmp := t.TempDir()
 	t.Setenv("TMPDIR", tmp) // not parallel: os.MkdirTemp reads it
-	m := newManager(t, runner.Memory{TempDir: t.TempDir()}, runner.WithGrants(tools.GrantFSWrite))
+	m := newManager(t, memory.Backend{TempDir: t.TempDir()}, runner.WithGrants(tools.GrantFSWrite))
 	s := create(t, m, "acme", runner.Settings{Grants: []string{tools.GrantFSWrite}, Always: []string{"read", "edit"}})
 	ctx := context.Background()
 	if r, err := s.Call(ctx, "write", json.RawMessage(`{"path":"a.txt","content":"a\n"}`), tools.CallOptions{}); err != nil || r.IsError {

@@ -16,6 +16,8 @@ import (
 	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/client"
 
+	"github.com/sandboxd/sandboxd/backend"
+	"github.com/sandboxd/sandboxd/backend/docker"
 	"github.com/sandboxd/sandboxd/internal/agentbin"
 	"github.com/sandboxd/sandboxd/internal/dockertest"
 	"github.com/sandboxd/sandboxd/policy"
@@ -36,7 +38,7 @@ func dockerManager(t testing.TB, opts ...runner.Option) (*runner.Manager, *clien
 		runner.WithLabels(dockertest.Labels()),
 		runner.WithPolicy(policy.Policy{DefaultImage: dockertest.Image(t)}),
 	}, opts...)
-	m, err := runner.New(context.Background(), &runner.Docker{Client: cli, Agent: agent}, opts...)
+	m, err := runner.New(context.Background(), &docker.Backend{Client: cli, Agent: agent}, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +117,7 @@ func TestDockerSessions(t *testing.T) {
 
 	// A pooled container killed while it waits is never handed out.
 	waitFor(t, func() bool { return m.Stats().Pools[0].Ready == 1 })
-	f := make(client.Filters).Add("label", runner.LabelDaemon+"=runner-test").Add("name", "sandboxd-warm-")
+	f := make(client.Filters).Add("label", backend.LabelDaemon+"=runner-test").Add("name", "sandboxd-warm-")
 	pooled, err := cli.ContainerList(context.Background(), client.ContainerListOptions{Filters: f})
 	if err != nil {
 		t.Fatal(err)
@@ -135,7 +137,7 @@ func TestDockerSessions(t *testing.T) {
 	if err := m.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if left := containers(t, cli, map[string]string{runner.LabelDaemon: "runner-test"}); len(left) != 0 {
+	if left := containers(t, cli, map[string]string{backend.LabelDaemon: "runner-test"}); len(left) != 0 {
 		t.Fatalf("containers left after Shutdown: %v", left)
 	}
 }
@@ -146,7 +148,7 @@ func TestDockerSessions(t *testing.T) {
 // nothing; once the owner has ended — here, its PID reused by a process
 // that started later — the next manager of the daemon removes them at start.
 func TestDockerReapAfterCrash(t *testing.T) {
-	self := runner.Self()
+	self := backend.Self()
 	if self.Start == "" {
 		if os.Getenv("CI") != "" {
 			t.Fatal("the kernel does not say when a process started (no /proc), which CI's Linux must")
@@ -157,40 +159,40 @@ func TestDockerReapAfterCrash(t *testing.T) {
 	crashed, cli := dockerManager(t, runner.WithDaemonName(name))
 	defer crashed.Shutdown(context.Background())
 	create(t, crashed, "acme", runner.Settings{})
-	if n := len(containers(t, cli, map[string]string{runner.LabelDaemon: name})); n != 2 {
+	if n := len(containers(t, cli, map[string]string{backend.LabelDaemon: name})); n != 2 {
 		t.Fatalf("%d containers before the restart, want the session's and the marker", n)
 	}
 	_, err := runner.New(context.Background(), crashed.Backend(), runner.WithLabels(dockertest.Labels()),
 		runner.WithPolicy(policy.Policy{DefaultImage: dockertest.Image(t)}), runner.WithDaemonName(name))
-	if !errors.Is(err, runner.ErrDaemonRunning) || !strings.Contains(err.Error(), fmt.Sprintf("pid %d", self.PID)) {
+	if !errors.Is(err, backend.ErrDaemonRunning) || !strings.Contains(err.Error(), fmt.Sprintf("pid %d", self.PID)) {
 		t.Fatalf("a second run of a living daemon: %v", err)
 	}
-	if n := len(containers(t, cli, map[string]string{runner.LabelDaemon: name})); n != 2 {
+	if n := len(containers(t, cli, map[string]string{backend.LabelDaemon: name})); n != 2 {
 		t.Fatal("a refused run touched the living run's containers")
 	}
 	other, _ := dockerManager(t, runner.WithDaemonName(name+"-else"))
 	defer other.Shutdown(context.Background())
-	if n := len(containers(t, cli, map[string]string{runner.LabelDaemon: name})); n != 2 {
+	if n := len(containers(t, cli, map[string]string{backend.LabelDaemon: name})); n != 2 {
 		t.Fatal("another daemon reaped crashy's container")
 	}
 
 	// A run on another host sharing the engine cannot be judged from here:
 	// it is refused too, and the error says how to free the name.
-	remote, _ := dockerManager(t, runner.WithDaemonName(name+"-remote"), runner.WithLabels(runner.Owner{Host: "elsewhere/boot", PID: 1}.Labels()))
+	remote, _ := dockerManager(t, runner.WithDaemonName(name+"-remote"), runner.WithLabels(backend.Owner{Host: "elsewhere/boot", PID: 1}.Labels()))
 	defer remote.Shutdown(context.Background())
 	_, err = runner.New(context.Background(), crashed.Backend(), runner.WithLabels(dockertest.Labels()),
 		runner.WithPolicy(policy.Policy{DefaultImage: dockertest.Image(t)}), runner.WithDaemonName(name+"-remote"))
-	if !errors.Is(err, runner.ErrDaemonRunning) || !strings.Contains(err.Error(), "host elsewhere") || !strings.Contains(err.Error(), "docker rm sandboxd-daemon-"+name+"-remote") {
+	if !errors.Is(err, backend.ErrDaemonRunning) || !strings.Contains(err.Error(), "host elsewhere") || !strings.Contains(err.Error(), "docker rm sandboxd-daemon-"+name+"-remote") {
 		t.Fatalf("a second run of a daemon living on another host: %v", err)
 	}
 
 	// The crashed run's owner ends: its PID now names a later process.
-	ended := runner.Owner{Host: self.Host, PID: self.PID, Start: "1"}
+	ended := backend.Owner{Host: self.Host, PID: self.PID, Start: "1"}
 	dead, _ := dockerManager(t, runner.WithDaemonName(name+"-ended"), runner.WithLabels(ended.Labels()))
 	create(t, dead, "acme", runner.Settings{})
 	restarted, _ := dockerManager(t, runner.WithDaemonName(name+"-ended"))
 	defer restarted.Shutdown(context.Background())
-	if left := containers(t, cli, map[string]string{runner.LabelDaemon: name + "-ended", runner.LabelOwnerStart: "1"}); len(left) != 0 {
+	if left := containers(t, cli, map[string]string{backend.LabelDaemon: name + "-ended", backend.LabelOwnerStart: "1"}); len(left) != 0 {
 		t.Fatalf("containers of the crashed run left: %v", left)
 	}
 	s := create(t, restarted, "acme", shell)

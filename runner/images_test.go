@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sandboxd/sandboxd/backend/memory"
 	"github.com/sandboxd/sandboxd/images"
 	"github.com/sandboxd/sandboxd/policy"
 	"github.com/sandboxd/sandboxd/runner"
@@ -16,7 +17,7 @@ import (
 // and a refused image lists what is allowed and names the setting.
 func TestImageNames(t *testing.T) {
 	dev, _ := images.Lookup("dev")
-	m := newManager(t, runner.Memory{}, runner.WithPolicy(policy.Policy{DefaultImage: "minimal", Images: []string{"dev"}}))
+	m := newManager(t, memory.Backend{}, runner.WithPolicy(policy.Policy{DefaultImage: "minimal", Images: []string{"dev"}}))
 	for _, tt := range []struct {
 		image string
 		ok    bool

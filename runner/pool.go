@@ -2,11 +2,14 @@ package runner
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/sandboxd/sandboxd/backend"
 )
 
 // PoolConfig asks for a warm pool: Size workspaces of Image, hardened with
@@ -33,9 +36,9 @@ type PoolStats struct {
 // refills the pool after every claim.
 type pool struct {
 	m     *Manager
-	w     Warmer
+	w     backend.Warmer
 	key   string
-	spec  Spec
+	spec  backend.Spec
 	size  int
 	wake  chan struct{}
 	stop  context.CancelFunc
@@ -44,13 +47,13 @@ type pool struct {
 	image string
 
 	mu      sync.Mutex
-	ready   []*Instance
+	ready   []*backend.Instance
 	claimed uint64
 	lost    uint64 // ready workspaces that ended before a claim
 }
 
 func (m *Manager) newPool(pc PoolConfig) (*pool, error) {
-	w, ok := m.backend.(Warmer)
+	w, ok := m.backend.(backend.Warmer)
 	if !ok {
 		return nil, fmt.Errorf("runner: the %s backend keeps no warm pool", m.backend.Name())
 	}
@@ -62,7 +65,7 @@ func (m *Manager) newPool(pc PoolConfig) (*pool, error) {
 		return nil, fmt.Errorf("runner: pool of %q: %w", pc.Image, err)
 	}
 	spec := m.spec(prof, m.o.tools)
-	p := &pool{m: m, w: w, key: spec.poolKey(), spec: spec, size: pc.Size, image: prof.Image,
+	p := &pool{m: m, w: w, key: poolKey(spec), spec: spec, size: pc.Size, image: prof.Image,
 		wake: make(chan struct{}, 1), done: make(chan struct{})}
 	p.ctx, p.stop = context.WithCancel(context.Background())
 	go p.fill()
@@ -70,11 +73,11 @@ func (m *Manager) newPool(pc PoolConfig) (*pool, error) {
 }
 
 // claim takes a ready workspace for spec from a matching pool, if any.
-func (m *Manager) claim(ctx context.Context, spec Spec) (*Instance, bool) {
+func (m *Manager) claim(ctx context.Context, spec backend.Spec) (*backend.Instance, bool) {
 	if len(m.pools) == 0 {
 		return nil, false
 	}
-	key := spec.poolKey()
+	key := poolKey(spec)
 	for _, p := range m.pools {
 		if p.key == key {
 			if inst := p.claim(ctx); inst != nil {
@@ -89,10 +92,10 @@ func (m *Manager) claim(ctx context.Context, spec Spec) (*Instance, bool) {
 const checkTimeout = 10 * time.Second
 
 // claim hands out a ready workspace that still answers: it has not ended
-// (Instance.Done) and a Stat of its root succeeds, so a container that died
+// (backend.Instance.Done) and a Stat of its root succeeds, so a container that died
 // while it waited is never handed out, even before its end is noticed.
 // Those that fail are dropped on the way.
-func (p *pool) claim(ctx context.Context) *Instance {
+func (p *pool) claim(ctx context.Context) *backend.Instance {
 	defer p.refill()
 	for {
 		p.mu.Lock()
@@ -105,7 +108,7 @@ func (p *pool) claim(ctx context.Context) *Instance {
 		p.ready = p.ready[1:]
 		p.mu.Unlock()
 		err := errors.New("it ended")
-		if !inst.ended() {
+		if !inst.Ended() {
 			cctx, cancel := context.WithTimeout(ctx, checkTimeout)
 			_, err = inst.FS.Stat(cctx, ".")
 			cancel()
@@ -136,7 +139,7 @@ func (p *pool) refill() {
 
 // watch drops inst from the ready workspaces if it ends while it waits
 // there, and starts another.
-func (p *pool) watch(inst *Instance) {
+func (p *pool) watch(inst *backend.Instance) {
 	if inst.Done == nil {
 		return
 	}
@@ -158,7 +161,7 @@ func (p *pool) watch(inst *Instance) {
 
 // discard removes a ready workspace that failed its check (err), in the
 // background; p.mu is held.
-func (p *pool) discard(inst *Instance, err error) {
+func (p *pool) discard(inst *backend.Instance, err error) {
 	p.lost++
 	if inst.Err != nil && inst.Err() != nil {
 		err = inst.Err()
@@ -233,4 +236,16 @@ func (m *Manager) closePools(ctx context.Context) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// poolKey is what makes two specs interchangeable for a warm pool: all of
+// the spec but the session's names.
+func poolKey(s backend.Spec) string {
+	s.Session, s.Tenant = "", ""
+	s.Profile.Session, s.Profile.Tenant = "", ""
+	b, err := json.Marshal(s)
+	if err != nil {
+		panic(err) // a Spec is plain data
+	}
+	return string(b)
 }

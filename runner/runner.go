@@ -2,7 +2,7 @@
 // a backend workspace (a hardened container on Docker; a directory or a
 // memory tree for development) and a tool set over it (package tools).
 //
-//	m, err := runner.New(ctx, runner.Memory{}, runner.WithMaxSessions(10))
+//	m, err := runner.New(ctx, memory.Backend{}, runner.WithMaxSessions(10))
 //	s, err := m.Create(ctx, runner.CreateRequest{Tenant: "acme", Settings: runner.Settings{Grants: []string{"fs.write"}}})
 //	res, err := s.Call(ctx, "write", json.RawMessage(`{"path":"a.txt","content":"hi"}`), tools.CallOptions{})
 //	err = m.Shutdown(ctx)
@@ -11,14 +11,19 @@
 // policy (package policy) and per-tenant cap, ends them after their lifetime
 // or idle timeout, caps the calls in flight of each, and at shutdown drains
 // the calls in flight and removes every workspace it made. Everything it
-// makes carries its owner (Owner: host, boot, PID and the PID's start
-// time). At start it claims the daemon's name on a shared backend
-// (Claimer), refusing to start while another run of it lives, and asks the
-// backend to reap what ended runs left behind, so a crash leaks nothing past
-// the next start and no living run loses anything. A session whose
-// workspace dies ends with it (ErrWorkspaceEnded). A warm pool per image
-// and profile keeps workspaces started ahead of demand when the backend can
-// (Warmer), and checks each before it hands it out.
+// makes carries its owner ([backend.Owner]: host, boot, PID and the PID's
+// start time). At start it claims the daemon's name on a shared backend
+// ([backend.Claimer]), refusing to start while another run of it lives, and
+// asks the backend to reap what ended runs left behind, so a crash leaks
+// nothing past the next start and no living run loses anything. A session
+// whose workspace dies ends with it (ErrWorkspaceEnded). A warm pool per
+// image and profile keeps workspaces started ahead of demand when the
+// backend can ([backend.Warmer]), and checks each before it hands it out.
+//
+// The Manager stands on the [backend.Backend] port alone and imports no
+// implementation: the program that makes it picks one (package
+// [github.com/sandboxd/sandboxd/backend/docker], backend/local,
+// backend/memory, or its own).
 //
 // Tenants see only their own sessions: Get, List and Delete of another
 // tenant's session answer ErrNotFound, as if it did not exist.
@@ -27,14 +32,17 @@ package runner
 import (
 	"cmp"
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/sandboxd/sandboxd/backend"
 	"github.com/sandboxd/sandboxd/images"
 	"github.com/sandboxd/sandboxd/policy"
 	"github.com/sandboxd/sandboxd/sources"
@@ -57,17 +65,10 @@ var (
 	// container was killed or removed from outside), and the session with
 	// it. It wraps ErrClosed.
 	ErrWorkspaceEnded = fmt.Errorf("%w: its workspace ended", ErrClosed)
-	// ErrDaemonRunning: another run of the same daemon lives on the backend
-	// (Claimer), so this one may not start.
-	ErrDaemonRunning = errors.New("another run of this daemon is alive")
 )
 
 // DefaultImage is the image sessions get when the policy names none.
 const DefaultImage = "sandboxd/minimal:latest"
-
-// LabelDaemon, on everything a Manager's backend makes, names the daemon, so
-// that one daemon's reaping never touches another's workspaces.
-const LabelDaemon = "sandboxd.daemon"
 
 // Outcomes of a call, as CallEvent reports them.
 const (
@@ -152,12 +153,14 @@ func WithPool(p PoolConfig) Option { return func(o *options) { o.pools = append(
 
 // WithDaemonName names this daemon in the labels of what it makes (default
 // "sandboxd"). Two daemons sharing one Docker engine need different names:
-// New refuses a second run of a name while the first lives (Claimer).
+// New refuses a second run of a name while the first lives
+// ([backend.Claimer]). The name is the label [backend.LabelDaemon].
 func WithDaemonName(name string) Option { return func(o *options) { o.daemon = name } }
 
 // WithLabels adds labels to everything the backend makes (and to what
 // reaping at start looks for). They may name another owner than this
-// process (Owner.Labels): the one whose end lets a later run reap it.
+// process ([backend.Owner.Labels]): the one whose end lets a later run reap
+// it.
 func WithLabels(labels map[string]string) Option {
 	return func(o *options) {
 		if o.labels == nil {
@@ -180,7 +183,7 @@ func WithSweepInterval(d time.Duration) Option { return func(o *options) { o.swe
 
 // Manager creates, finds and ends sessions. It is safe for concurrent use.
 type Manager struct {
-	backend Backend
+	backend backend.Backend
 	o       options
 	labels  map[string]string
 
@@ -199,7 +202,8 @@ type Manager struct {
 	// gateway sends the requests of the operator's http sources for every
 	// session's shell; nil without them.
 	gateway *sources.Gateway
-	// unclaimFn gives back the backend's claim (Claimer); nil without one.
+	// unclaimFn gives back the backend's claim (backend.Claimer); nil
+	// without one.
 	unclaimFn func(context.Context) error
 	// lost counts the sessions whose workspace ended by itself; ended keeps
 	// why, by session ID, for those sessions' later requests.
@@ -238,12 +242,12 @@ func auditTo(logger *slog.Logger) func(sources.AuditRecord) {
 	}
 }
 
-// New returns a Manager over backend. Before it returns it claims the
-// daemon's name when the backend is a Claimer (failing with
-// ErrDaemonRunning while another run of it lives), reaps what ended runs of
-// the same daemon left behind (an error there fails New), and starts the
-// warm pools filling in the background.
-func New(ctx context.Context, backend Backend, opts ...Option) (*Manager, error) {
+// New returns a Manager over b. Before it returns it claims the daemon's
+// name when b is a [backend.Claimer] (failing with
+// [backend.ErrDaemonRunning] while another run of it lives), reaps what
+// ended runs of the same daemon left behind (an error there fails New), and
+// starts the warm pools filling in the background.
+func New(ctx context.Context, b backend.Backend, opts ...Option) (*Manager, error) {
 	o := options{tools: tools.DefaultConfig(), maxCalls: 8, daemon: "sandboxd", sweep: time.Second}
 	for _, opt := range opts {
 		opt(&o)
@@ -267,11 +271,11 @@ func New(ctx context.Context, backend Backend, opts ...Option) (*Manager, error)
 			return nil, fmt.Errorf("runner: sources: %w", err)
 		}
 	}
-	labels := Self().Labels()
+	labels := backend.Self().Labels()
 	maps.Copy(labels, o.labels)
-	labels[policy.LabelSandboxd], labels[LabelDaemon] = "1", o.daemon
+	labels[policy.LabelSandboxd], labels[backend.LabelDaemon] = "1", o.daemon
 	m := &Manager{
-		backend: backend, o: o,
+		backend: b, o: o,
 		gateway:   gateway,
 		labels:    labels,
 		sessions:  map[string]*Session{},
@@ -280,8 +284,8 @@ func New(ctx context.Context, backend Backend, opts ...Option) (*Manager, error)
 		stopSweep: make(chan struct{}),
 		swept:     make(chan struct{}),
 	}
-	if c, ok := backend.(Claimer); ok {
-		release, err := c.Claim(ctx, Spec{Profile: policy.Profile{Image: o.policy.DefaultImage}, Labels: maps.Clone(m.labels)})
+	if c, ok := b.(backend.Claimer); ok {
+		release, err := c.Claim(ctx, backend.Spec{Profile: policy.Profile{Image: o.policy.DefaultImage}, Labels: maps.Clone(m.labels)})
 		if err != nil {
 			return nil, fmt.Errorf("runner: %w", err)
 		}
@@ -289,16 +293,16 @@ func New(ctx context.Context, backend Backend, opts ...Option) (*Manager, error)
 	}
 	// The owner's labels are left out: Reap looks for every run's.
 	selector := maps.Clone(m.labels)
-	for k := range Self().Labels() {
+	for k := range backend.Self().Labels() {
 		delete(selector, k)
 	}
-	n, err := backend.Reap(ctx, selector)
+	n, err := b.Reap(ctx, selector)
 	if err != nil {
 		m.unclaim(ctx)
 		return nil, fmt.Errorf("runner: reaping what an earlier run left: %w", err)
 	}
 	if n > 0 {
-		o.logger.Info("reaped workspaces of an earlier run", "backend", backend.Name(), "count", n)
+		o.logger.Info("reaped workspaces of an earlier run", "backend", b.Name(), "count", n)
 	}
 	for _, pc := range o.pools {
 		p, err := m.newPool(pc)
@@ -314,7 +318,7 @@ func New(ctx context.Context, backend Backend, opts ...Option) (*Manager, error)
 }
 
 // Backend returns the manager's backend.
-func (m *Manager) Backend() Backend { return m.backend }
+func (m *Manager) Backend() backend.Backend { return m.backend }
 
 // CreateRequest asks for a session.
 type CreateRequest struct {
@@ -408,11 +412,40 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Session, erro
 }
 
 // spec is the backend spec of a profile under the manager's settings.
-func (m *Manager) spec(prof policy.Profile, cfg tools.Config) Spec {
-	return Spec{
+func (m *Manager) spec(prof policy.Profile, cfg tools.Config) backend.Spec {
+	return backend.Spec{
 		Profile: prof, EnvAllow: cfg.BashEnvAllow, InheritEnv: cfg.BashInheritEnv,
 		MaxBytes: m.o.workspaceBytes, Labels: maps.Clone(m.labels),
 	}
+}
+
+// settle waits, up to settleGrace or until ctx ends, for inst to be known
+// as ended, and reports whether it is. A call that failed as Unavailable may
+// have seen the workspace's stream break a moment before the backend has
+// said why (it asks the engine how the container ended); settling first
+// lets the call say that the session ended, not that the backend stumbled.
+func settle(ctx context.Context, inst *backend.Instance) bool {
+	if inst.Done == nil {
+		return false
+	}
+	t := time.NewTimer(settleGrace)
+	defer t.Stop()
+	select {
+	case <-inst.Done:
+		return true
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return inst.Ended()
+}
+
+// settleGrace bounds how long a call that failed as Unavailable waits for
+// its workspace to be known as ended. Generous: the engine is asked how the
+// container ended, and on a loaded host that can take seconds.
+const settleGrace = 10 * time.Second
+
+func randomID(prefix string) string {
+	return prefix + strings.ToLower(rand.Text()[:16])
 }
 
 // reserve counts a session against the tenant's cap before it is started,

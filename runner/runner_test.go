@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"github.com/sandboxd/sandboxd/sources"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -16,9 +15,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxd/sandboxd/backend"
+	"github.com/sandboxd/sandboxd/backend/local"
+	"github.com/sandboxd/sandboxd/backend/memory"
 	"github.com/sandboxd/sandboxd/policy"
 	"github.com/sandboxd/sandboxd/runner"
 	"github.com/sandboxd/sandboxd/scope"
+	"github.com/sandboxd/sandboxd/sources"
 	"github.com/sandboxd/sandboxd/tools"
 	"github.com/sandboxd/sandboxd/workspace"
 )
@@ -27,7 +30,7 @@ import (
 // "wait" blocks until the gate closes or its context ends. It counts what
 // it opens and closes.
 type gateBackend struct {
-	runner.Memory
+	memory.Backend
 	gate            chan struct{}
 	opened, closed  atomic.Int64
 	warmed          atomic.Int64
@@ -39,17 +42,17 @@ func newGate() *gateBackend {
 	return &gateBackend{gate: make(chan struct{}), ids: map[string]bool{}}
 }
 
-func (b *gateBackend) Open(ctx context.Context, spec runner.Spec) (*runner.Instance, error) {
+func (b *gateBackend) Open(ctx context.Context, spec backend.Spec) (*backend.Instance, error) {
 	b.opened.Add(1)
-	return b.wrap(b.Memory.Open(ctx, spec))
+	return b.wrap(b.Backend.Open(ctx, spec))
 }
 
-func (b *gateBackend) Warm(ctx context.Context, spec runner.Spec) (*runner.Instance, error) {
+func (b *gateBackend) Warm(ctx context.Context, spec backend.Spec) (*backend.Instance, error) {
 	b.warmed.Add(1)
-	return b.wrap(b.Memory.Warm(ctx, spec))
+	return b.wrap(b.Backend.Warm(ctx, spec))
 }
 
-func (b *gateBackend) wrap(inst *runner.Instance, err error) (*runner.Instance, error) {
+func (b *gateBackend) wrap(inst *backend.Instance, err error) (*backend.Instance, error) {
 	if err != nil {
 		return nil, err
 	}
@@ -79,7 +82,7 @@ func (g gateBash) Run(ctx context.Context, cmd workspace.Command) (workspace.Res
 
 var shell = runner.Settings{Grants: []string{tools.GrantShellExec}, Always: []string{"read", "shell"}}
 
-func newManager(t *testing.T, b runner.Backend, opts ...runner.Option) *runner.Manager {
+func newManager(t *testing.T, b backend.Backend, opts ...runner.Option) *runner.Manager {
 	t.Helper()
 	m, err := runner.New(context.Background(), b, opts...)
 	if err != nil {
@@ -122,7 +125,7 @@ func waitFor(t testing.TB, cond func() bool) {
 }
 
 func TestTenantsSeeOnlyTheirSessions(t *testing.T) {
-	m := newManager(t, runner.Memory{})
+	m := newManager(t, memory.Backend{})
 	a := create(t, m, "acme", runner.Settings{})
 	b := create(t, m, "bolt", runner.Settings{})
 	if got, err := m.Get("acme", a.ID()); err != nil || got != a {
@@ -465,7 +468,7 @@ func TestReapAtStart(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	m := newManager(t, &runner.Local{Dir: dir})
+	m := newManager(t, &local.Backend{Dir: dir})
 	if _, err := os.Stat(left); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("leftover workspace not reaped: %v", err)
 	}
@@ -493,7 +496,7 @@ func TestReapAtStart(t *testing.T) {
 
 	b := newGate()
 	newManager(t, b, runner.WithDaemonName("d2"))
-	if b.reapedWithLabel[runner.LabelDaemon] != "d2" || b.reapedWithLabel[policy.LabelSandboxd] != "1" {
+	if b.reapedWithLabel[backend.LabelDaemon] != "d2" || b.reapedWithLabel[policy.LabelSandboxd] != "1" {
 		t.Fatalf("reaped with labels %v", b.reapedWithLabel)
 	}
 }
@@ -515,7 +518,7 @@ func TestSource(t *testing.T) {
 	}
 	edit := runner.Settings{Grants: []string{tools.GrantFSWrite}, Always: []string{"read", "edit"}}
 
-	m := newManager(t, runner.Memory{}, runner.WithPool(runner.PoolConfig{Size: 1}))
+	m := newManager(t, memory.Backend{}, runner.WithPool(runner.PoolConfig{Size: 1}))
 	waitFor(t, func() bool { return m.Stats().Pools[0].Ready == 1 })
 	s, err := m.Create(context.Background(), runner.CreateRequest{Tenant: "cli", Source: src, Settings: edit})
 	if err != nil {
@@ -532,7 +535,7 @@ func TestSource(t *testing.T) {
 		t.Fatalf("the memory backend wrote back to its source: %q", data)
 	}
 
-	d := newManager(t, runner.Dir{Path: src})
+	d := newManager(t, local.Dir{Path: src})
 	s = create(t, d, "cli", edit)
 	if abs, _ := filepath.Abs(src); s.Root() != filepath.ToSlash(abs) {
 		t.Fatalf("root %q, want %q", s.Root(), abs)
@@ -545,7 +548,7 @@ func TestSource(t *testing.T) {
 		t.Fatalf("Dir: b.txt %q after the session, want it kept", data)
 	}
 
-	l := newManager(t, &runner.Local{Dir: t.TempDir()})
+	l := newManager(t, &local.Backend{Dir: t.TempDir()})
 	if _, err := l.Create(context.Background(), runner.CreateRequest{Tenant: "cli", Source: src}); err == nil {
 		t.Fatal("the local backend took a source it cannot copy")
 	}
@@ -553,7 +556,7 @@ func TestSource(t *testing.T) {
 
 // TestSessionScope: the scope setting reaches every tool of the session.
 func TestSessionScope(t *testing.T) {
-	m := newManager(t, runner.Memory{}, runner.WithGrants(tools.GrantFSWrite, tools.GrantShellExec))
+	m := newManager(t, memory.Backend{}, runner.WithGrants(tools.GrantFSWrite, tools.GrantShellExec))
 	s := create(t, m, "acme", runner.Settings{Grants: []string{tools.GrantFSWrite, tools.GrantShellExec},
 		Always: []string{"read", "edit"},
 		Scope:  scope.Rules{Visible: []string{"src/**", "notes.txt"}, Commit: []string{"src/**"}}})
@@ -599,7 +602,7 @@ func TestSessionPicksSources(t *testing.T) {
 		{Name: "api", Kind: sources.KindHTTP, HTTPDecl: sources.HTTPDecl{URL: api.URL, Requests: []sources.RequestShape{{Method: "GET", Path: "/x"}}}},
 		{Name: "api2", Kind: sources.KindHTTP, HTTPDecl: sources.HTTPDecl{URL: api.URL + "/two", Requests: []sources.RequestShape{{Method: "GET", Path: "/x"}}}},
 	}
-	m := newManager(t, runner.Memory{}, runner.WithTools(cfg))
+	m := newManager(t, memory.Backend{}, runner.WithTools(cfg))
 	call := func(s *runner.Session, tool, args string) tools.Result {
 		t.Helper()
 		r, err := s.Call(context.Background(), tool, json.RawMessage(args), tools.CallOptions{})
@@ -640,7 +643,7 @@ func TestMissingCredentialStopsStart(t *testing.T) {
 	cfg.Sources = sources.Decls{{Name: "api", Kind: sources.KindHTTP, HTTPDecl: sources.HTTPDecl{URL: "https://api.example.com",
 		Requests:   []sources.RequestShape{{Method: "GET", Path: "/x"}},
 		Credential: &sources.Credential{Header: "Authorization", Env: "SANDBOXD_TEST_NEVER_SET"}}}}
-	_, err := runner.New(context.Background(), runner.Memory{}, runner.WithTools(cfg))
+	_, err := runner.New(context.Background(), memory.Backend{}, runner.WithTools(cfg))
 	if !errors.Is(err, workspace.ErrUnavailable) || !strings.Contains(err.Error(), "SANDBOXD_TEST_NEVER_SET") {
 		t.Fatalf("err = %v", err)
 	}
@@ -652,7 +655,7 @@ func TestMissingCredentialStopsStart(t *testing.T) {
 func TestJournalStoreOutsideTheWorkspace(t *testing.T) {
 	tmp := t.TempDir()
 	t.Setenv("TMPDIR", tmp) // not parallel: os.MkdirTemp reads it
-	m := newManager(t, runner.Memory{TempDir: t.TempDir()}, runner.WithGrants(tools.GrantFSWrite))
+	m := newManager(t, memory.Backend{TempDir: t.TempDir()}, runner.WithGrants(tools.GrantFSWrite))
 	s := create(t, m, "acme", runner.Settings{Grants: []string{tools.GrantFSWrite}, Always: []string{"read", "edit"}})
 	r, err := s.Call(context.Background(), "write", json.RawMessage(`{"path":"a.txt","content":"a\n"}`), tools.CallOptions{})
 	if err != nil || r.IsError || r.Commit == nil {

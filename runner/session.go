@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sandboxd/sandboxd/backend"
 	"github.com/sandboxd/sandboxd/localfs"
 	"github.com/sandboxd/sandboxd/scope"
 	"github.com/sandboxd/sandboxd/tools"
@@ -25,7 +26,7 @@ type Session struct {
 	created  time.Time
 	lifetime time.Duration
 	idle     time.Duration
-	inst     *Instance
+	inst     *backend.Instance
 	set      *tools.Set
 	// dropJournal removes the journal's store (see journalStore).
 	dropJournal func() error
@@ -87,7 +88,7 @@ func journalStore() (store workspace.FileSystem, drop func() error, err error) {
 	return fsys, func() error { return errors.Join(fsys.Close(), os.RemoveAll(dir)) }, nil
 }
 
-func (m *Manager) newSession(id, tenant string, st Settings, cfg tools.Config, inst *Instance, lifetime, idle time.Duration) (*Session, error) {
+func (m *Manager) newSession(id, tenant string, st Settings, cfg tools.Config, inst *backend.Instance, lifetime, idle time.Duration) (*Session, error) {
 	if err := toolsError(cfg.Check(tools.Caps{Bash: inst.Bash != nil, Scope: st.Scope})); err != nil {
 		return nil, err
 	}
@@ -198,9 +199,9 @@ func (s *Session) Do(ctx context.Context, op string, fn func(ctx context.Context
 	stop := context.AfterFunc(s.ctx, func() { cancel(context.Cause(s.ctx)) })
 	failed, err := fn(cctx)
 	if errors.Is(err, workspace.ErrUnavailable) {
-		s.inst.settle(ctx)
+		settle(ctx, s.inst)
 	}
-	if s.inst.ended() {
+	if s.inst.Ended() {
 		// The call failed because the workspace is gone: the session ends
 		// now, and the call says so, not the tool's error.
 		s.m.lose(s)
@@ -234,7 +235,7 @@ func (s *Session) Call(ctx context.Context, tool string, args json.RawMessage, o
 	err := s.Do(ctx, tool, func(ctx context.Context) (bool, error) {
 		res = s.set.Call(ctx, tool, args, opts)
 		if e, ok := res.Structured.(*tools.ErrorResult); ok && res.IsError && e.Error == workspace.ErrUnavailable.Name() {
-			s.inst.settle(ctx)
+			settle(ctx, s.inst)
 		}
 		return res.IsError, nil
 	})

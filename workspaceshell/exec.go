@@ -1,7 +1,6 @@
 package workspaceshell
 
 import (
-	"context"
 	"fmt"
 	"maps"
 	"path"
@@ -329,30 +328,4 @@ func validEnvName(k string) bool {
 		}
 	}
 	return true
-}
-
-// Exec runs one workspace_exec call through bash (the session's Bash port):
-// it validates the call with ExecCommand, then runs the executable without a
-// shell. A session whose host permits no processes (bash nil) fails with
-// workspace.ErrForbidden. As with the bash tool, a command that exits
-// non-zero, is killed or times out is a Result, not an error. output, when
-// not nil, receives the output as it arrives.
-//
-// Exec does not commit or roll back: the caller runs it inside a workspace
-// session when the contract asks for one.
-func Exec(ctx context.Context, bash workspace.Bash, s Settings, root string, req ExecRequest,
-	output func(workspace.Stream, []byte)) (workspace.Result, error) {
-	cmd, err := s.ExecCommand(root, req)
-	if err != nil {
-		return workspace.Result{}, err
-	}
-	if bash == nil {
-		return workspace.Result{}, workspace.Errorf(workspace.ErrForbidden, "workspace_exec cannot run %s: this session's host permits no processes", req.Command)
-	}
-	cmd.Output = output
-	res, err := bash.Run(ctx, cmd)
-	if err != nil {
-		return res, fmt.Errorf("workspace_exec %s: %w", req.Command, err)
-	}
-	return res, nil
 }

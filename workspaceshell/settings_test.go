@@ -1,7 +1,6 @@
 package workspaceshell_test
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"maps"
@@ -150,20 +149,6 @@ func TestCatalogue(t *testing.T) {
 	}
 }
 
-// scriptedBash records the command it is given and answers with a result.
-type scriptedBash struct {
-	got workspace.Command
-	res workspace.Result
-}
-
-func (b *scriptedBash) Run(ctx context.Context, cmd workspace.Command) (workspace.Result, error) {
-	b.got = cmd
-	if cmd.Output != nil {
-		cmd.Output(workspace.Stdout, []byte("out"))
-	}
-	return b.res, nil
-}
-
 func TestExecCommand(t *testing.T) {
 	git := provider("git")
 	gitEnv := func(add map[string]string) map[string]string {
@@ -224,25 +209,6 @@ func TestExecCommand(t *testing.T) {
 		if !errors.Is(err, tc.kind) || !strings.Contains(err.Error(), tc.msg) {
 			t.Errorf("%s: %v; want %s saying %q", tc.name, err, tc.kind.Name(), tc.msg)
 		}
-	}
-}
-
-func TestExec(t *testing.T) {
-	ctx := context.Background()
-	s := provider("git")
-	req := workspaceshell.ExecRequest{Command: "git", Args: []string{"log"}}
-	if _, err := workspaceshell.Exec(ctx, nil, s, "/workspace", req, nil); !errors.Is(err, workspace.ErrForbidden) || !strings.Contains(err.Error(), "permits no processes") {
-		t.Fatalf("no Bash: %v", err)
-	}
-	b := &scriptedBash{res: workspace.Result{ExitCode: 3}}
-	var out string
-	res, err := workspaceshell.Exec(ctx, b, s, "/workspace", req, func(_ workspace.Stream, p []byte) { out += string(p) })
-	if err != nil || res.ExitCode != 3 || out != "out" || !reflect.DeepEqual(b.got.Argv, []string{"git", "log"}) || b.got.Script != "" {
-		t.Fatalf("Exec: %+v, %v, output %q, ran %+v", res, err, out, b.got)
-	}
-	b.got = workspace.Command{}
-	if _, err := workspaceshell.Exec(ctx, b, s, "/workspace", workspaceshell.ExecRequest{Command: "rm"}, nil); !errors.Is(err, workspace.ErrForbidden) || b.got.Argv != nil {
-		t.Fatalf("a refused call ran: %v, %+v", err, b.got)
 	}
 }
 

@@ -74,7 +74,7 @@ func (e *fakeEngine) start(t *testing.T) {
 			io.WriteString(w, "[]")
 		case p == "/volumes":
 			io.WriteString(w, `{"Volumes":[]}`)
-		case p == "/containers/create": // serve's marker (runner.Claimer)
+		case p == "/containers/create": // serve's marker (backend.Claimer)
 			w.WriteHeader(http.StatusCreated)
 			io.WriteString(w, `{"Id":"fake-marker"}`)
 		case r.Method == http.MethodDelete && p == "/containers/fake-marker":

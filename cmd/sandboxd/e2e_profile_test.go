@@ -13,8 +13,8 @@ import (
 
 	"github.com/moby/moby/client"
 
+	"github.com/sandboxd/sandboxd/backend"
 	"github.com/sandboxd/sandboxd/internal/dockertest"
-	"github.com/sandboxd/sandboxd/runner"
 )
 
 // profileStep is one call of a profile run. Its result must be the error
@@ -226,15 +226,15 @@ var startedMCP sync.Map
 func wantNoCLIContainers(t *testing.T, cli *client.Client) {
 	t.Helper()
 	list, err := cli.ContainerList(context.Background(), client.ContainerListOptions{All: true,
-		Filters: make(client.Filters).Add("label", runner.LabelDaemon)})
+		Filters: make(client.Filters).Add("label", backend.LabelDaemon)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range list.Items {
-		if _, ours := startedMCP.Load(c.Labels[runner.LabelOwnerPID]); !ours || c.Labels[runner.LabelOwnerHost] != runner.Self().Host {
+		if _, ours := startedMCP.Load(c.Labels[backend.LabelOwnerPID]); !ours || c.Labels[backend.LabelOwnerHost] != backend.Self().Host {
 			continue
 		}
-		if strings.HasPrefix(c.Labels[runner.LabelDaemon], "cli-") {
+		if strings.HasPrefix(c.Labels[backend.LabelDaemon], "cli-") {
 			t.Errorf("container %s of sandboxd mcp left after it exited", c.Names)
 		}
 	}
@@ -271,7 +271,7 @@ func TestKilledRunIsReaped(t *testing.T) {
 	}
 	left := func(pid int) []string {
 		t.Helper()
-		f := make(client.Filters).Add("label", runner.LabelOwnerPID+"="+strconv.Itoa(pid)).Add("label", runner.LabelOwnerHost+"="+runner.Self().Host)
+		f := make(client.Filters).Add("label", backend.LabelOwnerPID+"="+strconv.Itoa(pid)).Add("label", backend.LabelOwnerHost+"="+backend.Self().Host)
 		cs, err := cli.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: f})
 		if err != nil {
 			t.Fatal(err)
@@ -290,7 +290,7 @@ func TestKilledRunIsReaped(t *testing.T) {
 		return out
 	}
 	// waitLeft waits for the run's session container to run (beside its
-	// volume and the run's marker, runner.Claimer): the run is past
+	// volume and the run's marker, backend.Claimer): the run is past
 	// creating what it needs.
 	waitLeft := func(pid, n int) {
 		t.Helper()

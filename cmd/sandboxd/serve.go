@@ -20,6 +20,9 @@ import (
 
 	"github.com/moby/moby/client"
 
+	"github.com/sandboxd/sandboxd/backend"
+	"github.com/sandboxd/sandboxd/backend/local"
+	"github.com/sandboxd/sandboxd/backend/memory"
 	"github.com/sandboxd/sandboxd/httpapi"
 	"github.com/sandboxd/sandboxd/images"
 	"github.com/sandboxd/sandboxd/policy"
@@ -236,7 +239,7 @@ var cmdServe = &command{
 // serve runs the daemon until ctx ends, then drains and removes what it made.
 // It binds its address before it touches the backend, so a daemon that
 // cannot listen leaves every other alone; on Docker the manager then claims
-// the daemon's name (runner.Claimer) before it reaps what ended runs left.
+// the daemon's name (backend.Claimer) before it reaps what ended runs left.
 func serve(ctx context.Context, sio stdio, cfg serveConfig, dev bool) error {
 	logger := slog.New(slog.NewJSONHandler(sio.err, nil))
 	var devToken string
@@ -417,7 +420,7 @@ func printWelcome(sio stdio, url, backend, image, devToken string) {
 // for docker it also makes sure the default image exists, building it when
 // missing, with progress. It fails closed: when the engine does not answer
 // it refuses to start rather than fall back to a backend without isolation.
-func openBackend(ctx context.Context, sio stdio, cfg *serveConfig) (runner.Backend, string, error) {
+func openBackend(ctx context.Context, sio stdio, cfg *serveConfig) (backend.Backend, string, error) {
 	name := cmp.Or(cfg.Backend, "docker")
 	var cli *client.Client
 	if name == "docker" {
@@ -431,7 +434,7 @@ func openBackend(ctx context.Context, sio stdio, cfg *serveConfig) (runner.Backe
 	}
 	switch name {
 	case "memory":
-		return runner.Memory{}, runner.DefaultImage, nil
+		return memory.Backend{}, runner.DefaultImage, nil
 	case "local":
 		dir := cfg.DataDir
 		if dir == "" {
@@ -441,7 +444,7 @@ func openBackend(ctx context.Context, sio stdio, cfg *serveConfig) (runner.Backe
 			}
 			dir = filepath.Join(state, "sessions")
 		}
-		return &runner.Local{Dir: dir}, runner.DefaultImage, nil
+		return &local.Backend{Dir: dir}, runner.DefaultImage, nil
 	case "docker":
 		// Every image the configuration names is checked now (and built
 		// when it is sandboxd's and missing), not at a session's first use.

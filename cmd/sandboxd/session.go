@@ -16,6 +16,10 @@ import (
 
 	"github.com/moby/moby/client"
 
+	"github.com/sandboxd/sandboxd/backend"
+	"github.com/sandboxd/sandboxd/backend/docker"
+	"github.com/sandboxd/sandboxd/backend/local"
+	"github.com/sandboxd/sandboxd/backend/memory"
 	"github.com/sandboxd/sandboxd/dockerexec"
 	"github.com/sandboxd/sandboxd/images"
 	"github.com/sandboxd/sandboxd/policy"
@@ -204,7 +208,7 @@ func (f *sessionFlags) openSession(ctx context.Context, sio stdio) (*session, er
 // when the backend works on it in place) and how to release what opening
 // took (a Docker client).
 type openedBackend struct {
-	backend runner.Backend
+	backend backend.Backend
 	policy  policy.Policy
 	source  string
 	release func()
@@ -215,13 +219,13 @@ var backends = map[string]func(ctx context.Context, sio stdio, f *sessionFlags) 
 	// local works on the directory itself; the workspace root is its
 	// absolute path.
 	"local": func(_ context.Context, _ stdio, f *sessionFlags) (*openedBackend, error) {
-		return &openedBackend{backend: runner.Dir{Path: f.workspace}, release: func() {}}, nil
+		return &openedBackend{backend: local.Dir{Path: f.workspace}, release: func() {}}, nil
 	},
 	// memory starts from an in-memory copy of the directory, rooted at
 	// /workspace; nothing is written back. Commands run in a private host
-	// copy that memexec keeps in step (see runner.Memory).
+	// copy that memexec keeps in step (see memory.Backend).
 	"memory": func(_ context.Context, _ stdio, f *sessionFlags) (*openedBackend, error) {
-		return &openedBackend{backend: runner.Memory{}, source: f.workspace, release: func() {}}, nil
+		return &openedBackend{backend: memory.Backend{}, source: f.workspace, release: func() {}}, nil
 	},
 	"docker": openDocker,
 }
@@ -261,20 +265,20 @@ func openDocker(ctx context.Context, sio stdio, f *sessionFlags) (*openedBackend
 
 // reapDeadRuns removes the containers and volumes that earlier
 // command-line runs (sandboxd mcp, tools) on this host left, once their
-// process has ended (runner.Owner.Gone). Each run has a daemon name of its
+// process has ended (backend.Owner.Gone). Each run has a daemon name of its
 // own, so no run's start reaps another's; a run whose process may live is
 // left alone.
 func reapDeadRuns(ctx context.Context, cli client.APIClient) (int, error) {
-	return dockerexec.ReapWhere(ctx, cli, map[string]string{runner.LabelOwnerHost: runner.Self().Host}, func(labels map[string]string) bool {
-		o, ok := runner.OwnerOf(labels)
-		return ok && strings.HasPrefix(labels[runner.LabelDaemon], "cli-") && o.Gone()
+	return dockerexec.Reap(ctx, cli, map[string]string{backend.LabelOwnerHost: backend.Self().Host}, func(labels map[string]string) bool {
+		o, ok := backend.OwnerOf(labels)
+		return ok && strings.HasPrefix(labels[backend.LabelDaemon], "cli-") && o.Gone()
 	})
 }
 
 // dockerBackend is the Docker backend over cli, once what every session
 // needs is there: the agent binary, and image (when not "") as ensureImage
 // makes sure. It returns image's reference.
-func dockerBackend(ctx context.Context, sio stdio, cli *client.Client, image string) (*runner.Docker, string, error) {
+func dockerBackend(ctx context.Context, sio stdio, cli *client.Client, image string) (*docker.Backend, string, error) {
 	agent, err := dockerexec.FindAgent()
 	if err != nil {
 		return nil, "", fmt.Errorf("docker backend: %w", err)
@@ -285,7 +289,7 @@ func dockerBackend(ctx context.Context, sio stdio, cli *client.Client, image str
 			return nil, "", err
 		}
 	}
-	return &runner.Docker{Client: cli, Agent: agent}, ref, nil
+	return &docker.Backend{Client: cli, Agent: agent}, ref, nil
 }
 
 // ensureImage returns the reference of image: an image definition's name

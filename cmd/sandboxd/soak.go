@@ -22,6 +22,7 @@ import (
 
 	"github.com/moby/moby/client"
 
+	"github.com/sandboxd/sandboxd/backend"
 	"github.com/sandboxd/sandboxd/httpapi"
 	"github.com/sandboxd/sandboxd/internal/proctree"
 	"github.com/sandboxd/sandboxd/runner"
@@ -333,7 +334,7 @@ func (c *soakClient) settle(ctx context.Context, docker *client.Client, daemon s
 		runtime.GC()
 		g := soakFigures{Goroutines: runtime.NumGoroutine(), OpenFiles: countDir("/proc/self/fd"), Processes: descendants(os.Getpid())}
 		if docker != nil {
-			list, err := docker.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: make(client.Filters).Add("label", runner.LabelDaemon+"="+daemon)})
+			list, err := docker.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: make(client.Filters).Add("label", backend.LabelDaemon+"="+daemon)})
 			if err != nil {
 				return f, err
 			}

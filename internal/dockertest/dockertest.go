@@ -122,7 +122,7 @@ func Labels() map[string]string { return map[string]string{LabelTest: testPkg} }
 // Sweep removes, forcibly, every container and then every volume labelled
 // LabelTest=label.
 func Sweep(ctx context.Context, c *client.Client, label string) error {
-	_, err := dockerexec.Reap(ctx, c, map[string]string{LabelTest: label})
+	_, err := dockerexec.Reap(ctx, c, map[string]string{LabelTest: label}, nil)
 	return err
 }
 

@@ -2,9 +2,15 @@ package dockertest
 
 import (
 	"context"
+	"fmt"
+	"io"
+	"net"
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/moby/moby/api/pkg/stdcopy"
+	"github.com/moby/moby/client"
 
 	"github.com/sandboxd/sandboxd/agent"
 	"github.com/sandboxd/sandboxd/dockerexec"
@@ -80,12 +86,68 @@ func (p *Pool) start(t *testing.T) *Loan {
 	if _, err := c.Bash().Run(ctx, workspace.Command{Argv: []string{"mkdir", "-p", OutsideDir}}); err != nil {
 		t.Fatal(err)
 	}
-	out, err := c.AgentAt(ctx, OutsideDir)
+	out, err := agentAt(ctx, Client(p.tb), c, OutsideDir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	p.tb.Cleanup(func() { out.Close() })
 	return &Loan{Container: c, Outside: out}
+}
+
+// agentAt starts a second agent in c, through docker exec, that serves the
+// directory root (an absolute path in the container, which must exist) and
+// returns its client. It is the container's agent binary (its entrypoint),
+// run as the container's user under the same isolation; its process ends
+// when the client is closed. A session needs none: tests use it for a
+// directory beside the workspace.
+func agentAt(ctx context.Context, cli client.APIClient, c *dockerexec.Container, root string) (*agent.Client, error) {
+	info, err := cli.ContainerInspect(ctx, c.ID(), client.ContainerInspectOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("dockertest: agent at %s: %w", root, err)
+	}
+	if info.Container.Config == nil || len(info.Container.Config.Entrypoint) == 0 {
+		return nil, fmt.Errorf("dockertest: agent at %s: the container has no entrypoint", root)
+	}
+	ex, err := cli.ExecCreate(ctx, c.ID(), client.ExecCreateOptions{
+		AttachStdin: true, AttachStdout: true, AttachStderr: true,
+		Cmd: []string{info.Container.Config.Entrypoint[0], "serve", "--root", root},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("dockertest: exec agent: %w", err)
+	}
+	att, err := cli.ExecAttach(ctx, ex.ID, client.ExecAttachOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("dockertest: exec agent: %w", err)
+	}
+	// The exec's output is multiplexed: the agent's stream is its stdout.
+	pr, pw := io.Pipe()
+	go func() {
+		_, err := stdcopy.StdCopy(pw, io.Discard, att.Reader)
+		pw.CloseWithError(err)
+	}()
+	ag, err := agent.NewClient(&execStream{Reader: pr, conn: att.Conn})
+	if err != nil {
+		att.Close()
+		return nil, fmt.Errorf("dockertest: agent at %s: %w", root, err)
+	}
+	return ag, nil
+}
+
+// execStream is an exec'd agent's stream: reads from its demultiplexed
+// stdout, writes to its stdin.
+type execStream struct {
+	io.Reader
+	conn net.Conn
+}
+
+func (s *execStream) Write(p []byte) (int, error) { return s.conn.Write(p) }
+
+// Close ends the agent's input, its signal to exit, and the connection.
+func (s *execStream) Close() error {
+	if cw, ok := s.conn.(client.CloseWriter); ok {
+		cw.CloseWrite()
+	}
+	return s.conn.Close()
 }
 
 const wipeScript = `chmod -R u+rwX /workspace ` + OutsideDir + ` 2>/dev/null

@@ -1,7 +1,15 @@
-package runner
+// Package docker is the [backend.Backend] of hardened session containers,
+// the one a daemon of many tenants runs: [dockerexec] starts each
+// container from the session's [policy.Profile], and the sandboxd agent,
+// its PID 1, serves the workspace's files ([dockerfs.FS]) and commands
+// ([dockerexec.Bash]) over one stream. It is a [backend.Warmer] (containers
+// may wait in a warm pool) and a [backend.Claimer] (daemons sharing an
+// engine claim their name with a marker container).
+package docker
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
 	"regexp"
 	"strings"
@@ -10,19 +18,20 @@ import (
 	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/client"
 
+	"github.com/sandboxd/sandboxd/backend"
 	"github.com/sandboxd/sandboxd/dockerexec"
 	"github.com/sandboxd/sandboxd/dockerfs"
 	"github.com/sandboxd/sandboxd/images"
 	"github.com/sandboxd/sandboxd/policy"
 )
 
-// Docker is the backend of hardened session containers: one container per
+// Backend is the backend of hardened session containers: one container per
 // session, made from the session's profile (package dockerexec), its files
 // and commands served by the sandboxd agent running as the container's
 // PID 1 (packages dockerfs and dockerexec). A container killed from outside
-// ends its session (ErrWorkspaceEnded, with the container's exit code) at
-// once.
-type Docker struct {
+// ends its workspace (Instance.Done, Err naming the container's exit code)
+// at once.
+type Backend struct {
 	// Client talks to the engine. Required.
 	Client client.APIClient
 	// Agent is the sandboxd-agent binary; "" finds it (dockerexec.FindAgent).
@@ -34,30 +43,30 @@ type Docker struct {
 }
 
 var (
-	_ Warmer  = (*Docker)(nil)
-	_ Claimer = (*Docker)(nil)
+	_ backend.Warmer  = (*Backend)(nil)
+	_ backend.Claimer = (*Backend)(nil)
 )
 
 // Name returns "docker".
-func (*Docker) Name() string { return "docker" }
+func (*Backend) Name() string { return "docker" }
 
 // Open starts the session's container, named and labelled after it, its
 // workspace filled with a copy of spec.Source when set.
-func (d *Docker) Open(ctx context.Context, spec Spec) (*Instance, error) {
+func (d *Backend) Open(ctx context.Context, spec backend.Spec) (*backend.Instance, error) {
 	return d.start(ctx, spec, spec.Profile)
 }
 
 // Warm starts a container for a pool: named after a pool ID, labelled as
 // the daemon's, and handed to a session as it is. The session's ID and
 // variables reach its commands through the tool layer.
-func (d *Docker) Warm(ctx context.Context, spec Spec) (*Instance, error) {
+func (d *Backend) Warm(ctx context.Context, spec backend.Spec) (*backend.Instance, error) {
 	prof := spec.Profile
-	prof.Session = randomID("warm-")
+	prof.Session = "warm-" + strings.ToLower(rand.Text()[:16])
 	spec.Source = ""
 	return d.start(ctx, spec, prof)
 }
 
-func (d *Docker) start(ctx context.Context, spec Spec, prof policy.Profile) (*Instance, error) {
+func (d *Backend) start(ctx context.Context, spec backend.Spec, prof policy.Profile) (*backend.Instance, error) {
 	ref, err := images.Resolve(ctx, d.Client, prof.Image)
 	if err != nil {
 		return nil, fmt.Errorf("docker backend: %w", err)
@@ -67,23 +76,23 @@ func (d *Docker) start(ctx context.Context, spec Spec, prof policy.Profile) (*In
 	if err != nil {
 		return nil, fmt.Errorf("docker backend: %w", err)
 	}
-	return &Instance{
+	return &backend.Instance{
 		FS: dockerfs.New(c), Bash: c.Bash(), Root: policy.WorkspaceDir, ID: c.Name(), Close: c.Close,
 		Done: c.Agent().Done(), Err: c.Agent().Err,
 	}, nil
 }
 
 // Reap removes the containers and volumes carrying labels whose owner has
-// ended (Owner.Gone), and those an earlier version made without an owner:
-// what dead runs of the daemon left. What a run that may live holds is left
-// alone.
-func (d *Docker) Reap(ctx context.Context, labels map[string]string) (int, error) {
-	return dockerexec.ReapWhere(ctx, d.Client, labels, ownerGone)
+// ended ([backend.Owner.Gone]), and those an earlier version made without an
+// owner: what dead runs of the daemon left. What a run that may live holds
+// is left alone.
+func (d *Backend) Reap(ctx context.Context, labels map[string]string) (int, error) {
+	return dockerexec.Reap(ctx, d.Client, labels, ownerGone)
 }
 
 // ownerGone reports whether the owner labels name has ended, or none is named.
 func ownerGone(labels map[string]string) bool {
-	o, ok := OwnerOf(labels)
+	o, ok := backend.OwnerOf(labels)
 	return !ok || o.Gone()
 }
 
@@ -91,15 +100,15 @@ func ownerGone(labels map[string]string) bool {
 const markerPrefix = "sandboxd-daemon-"
 
 // Claim makes this run the only live one of its daemon (spec.Labels'
-// LabelDaemon) on the engine: it creates a container named after the
-// daemon, from spec.Profile.Image and never started, that carries
+// [backend.LabelDaemon]) on the engine: it creates a container named after
+// the daemon, from spec.Profile.Image and never started, that carries
 // spec.Labels and so its owner. The engine refuses a second container of a
 // name, so of two runs only one holds the marker. A marker whose owner has
-// ended (Owner.Gone) is removed, by its ID, and taken. While its owner may
-// live, Claim fails with ErrDaemonRunning naming it. release removes the
-// marker.
-func (d *Docker) Claim(ctx context.Context, spec Spec) (release func(context.Context) error, err error) {
-	daemon := spec.Labels[LabelDaemon]
+// ended ([backend.Owner.Gone]) is removed, by its ID, and taken. While its
+// owner may live, Claim fails with [backend.ErrDaemonRunning] naming it.
+// release removes the marker.
+func (d *Backend) Claim(ctx context.Context, spec backend.Spec) (release func(context.Context) error, err error) {
+	daemon := spec.Labels[backend.LabelDaemon]
 	name := markerPrefix + strings.Trim(markerUnsafe.ReplaceAllString(daemon, "-"), "-.")
 	for range 3 {
 		created, err := d.Client.ContainerCreate(ctx, client.ContainerCreateOptions{
@@ -133,7 +142,7 @@ func (d *Docker) Claim(ctx context.Context, spec Spec) (release func(context.Con
 		if held.Container.Config != nil {
 			labels = held.Container.Config.Labels
 		}
-		owner, ok := OwnerOf(labels)
+		owner, ok := backend.OwnerOf(labels)
 		if ok && owner.Gone() {
 			// By ID: a run that took the name meanwhile keeps it.
 			_, err := d.Client.ContainerRemove(ctx, held.Container.ID, client.ContainerRemoveOptions{Force: true})
@@ -146,13 +155,13 @@ func (d *Docker) Claim(ctx context.Context, spec Spec) (release func(context.Con
 		if ok {
 			who = owner.String()
 		}
-		if !ok || owner.Host != Self().Host {
+		if !ok || owner.Host != backend.Self().Host {
 			// Only its own host can tell whether that process lives.
 			fix = fmt.Sprintf("; once that daemon is gone for sure, remove its marker with 'docker rm %s'", name)
 		}
 		return nil, fmt.Errorf("%w: daemon %q runs on this engine (%s, since %s; its marker is the container %s): "+
 			"stop it, or give this daemon another name (\"daemon\" in the configuration)%s",
-			ErrDaemonRunning, daemon, who, held.Container.Created, name, fix)
+			backend.ErrDaemonRunning, daemon, who, held.Container.Created, name, fix)
 	}
 	return nil, fmt.Errorf("docker backend: the daemon's marker %s changed hands while it was claimed; try again", name)
 }

@@ -1,0 +1,139 @@
+// Package backend is the port between the session host (package runner)
+// and the places workspaces run: a [Backend] opens an [Instance] — a
+// [workspace.FileSystem], a [workspace.Bash] and how to release them — for
+// a [Spec], and reaps what earlier runs left, found by the labels of their
+// [Owner]. Optional capabilities are interfaces a Backend may also
+// implement: [Warmer] (workspaces started ahead of demand, for warm pools)
+// and [Claimer] (a backend several daemons share).
+//
+// The implementations are packages of their own, so that the host imports
+// none of them and a program wires the ones it offers:
+//
+//   - [github.com/sandboxd/sandboxd/backend/docker]: a hardened container
+//     per session, served by the in-container agent;
+//   - [github.com/sandboxd/sandboxd/backend/local]: a directory on the
+//     host's disk, commands on the host;
+//   - [github.com/sandboxd/sandboxd/backend/memory]: a tree in the daemon's
+//     memory, commands in a host directory kept in step with it.
+//
+// A new backend (Kubernetes pods, say) is one more package implementing
+// Backend, and one line where the program picks it.
+package backend
+
+import (
+	"context"
+	"errors"
+
+	"github.com/sandboxd/sandboxd/policy"
+	"github.com/sandboxd/sandboxd/workspace"
+)
+
+// Backend makes the workspaces sessions run in: a hardened container on
+// Docker, a directory on local disk, a tree in memory. The tool layer never
+// sees a backend, only the Instance's ports, so another one (Kubernetes pods,
+// say) is one more implementation of this interface. Implementations must be
+// safe for concurrent use.
+type Backend interface {
+	// Name is the backend's name as configuration spells it ("memory").
+	Name() string
+	// Open starts a workspace for the session spec names. On failure it
+	// leaves nothing behind.
+	Open(ctx context.Context, spec Spec) (*Instance, error)
+	// Reap removes what earlier runs of this daemon left behind — found by
+	// labels, which carry the daemon's name — and reports how many
+	// workspaces it removed. A backend that keeps the owner's labels
+	// (Owner) removes only what an owner that has ended left; one without
+	// labels takes every run's leftovers as dead. It runs once, before the
+	// first Open.
+	Reap(ctx context.Context, labels map[string]string) (int, error)
+}
+
+// Claimer is a Backend that several daemons may share (a Docker engine).
+// Claim makes this run the only live one of the daemon spec.Labels name
+// (LabelDaemon) on it, until release: it fails with ErrDaemonRunning,
+// naming the other, while another run of that daemon may live, and takes
+// the place of one that has ended. The session host claims before it
+// reaps, so that reaping never races a living run of its own name.
+type Claimer interface {
+	Backend
+	Claim(ctx context.Context, spec Spec) (release func(context.Context) error, err error)
+}
+
+// Warmer is a Backend whose workspaces do not depend on the session they
+// serve, so they may be started before a session asks (a warm pool) and
+// handed to one later. Warm starts such a workspace for spec with
+// spec.Session and spec.Tenant empty; what a session adds (its ID and
+// variables) reaches commands through the tool layer, not the workspace.
+type Warmer interface {
+	Backend
+	Warm(ctx context.Context, spec Spec) (*Instance, error)
+}
+
+// Spec is what a backend needs to start one workspace.
+type Spec struct {
+	// Session and Tenant name the session ("" for a warm workspace).
+	Session, Tenant string
+	// Profile is the container isolation the operator's policy granted.
+	// Backends without containers ignore it, after the policy has judged it.
+	Profile policy.Profile
+	// EnvAllow and InheritEnv say which host variables local commands see
+	// (the tool options bashEnvAllow and bashInheritEnv, set by the operator).
+	EnvAllow   []string
+	InheritEnv bool
+	// MaxBytes bounds the bytes a workspace held in memory may hold; 0 is
+	// no bound.
+	MaxBytes int64
+	// Source, when set, is a host directory whose contents the workspace
+	// starts with: its directories, regular files and symbolic links,
+	// copied (nothing is written back). It is the operator's setting, never
+	// a tenant's. A backend that cannot copy refuses it; warm workspaces
+	// never have one.
+	Source string
+	// Labels mark everything the workspace creates as the daemon's, so that
+	// Reap finds it after a crash.
+	Labels map[string]string
+}
+
+// Instance is one session's workspace in a backend: its ports and how to
+// release it.
+type Instance struct {
+	// FS is the workspace's files. Required.
+	FS workspace.FileSystem
+	// Bash runs commands in it; nil when the backend has no shell.
+	Bash workspace.Bash
+	// Root is the workspace root as commands see it ("/workspace").
+	Root string
+	// ID names the backend resource (a container ID, a directory) in logs.
+	ID string
+	// Close releases everything the instance holds. It is called once.
+	Close func(ctx context.Context) error
+	// Done, when not nil, is closed once the workspace is unusable — ended
+	// by itself (a container killed from outside) or closed; Err then says
+	// why. A warm pool never hands out such a workspace, and a session
+	// whose workspace ends by itself ends with it
+	// ([github.com/sandboxd/sandboxd/runner.ErrWorkspaceEnded]).
+	Done <-chan struct{}
+	Err  func() error
+}
+
+// Ended reports whether the workspace is unusable: Done is closed. It never
+// blocks.
+func (inst *Instance) Ended() bool {
+	if inst.Done == nil {
+		return false
+	}
+	select {
+	case <-inst.Done:
+		return true
+	default:
+		return false
+	}
+}
+
+// ErrDaemonRunning is what Claim fails with while another run of the same
+// daemon may live on the backend; match it with errors.Is.
+var ErrDaemonRunning = errors.New("another run of this daemon is alive")
+
+// LabelDaemon, on everything a daemon's backend makes, names the daemon, so
+// that one daemon's reaping never touches another's workspaces.
+const LabelDaemon = "sandboxd.daemon"

@@ -62,7 +62,10 @@ func (s *Set) bash(ctx context.Context, args json.RawMessage, c *call) (Result, 
 			timeout = time.Duration(t * float64(time.Second))
 		}
 	}
-	cmd := workspace.Command{Script: p.Command, Env: s.commandEnv(c), Timeout: timeout}
+	// One stream: the output keeps the order the command wrote it in (two
+	// pipes read apart do not), at the cost of progress events telling
+	// stderr from stdout.
+	cmd := workspace.Command{Script: p.Command, Env: s.commandEnv(c), Timeout: timeout, Combined: true}
 	if p.Stdin != nil {
 		cmd.Stdin = strings.NewReader(*p.Stdin)
 	}

@@ -43,6 +43,9 @@ func (s *Set) bash(ctx context.Context, args json.RawMessage, c *call) (Result, 
 		Command string   `json:"command"`
 		Timeout *float64 `json:"timeout"`
 		Stdin   *string  `json:"stdin"`
+		// Background starts the command and answers at once with its id
+		// (see background.go); its default timeout is bashMaxTimeoutMs.
+		Background bool `json:"background"`
 	}
 	if err := decodeArgs(args, &p); err != nil {
 		return Result{}, err
@@ -51,6 +54,9 @@ func (s *Set) bash(ctx context.Context, args json.RawMessage, c *call) (Result, 
 		return Result{}, invalid("command is required")
 	}
 	timeout := time.Duration(s.cfg.BashTimeoutMs) * time.Millisecond
+	if p.Background {
+		timeout = time.Duration(s.cfg.BashMaxTimeoutMs) * time.Millisecond
+	}
 	if p.Timeout != nil {
 		maxS := float64(s.cfg.BashMaxTimeoutMs) / 1000
 		switch t := *p.Timeout; {
@@ -68,6 +74,9 @@ func (s *Set) bash(ctx context.Context, args json.RawMessage, c *call) (Result, 
 	cmd := workspace.Command{Script: p.Command, Env: s.commandEnv(c), Timeout: timeout, Combined: true}
 	if p.Stdin != nil {
 		cmd.Stdin = strings.NewReader(*p.Stdin)
+	}
+	if p.Background {
+		return s.startBackground(p.Command, cmd)
 	}
 	res, _, err := s.runCommand(ctx, c, timeout, func(ctx context.Context, output func(workspace.Stream, []byte)) (workspace.Result, error) {
 		cmd.Output = output
@@ -120,39 +129,54 @@ func (s *Set) runCommand(ctx context.Context, c *call, timeout time.Duration,
 		ExitCode: res.ExitCode, Signal: res.Signal, TimedOut: res.TimedOut,
 		OutputBytes: out.total, DurationMs: res.Duration.Milliseconds(),
 	}
-	tail, tailLines := out.tail(s.cfg.MaxLines, s.cfg.MaxBytes)
-	r.Output = tail
 	var notes []string
-	if int64(len(tail)) < out.total {
-		r.Truncated = true
-		saved, err := s.saveOutput(ctx, out.all)
-		if err != nil {
-			notes = append(notes, fmt.Sprintf("[Output cut to its last %d lines (%s of %s); saving the whole output failed: %v]", tailLines, kb(int64(len(tail))), kb(out.total), err))
-		} else {
-			r.OutputPath, r.SavedBytes = saved, int64(len(out.all))
-			note := fmt.Sprintf("[Output cut to its last %d lines (%s of %s). The whole output is in %s; read it with read or grep.]", tailLines, kb(int64(len(tail))), kb(out.total), saved)
-			if r.SavedBytes < out.total {
-				note = fmt.Sprintf("[Output cut to its last %d lines (%s of %s). Its first %s is in %s; the rest was over maxFileBytes and was not saved.]", tailLines, kb(int64(len(tail))), kb(out.total), kb(r.SavedBytes), saved)
-			}
-			notes = append(notes, note)
-		}
-	}
+	r.Output, r.Truncated, r.OutputPath, r.SavedBytes, notes = s.keepOutput(ctx, out)
+	tail := r.Output
+	notes = append(notes, ending(res, timeout))
+	return Result{Text: outputText(tail, notes), Structured: r}, r, nil
+}
+
+// ending is the note that says how a command ended.
+func ending(res workspace.Result, timeout time.Duration) string {
 	switch {
 	case res.TimedOut:
-		notes = append(notes, fmt.Sprintf("[Timed out after %g s: the command and everything it started were killed.]", timeout.Seconds()))
+		return fmt.Sprintf("[Timed out after %g s: the command and everything it started were killed.]", timeout.Seconds())
 	case res.Signal != "":
-		notes = append(notes, fmt.Sprintf("[Killed by signal %s.]", res.Signal))
+		return fmt.Sprintf("[Killed by signal %s.]", res.Signal)
 	default:
-		notes = append(notes, fmt.Sprintf("[Exit code %d.]", res.ExitCode))
+		return fmt.Sprintf("[Exit code %d.]", res.ExitCode)
 	}
-	text := tail
-	if text == "" {
-		text = "(no output)"
+}
+
+// outputText is a command's output for the model, followed by notes.
+func outputText(output string, notes []string) string {
+	if output == "" {
+		output = "(no output)"
 	}
-	if !strings.HasSuffix(text, "\n") {
-		text += "\n"
+	if !strings.HasSuffix(output, "\n") {
+		output += "\n"
 	}
-	return Result{Text: text + "\n" + strings.Join(notes, "\n"), Structured: r}, r, nil
+	return output + "\n" + strings.Join(notes, "\n")
+}
+
+// keepOutput returns the tail of out that the model is shown and, when that
+// is not all of it, saves the whole output to the spill directory: whether
+// it was cut, where it went and how much of it, and a note saying so.
+func (s *Set) keepOutput(ctx context.Context, out *capture) (tail string, truncated bool, outputPath string, saved int64, notes []string) {
+	tail, tailLines := out.tail(s.cfg.MaxLines, s.cfg.MaxBytes)
+	if int64(len(tail)) >= out.total {
+		return tail, false, "", 0, nil
+	}
+	name, err := s.saveOutput(ctx, out.all)
+	if err != nil {
+		return tail, true, "", 0, []string{fmt.Sprintf("[Output cut to its last %d lines (%s of %s); saving the whole output failed: %v]", tailLines, kb(int64(len(tail))), kb(out.total), err)}
+	}
+	saved = int64(len(out.all))
+	note := fmt.Sprintf("[Output cut to its last %d lines (%s of %s). The whole output is in %s; read it with read or grep.]", tailLines, kb(int64(len(tail))), kb(out.total), name)
+	if saved < out.total {
+		note = fmt.Sprintf("[Output cut to its last %d lines (%s of %s). Its first %s is in %s; the rest was over maxFileBytes and was not saved.]", tailLines, kb(int64(len(tail))), kb(out.total), kb(saved), name)
+	}
+	return tail, true, name, saved, []string{note}
 }
 
 // commandEnv is what a command gets on top of the adapter's base

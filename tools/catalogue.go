@@ -130,9 +130,14 @@ func (s *Set) define(name string) *toolDef {
 			runBy = "run by " + sh + " (this workspace has no bash)"
 			d.desc += " " + noBashNote(sh)
 		}
-		d.schema = objectSchema(prop{name: "command", typ: "string", desc: "the command line, " + runBy, required: true},
-			prop{name: "timeout", typ: "number", desc: fmt.Sprintf("seconds before the command and everything it started are killed (default %d, at most %d)", c.BashTimeoutMs/1000, c.BashMaxTimeoutMs/1000), extra: map[string]any{"exclusiveMinimum": 0}},
-			prop{name: "stdin", typ: "string", desc: "the command's standard input"})
+		props := []prop{{name: "command", typ: "string", desc: "the command line, " + runBy, required: true},
+			{name: "timeout", typ: "number", desc: fmt.Sprintf("seconds before the command and everything it started are killed (default %d, at most %d)", c.BashTimeoutMs/1000, c.BashMaxTimeoutMs/1000), extra: map[string]any{"exclusiveMinimum": 0}},
+			{name: "stdin", typ: "string", desc: "the command's standard input"}}
+		if c.BashBackground > 0 {
+			d.desc += fmt.Sprintf(" With background: true the command starts and the call answers at once with its id: read its output with bash_output, stop it with bash_kill (at most %d kept at once; killed when the session ends).", c.BashBackground)
+			props = append(props, prop{name: "background", typ: "boolean", desc: fmt.Sprintf("start the command and answer at once with its id, without waiting for it; its timeout is then %d s unless timeout says less", c.BashMaxTimeoutMs/1000)})
+		}
+		d.schema = objectSchema(props...)
 		d.run = (*Set).bash
 	case LoadSkill:
 		var lines []string

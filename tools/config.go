@@ -71,6 +71,13 @@ type Config struct {
 	// BashSessionEnv adds SANDBOXD_SESSION_ID, SANDBOXD_RUN_ID and
 	// SANDBOXD_WORKSPACE to every command's environment.
 	BashSessionEnv bool `json:"bashSessionEnv"`
+	// BashBackground is how many background commands (bash with
+	// background: true) a session keeps at once, running or ended and not
+	// yet read; 0 offers none. BashBackgroundBytes is how much of one's
+	// output is kept for bash_output: the newest bytes, the older dropped
+	// and counted.
+	BashBackground      int   `json:"bashBackground"`
+	BashBackgroundBytes int64 `json:"bashBackgroundBytes"`
 	// SpillDir is where bash saves whole outputs (a workspace path), and
 	// SpillKeep how many of them stay.
 	SpillDir  string `json:"spillDir"`
@@ -208,30 +215,32 @@ var AllGrants = []string{GrantFSWrite, GrantShellExec}
 // DefaultConfig returns the contract's defaults.
 func DefaultConfig() Config {
 	return Config{
-		Tools:              slices.Clone(AllTools),
-		Always:             []string{"read"},
-		Confine:            true,
-		Protect:            slices.Clone(workspace.DefaultProtect),
-		Exclude:            slices.Clone(workspace.DefaultExclude),
-		MaxLines:           DefaultMaxLines,
-		MaxBytes:           DefaultMaxBytes,
-		LsEntries:          500,
-		FindResults:        1000,
-		GrepMatches:        100,
-		GrepLineChars:      500,
-		MaxFileBytes:       DefaultMaxFileBytes,
-		ReadImages:         true,
-		FuzzyEdit:          true,
-		BashTimeoutMs:      DefaultBashTimeoutMs,
-		BashMaxTimeoutMs:   600_000,
-		BashEnv:            map[string]string{},
-		BashEnvAllow:       slices.Clone(workspace.DefaultEnvAllow),
-		SpillDir:           DefaultSpillDir,
-		SpillKeep:          50,
-		ProgressMs:         250,
-		EnvironmentSection: true,
-		SectionOrder:       DefaultSectionOrder,
-		MaxCallsPerRun:     DefaultMaxCallsRun,
+		Tools:               slices.Clone(AllTools),
+		Always:              []string{"read"},
+		Confine:             true,
+		Protect:             slices.Clone(workspace.DefaultProtect),
+		Exclude:             slices.Clone(workspace.DefaultExclude),
+		MaxLines:            DefaultMaxLines,
+		MaxBytes:            DefaultMaxBytes,
+		LsEntries:           500,
+		FindResults:         1000,
+		GrepMatches:         100,
+		GrepLineChars:       500,
+		MaxFileBytes:        DefaultMaxFileBytes,
+		ReadImages:          true,
+		FuzzyEdit:           true,
+		BashTimeoutMs:       DefaultBashTimeoutMs,
+		BashMaxTimeoutMs:    600_000,
+		BashEnv:             map[string]string{},
+		BashEnvAllow:        slices.Clone(workspace.DefaultEnvAllow),
+		BashBackground:      4,
+		BashBackgroundBytes: 1 << 20,
+		SpillDir:            DefaultSpillDir,
+		SpillKeep:           50,
+		ProgressMs:          250,
+		EnvironmentSection:  true,
+		SectionOrder:        DefaultSectionOrder,
+		MaxCallsPerRun:      DefaultMaxCallsRun,
 	}
 }
 
@@ -346,12 +355,15 @@ func (c Config) Validate() error {
 		{"grepMatches", int64(c.GrepMatches)}, {"grepLineChars", int64(c.GrepLineChars)},
 		{"maxFileBytes", c.MaxFileBytes}, {"bashTimeoutMs", c.BashTimeoutMs},
 		{"bashMaxTimeoutMs", c.BashMaxTimeoutMs}, {"spillKeep", int64(c.SpillKeep)},
-		{"progressMs", c.ProgressMs},
+		{"progressMs", c.ProgressMs}, {"bashBackgroundBytes", c.BashBackgroundBytes},
 	}
 	for _, p := range positive {
 		if p.v <= 0 {
 			return bad(p.name, "must be positive, got %d", p.v)
 		}
+	}
+	if c.BashBackground < 0 {
+		return bad("bashBackground", "must be 0 (no background commands) or more, got %d", c.BashBackground)
 	}
 	if c.BashTimeoutMs > c.BashMaxTimeoutMs {
 		return bad("bashTimeoutMs", "%d is above bashMaxTimeoutMs (%d): lower it, or leave it out to take the maximum", c.BashTimeoutMs, c.BashMaxTimeoutMs)
@@ -541,6 +553,8 @@ var ceilings = []struct {
 		return c.BashEnvAllow
 	})},
 	{"bashSessionEnv", nil}, // tells commands the session's own ID and root
+	{"bashBackground", atMost(func(c Config) int64 { return int64(c.BashBackground) })},
+	{"bashBackgroundBytes", atMost(func(c Config) int64 { return c.BashBackgroundBytes })},
 	{"spillDir", same(func(c Config) any { return c.SpillDir })},
 	{"spillKeep", atMost(func(c Config) int64 { return int64(c.SpillKeep) })},
 	{"progressMs", atMost(func(c Config) int64 { return c.ProgressMs })},

@@ -172,7 +172,7 @@ type skillDef struct {
 var skillDefs = []skillDef{
 	{"workspace.read", "read", "", []string{"read", "ls", "find", "grep"}, "look around the workspace: read, ls, find, grep"},
 	{"workspace.edit", "edit", GrantFSWrite, []string{"write", "edit"}, "change files: write, edit"},
-	{"workspace.shell", "shell", GrantShellExec, []string{"bash"}, "run commands: bash"},
+	{"workspace.shell", "shell", GrantShellExec, []string{"bash", "bash_output", "bash_kill"}, "run commands: bash, and in the background: bash_output, bash_kill"},
 }
 
 // skillByName finds a skill by its full or short name.
@@ -244,6 +244,8 @@ type Set struct {
 	journal *journal.Journal
 	// provider is the active provider run (BeginProviderRun), or nil.
 	provider *journal.Session
+
+	bg backgrounds // bash's background commands
 }
 
 // New builds a tool set. It validates cfg, and fails when Config.Always
@@ -270,6 +272,7 @@ func New(env Env, cfg Config) (*Set, error) {
 		env.Sources = g
 	}
 	s := &Set{env: env, cfg: cfg, root: path.Clean(root), active: map[string]bool{"workspace.read": true}, runs: map[string]int{}}
+	s.bg.ctx, s.bg.stop = context.WithCancel(context.Background())
 	for _, r := range []scope.Rules{cfg.Rules(), env.Scope} {
 		if !r.IsZero() {
 			s.rules = append(s.rules, r)
@@ -301,6 +304,13 @@ func New(env Env, cfg Config) (*Set, error) {
 			d := s.define(name)
 			d.skill = skillOf(name).name
 			s.defs = append(s.defs, d)
+			if name == "bash" && cfg.BashBackground > 0 {
+				for _, name := range BackgroundTools {
+					d := s.defineBackground(name)
+					d.skill = skillOf(name).name
+					s.defs = append(s.defs, d)
+				}
+			}
 		}
 	}
 	if slices.Contains(profiles, ProfileWorkspaceShell) {

@@ -72,11 +72,13 @@ type Config struct {
 	// SANDBOXD_WORKSPACE to every command's environment.
 	BashSessionEnv bool `json:"bashSessionEnv"`
 	// BashBackground is how many background commands (bash with
-	// background: true) a session keeps at once, running or ended and not
-	// yet read; 0 offers none. BashBackgroundBytes is how much of one's
-	// output is kept for bash_output: the newest bytes, the older dropped
-	// and counted.
-	BashBackground      int   `json:"bashBackground"`
+	// background: true, read with bash_output, stopped with bash_kill) a
+	// session keeps at once, running or ended (an ended one is forgotten to
+	// make room for a new one); 0 offers none. Default 4.
+	BashBackground int `json:"bashBackground"`
+	// BashBackgroundBytes is how much of a background command's output is
+	// kept for bash_output: the newest bytes; what is dropped is counted
+	// and said. Default 1 MiB.
 	BashBackgroundBytes int64 `json:"bashBackgroundBytes"`
 	// SpillDir is where bash saves whole outputs (a workspace path), and
 	// SpillKeep how many of them stay.

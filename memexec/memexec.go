@@ -61,7 +61,8 @@
 // have a file it is writing copied half-written; the copy is completed by
 // the next step 3 after it. Other users of the FileSystem — tools writing
 // and editing — are not held up, and may change the workspace while a
-// command runs. When both changed the same entry, the
+// command runs; a running command sees their changes only once a Run's
+// step 1 has copied them in. When both changed the same entry, the
 // workspace wins: the FileSystem's version is kept, the command's change to
 // that entry is discarded, and a line on the command's standard error (after
 // its own output) says so; the next Run gives the command the FileSystem's

@@ -142,6 +142,9 @@ func TestCeilings(t *testing.T) {
 			"sources": {widen: []any{[]map[string]any{{"name": "etc", "kind": "dir", "path": "/etc"}}}},
 			"visible": {widen: []any{[]string{"**"}}},
 			"commit":  {widen: []any{[]string{"**"}}},
+
+			"bashBackground":      {widen: []any{5}, narrow: []any{0, 1}},
+			"bashBackgroundBytes": {widen: []any{2 << 20}, narrow: []any{1024}},
 		}, func(name string, v any) any {
 			// The write access and the provider driver that write mode and
 			// commands need: without them the refusal would be for that.

@@ -737,6 +737,7 @@ func (c *Client) Run(ctx context.Context, cmd workspace.Command) (workspace.Resu
 	}
 	req := request{Op: opRun, Name: cmd.Dir, Run: &runRequest{
 		Script: cmd.Script, Argv: cmd.Argv, Dir: cmd.Dir, Env: cmd.Env, Timeout: cmd.Timeout, Stdin: cmd.Stdin != nil,
+		Combined: cmd.Combined,
 	}}
 	call := newCall(opRun, cmd.Dir, 0)
 	q := newOutQueue()

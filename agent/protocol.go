@@ -212,6 +212,9 @@ type runRequest struct {
 	Env     map[string]string `json:"env,omitempty"`
 	Timeout time.Duration     `json:"timeout,omitempty"`
 	Stdin   bool              `json:"stdin,omitempty"` // input follows as Data frames
+	// Combined is workspace.Command.Combined: one stream, in order. An
+	// agent that predates it ignores it and sends the two apart.
+	Combined bool `json:"combined,omitempty"`
 }
 
 // replyHeader is a Reply frame's header; an empty header is success.

@@ -413,7 +413,7 @@ func (c *serverConn) run(call *serverCall) ([]byte, error) {
 		return nil, &RemoteError{Kind: workspace.ErrForbidden, Msg: "this agent runs no commands"}
 	}
 	r := call.req.Run
-	cmd := workspace.Command{Script: r.Script, Argv: r.Argv, Dir: r.Dir, Env: r.Env, Timeout: r.Timeout}
+	cmd := workspace.Command{Script: r.Script, Argv: r.Argv, Dir: r.Dir, Env: r.Env, Timeout: r.Timeout, Combined: r.Combined}
 	if call.in != nil {
 		cmd.Stdin = call.in
 	}

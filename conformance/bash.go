@@ -235,6 +235,21 @@ var bashTests = []bashTest{
 		x.expect(r, exited(0))
 		x.expectOutput(r, "out\nout2\n", "err\nerr2\n")
 	}},
+	{name: "Output/CombinedInOrder", run: func(x *bashFixture) {
+		// Two pipes read apart interleave as the reader happens to wake;
+		// Combined is one stream, so the lines come in the order written.
+		const n = 300
+		var want strings.Builder
+		for i := range n {
+			fmt.Fprintf(&want, "out%d\nerr%d\n", i, i)
+		}
+		r := x.run(workspace.Command{
+			Script:   fmt.Sprintf("i=0; while [ $i -lt %d ]; do echo out$i; echo err$i >&2; i=$((i+1)); done", n),
+			Combined: true,
+		})
+		x.expect(r, exited(0))
+		x.expectOutput(r, want.String(), "")
+	}},
 	{name: "Output/Large", run: func(x *bashFixture) {
 		const n = 5 << 20
 		r := x.run(workspace.Command{Script: fmt.Sprintf("head -c %d /dev/zero | tr '\\0' x; echo done >&2", n)})

@@ -4,11 +4,15 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"mime"
 	"net/http"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/sandboxd/sandboxd/journal"
+	"github.com/sandboxd/sandboxd/runner"
 	"github.com/sandboxd/sandboxd/tools"
 	"github.com/sandboxd/sandboxd/workspace"
 )
@@ -26,6 +30,73 @@ type callRequest struct {
 	Arguments json.RawMessage `json:"arguments"`
 	// RunID names the run (an agent's turn) the call counts against.
 	RunID string `json:"runId,omitempty"`
+	// Detach starts the call and answers at once (202, a CallStatus): the
+	// call goes on whether or not the client stays, and its result is
+	// fetched with GET /v1/sessions/ID/calls/CALL.
+	Detach bool `json:"detach,omitempty"`
+}
+
+// CallStatus is a detached call: running, or ended with its result (or
+// Error when it failed outside the tool, such as the session ending).
+type CallStatus struct {
+	ID      string      `json:"id"`
+	Tool    string      `json:"tool"`
+	Started time.Time   `json:"started"`
+	Done    bool        `json:"done"`
+	Ended   *time.Time  `json:"ended,omitempty"`
+	Result  *CallResult `json:"result,omitempty"`
+	Error   *errorBody  `json:"error,omitempty"`
+}
+
+func callStatus(d *runner.Detached) CallStatus {
+	st := CallStatus{ID: d.ID, Tool: d.Tool, Started: d.Started}
+	res, err, done := d.Result()
+	if !done {
+		return st
+	}
+	ended := d.Ended()
+	st.Done, st.Ended = true, &ended
+	if err != nil {
+		_, kind := classify(err)
+		st.Error = &errorBody{Error: kind, Message: err.Error()}
+	} else {
+		cr := callResult(res)
+		st.Result = &cr
+	}
+	return st
+}
+
+// maxCallWait bounds how long GET .../calls/CALL?wait= may wait.
+const maxCallWait = 10 * time.Minute
+
+// getCall answers a detached call's status; with ?wait=SECONDS it first
+// waits up to that long (at most maxCallWait) for the call to end.
+func (s *Server) getCall(w http.ResponseWriter, r *http.Request) {
+	sess, ok := s.session(w, r)
+	if !ok {
+		return
+	}
+	d, err := sess.Detached(r.PathValue("call"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if v := r.URL.Query().Get("wait"); v != "" {
+		secs, err := strconv.ParseFloat(v, 64)
+		if err != nil || secs < 0 || secs > maxCallWait.Seconds() || math.IsNaN(secs) {
+			writeError(w, http.StatusBadRequest, workspace.ErrInvalidArgument.Name(), fmt.Sprintf("wait: %q is not a number of seconds from 0 to %g", v, maxCallWait.Seconds()))
+			return
+		}
+		t := time.NewTimer(time.Duration(secs * float64(time.Second)))
+		defer t.Stop()
+		select {
+		case <-d.Done():
+		case <-t.C:
+		case <-r.Context().Done():
+			return
+		}
+	}
+	writeJSON(w, http.StatusOK, callStatus(d))
 }
 
 // CallResult is a tool call's answer, in the shape of MCP's CallToolResult.
@@ -69,6 +140,16 @@ func (s *Server) callTool(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	opts := tools.CallOptions{RunID: req.RunID}
+	if req.Detach {
+		d, err := sess.Detach(r.PathValue("tool"), req.Arguments, opts)
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		w.Header().Set("Location", "/v1/sessions/"+sess.ID()+"/calls/"+d.ID)
+		writeJSON(w, http.StatusAccepted, callStatus(d))
+		return
+	}
 	var events *eventStream
 	if acceptsEvents(r) {
 		events = &eventStream{w: w}

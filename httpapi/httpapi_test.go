@@ -243,7 +243,7 @@ func TestToolCalls(t *testing.T) {
 			t.Errorf("%s: outputSchema %s", tl.Name, tl.OutputSchema)
 		}
 	}
-	if !slices.Equal(names, slices.Concat(tools.AllTools, tools.JournalTools, []string{tools.LoadSkill})) {
+	if !slices.Equal(names, slices.Concat(tools.AllTools, tools.BackgroundTools, tools.JournalTools, []string{tools.LoadSkill})) {
 		t.Fatalf("catalogue %v", names)
 	}
 	r := e.call(acmeToken, s.ID, "write", map[string]any{"path": "dir/a.txt", "content": "one\ntwo\n"})

@@ -210,6 +210,7 @@ func (s *Server) routes() []route {
 		{"DELETE", "/v1/sessions/{id}", true, f(s.deleteSession)},
 		{"GET", "/v1/sessions/{id}/tools", true, f(s.listTools)},
 		{"POST", "/v1/sessions/{id}/tools/{tool}", true, f(s.callTool)},
+		{"GET", "/v1/sessions/{id}/calls/{call}", true, f(s.getCall)},
 		{"POST", "/v1/sessions/{id}/provider-run", true, f(s.beginProviderRun)},
 		{"POST", "/v1/sessions/{id}/provider-run/end", true, f(s.endProviderRun)},
 		{"PUT", "/v1/sessions/{id}/files/{path...}", true, f(s.upload)},

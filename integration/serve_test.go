@@ -262,6 +262,7 @@ func TestServe(t *testing.T) {
 			t.Run("bash streams", func(t *testing.T) { testStream(t, d) })
 			t.Run("tar", func(t *testing.T) { testTar(t, d) })
 			t.Run("mcp", func(t *testing.T) { testMCP(t, d) })
+			t.Run("long commands", func(t *testing.T) { testLongCommands(t, d) })
 			if !strings.Contains(d.stderr.String(), `"msg":"tool call"`) {
 				t.Errorf("no audit line in the log:\n%s", d.stderr)
 			}

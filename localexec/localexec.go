@@ -162,6 +162,9 @@ func (b *Bash) Run(ctx context.Context, cmd workspace.Command) (workspace.Result
 		out = &output{fn: cmd.Output}
 		spec.Stdout = streamWriter{out, workspace.Stdout}
 		spec.Stderr = streamWriter{out, workspace.Stderr}
+		if cmd.Combined {
+			spec.Stderr = spec.Stdout // one pipe: proctree keeps the order
+		}
 	}
 	p, err := proctree.Start(context.WithoutCancel(ctx), spec)
 	if err != nil {

@@ -55,12 +55,18 @@
 // costs next to nothing beyond the command (see BenchmarkFloor); over
 // another FileSystem, a listing of it and two of the host directory.
 //
-// # Serial runs and conflicts
+// # Overlapping runs and conflicts
 //
-// Runs share the directory, so they are serialised: a Run waits (or gives up
-// when its ctx ends) while another is in progress. Other users of the
-// FileSystem — tools writing and editing — are not held up, and may change
-// the workspace while a command runs. When both changed the same entry, the
+// Runs share the directory, as commands share a disk: steps 1 and 3 are
+// serialised (a Run waits for its turn at step 1, or gives up when its ctx
+// ends), while the commands themselves may run side by side — a
+// background command does not hold up the next one. A Run's step 3 copies
+// back what any command changed by then, so a command still running may
+// have a file it is writing copied half-written; the copy is completed by
+// the next step 3 after it. Other users of the FileSystem — tools writing
+// and editing — are not held up, and may change the workspace while a
+// command runs; a running command sees their changes only once a Run's
+// step 1 has copied them in. When both changed the same entry, the
 // workspace wins: the FileSystem's version is kept, the command's change to
 // that entry is discarded, and a line on the command's standard error (after
 // its own output) says so; the next Run gives the command the FileSystem's
@@ -105,6 +111,7 @@ import (
 	"path"
 	"path/filepath"
 	"slices"
+	"sync"
 
 	"github.com/sandboxd/sandboxd/localexec"
 	"github.com/sandboxd/sandboxd/memfs"
@@ -112,8 +119,8 @@ import (
 )
 
 // Bash runs commands over a FileSystem's files in a private host directory.
-// It is safe for concurrent use; Runs are serialised (see the package
-// documentation).
+// It is safe for concurrent use; Runs' commands may overlap (see the
+// package documentation).
 type Bash struct {
 	fsys    workspace.FileSystem
 	links   workspace.SymlinkFS // fsys as a SymlinkFS, or nil
@@ -124,11 +131,12 @@ type Bash struct {
 	sh      *localexec.Bash
 	vars    []string // variables set to root in every command
 
-	// sem holds one token while a Run (or Close) uses the directory; it
-	// guards the fields below.
-	sem    chan struct{}
-	snap   map[string]*entry
-	closed bool
+	// sem holds one token while a Run brings the directory up to date or
+	// copies changes back, or Close removes it; it guards the fields below.
+	sem     chan struct{}
+	snap    map[string]*entry
+	closed  bool
+	running sync.WaitGroup // Runs whose commands are under way; Close waits
 
 	log     changeLog       // fsys as a changeLog, or nil
 	synced  uint64          // the generation of log the directory was last brought up to
@@ -237,8 +245,8 @@ func (b *Bash) Shell() string { return b.sh.Shell() }
 
 // Run brings the host directory up to date with the FileSystem, runs cmd
 // there as localexec.Bash.Run does, and copies the command's changes back;
-// see workspace.Bash and the package documentation. It waits for a Run in
-// progress first, giving up with ctx's error when ctx ends. The changes are
+// see workspace.Bash and the package documentation. It waits for another
+// Run's copying first, giving up with ctx's error when ctx ends. The changes are
 // copied back even when the command timed out or ctx ended; what could not
 // be copied (a conflict, a full workspace) is reported on the command's
 // standard error. After Close, Run fails with ErrUnavailable.
@@ -248,11 +256,12 @@ func (b *Bash) Run(ctx context.Context, cmd workspace.Command) (workspace.Result
 	case <-ctx.Done():
 		return workspace.Result{}, ctx.Err()
 	}
-	defer func() { <-b.sem }()
 	if b.closed {
+		<-b.sem
 		return workspace.Result{}, workspace.PathError("run", cmd.Dir, workspace.ErrUnavailable)
 	}
 	if err := b.prepare(ctx); err != nil {
+		<-b.sem
 		return workspace.Result{}, err
 	}
 	if len(b.vars) > 0 && len(cmd.Env) > 0 {
@@ -267,10 +276,15 @@ func (b *Bash) Run(ctx context.Context, cmd workspace.Command) (workspace.Result
 	if !b.watchOff {
 		w = b.watch(b.dirs())
 	}
+	b.running.Add(1)
+	defer b.running.Done()
+	<-b.sem // the command runs beside others
 	res, runErr := b.sh.Run(ctx, cmd)
 	// The command's changes are copied back whatever became of it and of
 	// ctx: they are in the directory, as they would be on a disk.
+	b.sem <- struct{}{}
 	notes, err := b.collect(context.WithoutCancel(ctx), w)
+	<-b.sem
 	if cmd.Output != nil {
 		for _, n := range notes {
 			cmd.Output(workspace.Stderr, []byte("memexec: "+n+"\n"))
@@ -293,15 +307,19 @@ func (b *Bash) dirs() []string {
 	return out
 }
 
-// Close removes the host directory, waiting for a Run in progress to end.
-// Later Runs fail with ErrUnavailable. Close is idempotent.
+// Close removes the host directory, waiting for the Runs in progress to
+// end. Later Runs fail with ErrUnavailable. Close is idempotent.
 func (b *Bash) Close() error {
 	b.sem <- struct{}{}
-	defer func() { <-b.sem }()
-	if b.closed {
+	closed := b.closed
+	b.closed = true
+	<-b.sem
+	if closed {
 		return nil
 	}
-	b.closed = true
+	b.running.Wait()
+	b.sem <- struct{}{}
+	defer func() { <-b.sem }()
 	b.snap = nil
 	return removeAll(b.parent)
 }

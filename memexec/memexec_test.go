@@ -385,42 +385,41 @@ func TestChangesKeptAfterTimeout(t *testing.T) {
 	}
 }
 
-// TestRunsAreSerial: concurrent Runs take turns, and one waiting for its
-// turn gives up when its ctx ends.
-func TestRunsAreSerial(t *testing.T) {
+// TestRunsOverlap: a Run's command does not hold up another's — the
+// first waits for a file the second makes — and what each changed is
+// copied back; a Run whose ctx is over does not start.
+func TestRunsOverlap(t *testing.T) {
 	fsys, b := setup(t, nil)
-	var wg sync.WaitGroup
-	for range 3 {
-		wg.Go(func() {
-			_, err := b.Run(t.Context(), workspace.Command{Script: "echo start >> log; sleep 0.1; echo end >> log"})
-			if err != nil {
-				t.Error(err)
-			}
-		})
-	}
-	wg.Wait()
-	if got := readMem(t, fsys, "log"); got != strings.Repeat("start\nend\n", 3) {
-		t.Errorf("log = %q: Runs overlapped", got)
-	}
-
-	// The first runs until the second has given up: the second returning
-	// at all shows that it stopped waiting for its turn.
 	started, first := make(chan struct{}), make(chan error, 1)
-	holdCtx, release := context.WithCancel(t.Context())
 	go func() {
 		var once sync.Once
-		_, err := b.Run(holdCtx, workspace.Command{Script: "echo go; sleep 600", Output: func(workspace.Stream, []byte) { once.Do(func() { close(started) }) }})
+		res, err := b.Run(t.Context(), workspace.Command{
+			Script:  "echo a > a; echo waiting; while [ ! -e b ]; do sleep 0.01; done; echo saw $(cat b) > seen",
+			Timeout: time.Minute,
+			Output:  func(workspace.Stream, []byte) { once.Do(func() { close(started) }) },
+		})
+		if err == nil && res.ExitCode != 0 {
+			err = fmt.Errorf("first: %+v", res)
+		}
 		first <- err
 	}()
 	<-started
-	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
-	defer cancel()
-	if _, err := b.Run(ctx, workspace.Command{Script: "true"}); !errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("Run waiting for its turn = %v, want the deadline", err)
+	if res, err := b.Run(t.Context(), workspace.Command{Script: "cat a > b"}); err != nil || res.ExitCode != 0 {
+		t.Fatalf("second Run beside the first = %+v, %v", res, err)
 	}
-	release()
-	if err := <-first; !errors.Is(err, context.Canceled) {
-		t.Errorf("the Run holding the turn = %v, want it cancelled", err)
+	if got := readMem(t, fsys, "b"); got != "a\n" {
+		t.Errorf("b = %q", got)
+	}
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	if got := readMem(t, fsys, "seen"); got != "saw a\n" {
+		t.Errorf("seen = %q", got)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	if _, err := b.Run(ctx, workspace.Command{Script: "true"}); !errors.Is(err, context.Canceled) {
+		t.Errorf("Run with its ctx over = %v", err)
 	}
 }
 

@@ -42,6 +42,7 @@ type Session struct {
 	lastUsed time.Time
 	closing  bool
 	calls    sync.WaitGroup
+	detached []*Detached // Detach's calls, oldest first
 
 	closeOnce sync.Once
 	closeErr  error
@@ -158,6 +159,12 @@ type Info struct {
 	IdleTimeout   Duration   `json:"idleTimeout,omitzero"`
 	CallsInFlight int        `json:"callsInFlight"`
 	Pooled        bool       `json:"pooled"`
+	// Background are the session's background commands (bash with
+	// background), running or ended and kept.
+	Background []tools.Background `json:"background,omitempty"`
+	// Detached are the session's detached calls (Detach), running or
+	// ended and kept.
+	Detached []CallInfo `json:"detached,omitempty"`
 }
 
 // Info returns a snapshot of the session.
@@ -173,6 +180,12 @@ func (s *Session) Info() Info {
 		t := s.created.Add(s.lifetime)
 		in.ExpiresAt = &t
 	}
+	for _, d := range s.detached {
+		in.Detached = append(in.Detached, d.info())
+	}
+	if bg := s.set.Background(); len(bg) > 0 {
+		in.Background = bg
+	}
 	return in
 }
 
@@ -186,15 +199,29 @@ func (s *Session) Info() Info {
 // ErrWorkspaceEnded.
 func (s *Session) Do(ctx context.Context, op string, fn func(ctx context.Context) (failed bool, err error)) error {
 	start := time.Now()
-	ev := CallEvent{Tenant: s.tenant, Session: s.id, Tool: op}
-	if err := s.begin(); err != nil {
-		ev.Outcome = OutcomeBusy
+	if err := s.admit(op); err != nil {
+		return err
+	}
+	return s.run(ctx, op, start, fn)
+}
+
+// admit takes a slot for a call named op, as Do does, reporting a refusal
+// to the observer.
+func (s *Session) admit(op string) error {
+	err := s.begin()
+	if err != nil {
+		ev := CallEvent{Tenant: s.tenant, Session: s.id, Tool: op, Outcome: OutcomeBusy}
 		if errors.Is(err, ErrClosed) {
 			ev.Outcome = OutcomeClosed
 		}
 		s.m.observe(ev)
-		return err
 	}
+	return err
+}
+
+// run is Do's work once admit took the call's slot, which run gives back.
+func (s *Session) run(ctx context.Context, op string, start time.Time, fn func(ctx context.Context) (failed bool, err error)) error {
+	ev := CallEvent{Tenant: s.tenant, Session: s.id, Tool: op}
 	cctx, cancel := context.WithCancelCause(ctx)
 	stop := context.AfterFunc(s.ctx, func() { cancel(context.Cause(s.ctx)) })
 	failed, err := fn(cctx)
@@ -232,14 +259,19 @@ func (s *Session) Do(ctx context.Context, op string, fn func(ctx context.Context
 // failure of the tool is a Result with IsError); the error is Do's.
 func (s *Session) Call(ctx context.Context, tool string, args json.RawMessage, opts tools.CallOptions) (tools.Result, error) {
 	var res tools.Result
-	err := s.Do(ctx, tool, func(ctx context.Context) (bool, error) {
-		res = s.set.Call(ctx, tool, args, opts)
+	err := s.Do(ctx, tool, s.toolCall(tool, args, opts, &res))
+	return res, err
+}
+
+// toolCall is the work of Call for Do: it calls the tool, setting *res.
+func (s *Session) toolCall(tool string, args json.RawMessage, opts tools.CallOptions, res *tools.Result) func(ctx context.Context) (bool, error) {
+	return func(ctx context.Context) (bool, error) {
+		*res = s.set.Call(ctx, tool, args, opts)
 		if e, ok := res.Structured.(*tools.ErrorResult); ok && res.IsError && e.Error == workspace.ErrUnavailable.Name() {
 			settle(ctx, s.inst)
 		}
 		return res.IsError, nil
-	})
-	return res, err
+	}
 }
 
 func (s *Session) begin() error {
@@ -305,7 +337,12 @@ func (s *Session) close(ctx context.Context, cause error, drain bool) error {
 		case <-ctx.Done():
 		}
 		// Removal happens even when ctx is over: a workspace is never leaked.
+		// Background commands are stopped first, their trees killed by
+		// the backend, which a removed workspace could no longer do.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), removeTimeout)
+		if err := s.set.Close(rctx); err != nil {
+			s.m.o.logger.Warn("the session's background commands did not end in time", "session", s.id, "err", err)
+		}
 		s.closeErr = errors.Join(s.inst.Close(rctx), s.dropJournal(), s.base.close())
 		cancel()
 		s.m.release(s.tenant)

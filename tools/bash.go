@@ -42,9 +42,20 @@ type bashArgs struct {
 	Command string   `json:"command" jsonschema:"the command line, run by {{.Shell}}"`
 	Timeout *float64 `json:"timeout,omitempty" jsonschema:"seconds before the command and everything it started are killed (default {{seconds .BashTimeoutMs}}, at most {{seconds .BashMaxTimeoutMs}})"`
 	Stdin   *string  `json:"stdin,omitempty" jsonschema:"the command's standard input"`
+	// Background starts the command and answers at once with its id (see
+	// background.go); its default timeout is then bashMaxTimeoutMs. The
+	// argument is offered when bashBackground is above 0.
+	Background bool `json:"background,omitempty" jsonschema:"start the command and answer at once with its id, without waiting for it; its timeout is then {{seconds .BashMaxTimeoutMs}} s unless timeout says less"`
 }
 
-var bashTool = newTool(spec[bashArgs, *BashResult]{
+// bashOutput is the structured content of bash: a *BashResult, or a
+// *BackgroundResult for a command started in the background.
+type bashOutput interface{ bashOutput() }
+
+func (*BashResult) bashOutput()       {}
+func (*BackgroundResult) bashOutput() {}
+
+var bashTool = newTool(spec[bashArgs, bashOutput]{
 	name: "bash", skill: "workspace.shell",
 	describe: func(s *Set) string {
 		c := s.cfg
@@ -53,10 +64,20 @@ var bashTool = newTool(spec[bashArgs, *BashResult]{
 		if sh := s.notBash(); sh != "" {
 			desc += " " + noBashNote(sh)
 		}
+		if c.BashBackground > 0 {
+			desc += fmt.Sprintf(" With background: true the command starts and the call answers at once with its id: read its output with bash_output, stop it with bash_kill (at most %d kept at once; killed when the session ends).", c.BashBackground)
+		}
 		return desc
 	},
 	constrain: func(props map[string]*jsonschema.Schema) { props["timeout"].ExclusiveMinimum = jsonschema.Ptr(0.0) },
-	handle:    (*Set).bash,
+	variants:  []any{BashResult{}, BackgroundResult{}},
+	omit: func(s *Set) []string {
+		if s.cfg.BashBackground > 0 {
+			return nil
+		}
+		return []string{"background"}
+	},
+	handle: (*Set).bash,
 	// The rules bind the file tools, not a command: a session with rules
 	// is offered no bash.
 	offered: func(s *Set) bool { return s.env.Bash != nil && !s.scoped() },
@@ -67,6 +88,9 @@ func (s *Set) bash(ctx context.Context, p bashArgs, c *call) (Result, error) {
 		return Result{}, invalid("command is required")
 	}
 	timeout := time.Duration(s.cfg.BashTimeoutMs) * time.Millisecond
+	if p.Background {
+		timeout = time.Duration(s.cfg.BashMaxTimeoutMs) * time.Millisecond
+	}
 	if p.Timeout != nil {
 		maxS := float64(s.cfg.BashMaxTimeoutMs) / 1000
 		switch t := *p.Timeout; {
@@ -78,9 +102,15 @@ func (s *Set) bash(ctx context.Context, p bashArgs, c *call) (Result, error) {
 			timeout = time.Duration(t * float64(time.Second))
 		}
 	}
-	cmd := workspace.Command{Script: p.Command, Env: s.commandEnv(c), Timeout: timeout}
+	// One stream: the output keeps the order the command wrote it in (two
+	// pipes read apart do not), at the cost of progress events telling
+	// stderr from stdout.
+	cmd := workspace.Command{Script: p.Command, Env: s.commandEnv(c), Timeout: timeout, Combined: true}
 	if p.Stdin != nil {
 		cmd.Stdin = strings.NewReader(*p.Stdin)
+	}
+	if p.Background {
+		return s.startBackground(p.Command, cmd)
 	}
 	res, _, err := s.runCommand(ctx, c, timeout, func(ctx context.Context, output func(workspace.Stream, []byte)) (workspace.Result, error) {
 		cmd.Output = output
@@ -133,39 +163,54 @@ func (s *Set) runCommand(ctx context.Context, c *call, timeout time.Duration,
 		ExitCode: res.ExitCode, Signal: res.Signal, TimedOut: res.TimedOut,
 		OutputBytes: out.total, DurationMs: res.Duration.Milliseconds(),
 	}
-	tail, tailLines := out.tail(s.cfg.MaxLines, s.cfg.MaxBytes)
-	r.Output = tail
 	var notes []string
-	if int64(len(tail)) < out.total {
-		r.Truncated = true
-		saved, err := s.saveOutput(ctx, out.all)
-		if err != nil {
-			notes = append(notes, fmt.Sprintf("[Output cut to its last %d lines (%s of %s); saving the whole output failed: %v]", tailLines, kb(int64(len(tail))), kb(out.total), err))
-		} else {
-			r.OutputPath, r.SavedBytes = saved, int64(len(out.all))
-			note := fmt.Sprintf("[Output cut to its last %d lines (%s of %s). The whole output is in %s; read it with read or grep.]", tailLines, kb(int64(len(tail))), kb(out.total), saved)
-			if r.SavedBytes < out.total {
-				note = fmt.Sprintf("[Output cut to its last %d lines (%s of %s). Its first %s is in %s; the rest was over maxFileBytes and was not saved.]", tailLines, kb(int64(len(tail))), kb(out.total), kb(r.SavedBytes), saved)
-			}
-			notes = append(notes, note)
-		}
-	}
+	r.Output, r.Truncated, r.OutputPath, r.SavedBytes, notes = s.keepOutput(ctx, out)
+	tail := r.Output
+	notes = append(notes, ending(res, timeout))
+	return Result{Text: outputText(tail, notes), Structured: r}, r, nil
+}
+
+// ending is the note that says how a command ended.
+func ending(res workspace.Result, timeout time.Duration) string {
 	switch {
 	case res.TimedOut:
-		notes = append(notes, fmt.Sprintf("[Timed out after %g s: the command and everything it started were killed.]", timeout.Seconds()))
+		return fmt.Sprintf("[Timed out after %g s: the command and everything it started were killed.]", timeout.Seconds())
 	case res.Signal != "":
-		notes = append(notes, fmt.Sprintf("[Killed by signal %s.]", res.Signal))
+		return fmt.Sprintf("[Killed by signal %s.]", res.Signal)
 	default:
-		notes = append(notes, fmt.Sprintf("[Exit code %d.]", res.ExitCode))
+		return fmt.Sprintf("[Exit code %d.]", res.ExitCode)
 	}
-	text := tail
-	if text == "" {
-		text = "(no output)"
+}
+
+// outputText is a command's output for the model, followed by notes.
+func outputText(output string, notes []string) string {
+	if output == "" {
+		output = "(no output)"
 	}
-	if !strings.HasSuffix(text, "\n") {
-		text += "\n"
+	if !strings.HasSuffix(output, "\n") {
+		output += "\n"
 	}
-	return Result{Text: text + "\n" + strings.Join(notes, "\n"), Structured: r}, r, nil
+	return output + "\n" + strings.Join(notes, "\n")
+}
+
+// keepOutput returns the tail of out that the model is shown and, when that
+// is not all of it, saves the whole output to the spill directory: whether
+// it was cut, where it went and how much of it, and a note saying so.
+func (s *Set) keepOutput(ctx context.Context, out *capture) (tail string, truncated bool, outputPath string, saved int64, notes []string) {
+	tail, tailLines := out.tail(s.cfg.MaxLines, s.cfg.MaxBytes)
+	if int64(len(tail)) >= out.total {
+		return tail, false, "", 0, nil
+	}
+	name, err := s.saveOutput(ctx, out.all)
+	if err != nil {
+		return tail, true, "", 0, []string{fmt.Sprintf("[Output cut to its last %d lines (%s of %s); saving the whole output failed: %v]", tailLines, kb(int64(len(tail))), kb(out.total), err)}
+	}
+	saved = int64(len(out.all))
+	note := fmt.Sprintf("[Output cut to its last %d lines (%s of %s). The whole output is in %s; read it with read or grep.]", tailLines, kb(int64(len(tail))), kb(out.total), name)
+	if saved < out.total {
+		note = fmt.Sprintf("[Output cut to its last %d lines (%s of %s). Its first %s is in %s; the rest was over maxFileBytes and was not saved.]", tailLines, kb(int64(len(tail))), kb(out.total), kb(saved), name)
+	}
+	return tail, true, name, saved, []string{note}
 }
 
 // commandEnv is what a command gets on top of the adapter's base

@@ -18,7 +18,7 @@ var catalogue []*tool
 
 func init() {
 	catalogue = []*tool{
-		readTool, lsTool, findTool, grepTool, writeTool, editTool, bashTool,
+		readTool, lsTool, findTool, grepTool, writeTool, editTool, bashTool, bashOutputTool, bashKillTool,
 		shellTool, materializeSourcesTool,
 		writeFileTool, appendFileTool, makeDirTool, copyPathTool, movePathTool, deletePathTool,
 		execTool,
@@ -26,7 +26,13 @@ func init() {
 		loadSkillTool,
 	}
 	for _, sk := range skillDefs {
-		AllTools = append(AllTools, toolsOf(sk.name)...)
+		for _, name := range toolsOf(sk.name) {
+			if t := lookupTool(name); t.companion != "" {
+				BackgroundTools = append(BackgroundTools, name)
+			} else {
+				AllTools = append(AllTools, name)
+			}
+		}
 	}
 	JournalTools = toolsOf(SkillJournal)
 }

@@ -71,6 +71,15 @@ type Config struct {
 	// BashSessionEnv adds SANDBOXD_SESSION_ID, SANDBOXD_RUN_ID and
 	// SANDBOXD_WORKSPACE to every command's environment.
 	BashSessionEnv bool `json:"bashSessionEnv"`
+	// BashBackground is how many background commands (bash with
+	// background: true, read with bash_output, stopped with bash_kill) a
+	// session keeps at once, running or ended (an ended one is forgotten to
+	// make room for a new one); 0 offers none. Default 4.
+	BashBackground int `json:"bashBackground"`
+	// BashBackgroundBytes is how much of a background command's output is
+	// kept for bash_output: the newest bytes; what is dropped is counted
+	// and said. Default 1 MiB.
+	BashBackgroundBytes int64 `json:"bashBackgroundBytes"`
 	// SpillDir is where bash saves whole outputs (a workspace path), and
 	// SpillKeep how many of them stay.
 	SpillDir  string `json:"spillDir"`
@@ -233,6 +242,9 @@ func DefaultConfig() Config {
 		EnvironmentSection: true,
 		SectionOrder:       DefaultSectionOrder,
 		MaxCallsPerRun:     DefaultMaxCallsRun,
+
+		BashBackground:      4,
+		BashBackgroundBytes: 1 << 20,
 	}
 }
 
@@ -387,12 +399,15 @@ func (c Config) Validate() error {
 		{"grepMatches", int64(c.GrepMatches)}, {"grepLineChars", int64(c.GrepLineChars)},
 		{"maxFileBytes", c.MaxFileBytes}, {"bashTimeoutMs", c.BashTimeoutMs},
 		{"bashMaxTimeoutMs", c.BashMaxTimeoutMs}, {"spillKeep", int64(c.SpillKeep)},
-		{"progressMs", c.ProgressMs},
+		{"progressMs", c.ProgressMs}, {"bashBackgroundBytes", c.BashBackgroundBytes},
 	}
 	for _, p := range positive {
 		if p.v <= 0 {
 			return bad(p.name, "must be positive, got %d", p.v)
 		}
+	}
+	if c.BashBackground < 0 {
+		return bad("bashBackground", "must be 0 (no background commands) or more, got %d", c.BashBackground)
 	}
 	if c.BashTimeoutMs > c.BashMaxTimeoutMs {
 		return bad("bashTimeoutMs", "%d is above bashMaxTimeoutMs (%d): lower it, or leave it out to take the maximum", c.BashTimeoutMs, c.BashMaxTimeoutMs)
@@ -582,6 +597,8 @@ var ceilings = []struct {
 		return c.BashEnvAllow
 	})},
 	{"bashSessionEnv", nil}, // tells commands the session's own ID and root
+	{"bashBackground", atMost(func(c Config) int64 { return int64(c.BashBackground) })},
+	{"bashBackgroundBytes", atMost(func(c Config) int64 { return c.BashBackgroundBytes })},
 	{"spillDir", same(func(c Config) any { return c.SpillDir })},
 	{"spillKeep", atMost(func(c Config) int64 { return int64(c.SpillKeep) })},
 	{"progressMs", atMost(func(c Config) int64 { return c.ProgressMs })},

@@ -3,6 +3,7 @@ package tools_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -70,6 +71,14 @@ func TestLocal(t *testing.T) {
 	start := time.Now()
 	if b := bash(map[string]any{"command": "sleep 30 & sleep 30", "timeout": 0.3}); !b.TimedOut || time.Since(start) > 10*time.Second {
 		t.Errorf("timeout: %+v after %v", b, time.Since(start))
+	}
+	// The output keeps the order the command wrote stdout and stderr in.
+	var want strings.Builder
+	for i := range 40 {
+		fmt.Fprintf(&want, "out%d\nerr%d\n", i, i)
+	}
+	if b := bash(map[string]any{"command": "for i in $(seq 0 39); do echo out$i; echo err$i >&2; done"}); b.Output != want.String() {
+		t.Errorf("output order: %q", b.Output)
 	}
 	b := bash(map[string]any{"command": "seq 1 250"})
 	saved, err := os.ReadFile(filepath.Join(dir, b.OutputPath))

@@ -42,6 +42,13 @@ type tool struct {
 	// does); readOnlyIf and journaledIf say whether it is read-only and
 	// journaled under the set's settings (nil: it is not).
 	offered, readOnlyIf, journaledIf func(s *Set) bool
+	// omit names the arguments a set's settings leave out of the schema
+	// (nil: none).
+	omit func(s *Set) []string
+	// companion, when set, is the tool this one is offered with (bash's
+	// bash_output and bash_kill): it is not one of the profile's tools a
+	// configuration names, but comes with its companion.
+	companion string
 }
 
 // spec declares a tool whose arguments decode into In and whose structured
@@ -64,6 +71,9 @@ type spec[In, Out any] struct {
 	// offered, readOnly and journaled: see tool's offered, readOnlyIf,
 	// journaledIf.
 	offered, readOnly, journaled func(s *Set) bool
+	// omit and companion: see tool's.
+	omit      func(s *Set) []string
+	companion string
 }
 
 // newTool makes a tool of a spec. It panics when a type has no JSON Schema
@@ -82,6 +92,7 @@ func newTool[In, Out any](sp spec[In, Out]) *tool {
 		name: sp.name, skill: sp.skill, describe: sp.describe, in: in, texts: map[string]*template.Template{},
 		out:     mustJSON(resultSchema(reflect.TypeFor[Out](), sp.variants)),
 		offered: sp.offered, readOnlyIf: sp.readOnly, journaledIf: sp.journaled,
+		omit: sp.omit, companion: sp.companion,
 	}
 	for name, p := range in.Properties {
 		if strings.Contains(p.Description, "{{") {
@@ -109,12 +120,22 @@ func newTool[In, Out any](sp spec[In, Out]) *tool {
 
 // args returns the tool's argument schema under s's settings.
 func (t *tool) args(s *Set) json.RawMessage {
-	if t.static != nil {
+	var omit []string
+	if t.omit != nil {
+		omit = t.omit(s)
+	}
+	if t.static != nil && len(omit) == 0 {
 		return t.static
 	}
 	in := t.in.CloneSchemas()
+	for _, name := range omit {
+		delete(in.Properties, name)
+	}
 	data := s.argText()
 	for name, tmpl := range t.texts {
+		if slices.Contains(omit, name) {
+			continue
+		}
 		var b strings.Builder
 		if err := tmpl.Execute(&b, data); err != nil {
 			panic(fmt.Sprintf("tool %s: %v", t.name, err)) // a template names what argText has: tested

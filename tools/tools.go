@@ -25,6 +25,7 @@ package tools
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -255,6 +256,8 @@ type Set struct {
 	journal *journal.Journal
 	// provider is the active provider run (BeginProviderRun), or nil.
 	provider *journal.Session
+
+	bg backgrounds // bash's background commands
 }
 
 // New builds a tool set. It checks cfg as Config.Check does, with what env
@@ -281,6 +284,7 @@ func New(env Env, cfg Config) (*Set, error) {
 		env.Sources = g
 	}
 	s := &Set{env: env, cfg: cfg, root: path.Clean(root), active: map[string]bool{"workspace.read": true}, runs: map[string]int{}}
+	s.bg.ctx, s.bg.stop = context.WithCancel(context.Background())
 	for _, r := range []scope.Rules{cfg.Rules(), env.Scope} {
 		if !r.IsZero() {
 			s.rules = append(s.rules, r)
@@ -295,8 +299,9 @@ func New(env Env, cfg Config) (*Set, error) {
 	}
 	profiles := cfg.Profiles()
 	if slices.Contains(profiles, ProfileWorkspaceTools) {
-		for _, name := range AllTools {
-			if t := lookupTool(name); slices.Contains(cfg.Tools, name) && (t.offered == nil || t.offered(s)) {
+		for _, name := range slices.Concat(AllTools, BackgroundTools) {
+			t := lookupTool(name)
+			if slices.Contains(cfg.Tools, cmp.Or(t.companion, name)) && (t.offered == nil || t.offered(s)) {
 				s.offer(t)
 			}
 		}

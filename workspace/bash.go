@@ -67,6 +67,12 @@ type Command struct {
 	// Output receives the command's output as it arrives. Calls are serial —
 	// never concurrent — and p is only valid during the call. Nil discards.
 	Output func(s Stream, p []byte)
+	// Combined makes standard output and standard error one stream, as 2>&1
+	// does: Output gets all of it, in the order the command wrote it, as
+	// Stdout (an adapter's own notes may still come as Stderr). Without it
+	// the two are read apart, and their order relative to each other is
+	// not kept.
+	Combined bool
 }
 
 // Stream names an output stream.

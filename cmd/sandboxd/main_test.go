@@ -97,7 +97,7 @@ func TestUsage(t *testing.T) {
 		{args: []string{"tools", "--workspace", ws, "--config", caseConfig}, code: 1, err: caseConfig + `: workspaceShell.Mode: unknown key; did you mean "workspaceShell.mode"?`},
 		{args: []string{"tools", "--workspace", ws, "--always", "read,edit"}, code: 1, err: "needs the grant fs.write"},
 		{args: []string{"tools", "--workspace", ws, "--grant", "fs.write", "--always", "edit,shell"}, code: 1, err: "needs the grant shell.exec"},
-		{args: []string{"tools", "--backend", "memory", "--workspace", ws, "--grant", "shell.exec", "--always", "shell"}, code: 0, out: "bash        workspace.shell  true"},
+		{args: []string{"tools", "--backend", "memory", "--workspace", ws, "--grant", "shell.exec", "--always", "shell"}, code: 0, out: "bash         workspace.shell  true"},
 		{args: []string{"tools", "--workspace", ws}, code: 0, out: "load_skill"},
 		{args: []string{"image", "build", "huge"}, code: 2, err: `no image definition "huge" (known: dev, minimal)`},
 		{args: []string{"doctor", "now"}, code: 2, err: "unexpected arguments"},

@@ -105,6 +105,11 @@ func (d *deliverFlags) deliver(ctx context.Context, sio stdio, base *delivery.Ba
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Minute)
 	defer cancel()
+	// Background commands are stopped first: what is delivered is not
+	// being written meanwhile.
+	if err := s.set.Close(ctx); err != nil {
+		return fmt.Errorf("stopping the session's background commands: %w", err)
+	}
 	r, err := base.Deliver(ctx, s.fs, delivery.Request{Mode: delivery.Mode(d.mode), Session: s.id, PatchFile: d.patch})
 	if r != nil {
 		fmt.Fprint(sio.err, r)

@@ -100,7 +100,10 @@ type Spec struct {
 	// *os.File is handed to the command as it is. Any other writer is written
 	// by a goroutine of its own as output arrives, so the two may be called
 	// concurrently; a writer's first error is returned by Wait, and the rest
-	// of that stream is discarded.
+	// of that stream is discarded. When Stderr is Stdout (the same value,
+	// compared with ==, as os/exec does), the command gets one pipe for
+	// both, as with 2>&1: one goroutine writes it, in the order the command
+	// wrote, and which stream a byte came from is not known.
 	Stdout, Stderr io.Writer
 	// WaitDelay bounds how long Wait waits for output after the process tree
 	// is gone; zero means DefaultWaitDelay.
@@ -282,6 +285,10 @@ func (p *Process) openStdio(spec Spec) (stdio [3]*os.File, writers []io.Writer, 
 		return stdio, nil, opened, err
 	}
 	for i, w := range []io.Writer{spec.Stdout, spec.Stderr} {
+		if i == 1 && w != nil && sameWriter(w, spec.Stdout) {
+			stdio[2] = stdio[1]
+			break
+		}
 		switch w := w.(type) {
 		case nil:
 			stdio[i+1], err = devNull()
@@ -301,6 +308,17 @@ func (p *Process) openStdio(spec Spec) (stdio [3]*os.File, writers []io.Writer, 
 		}
 	}
 	return stdio, writers, opened, nil
+}
+
+// sameWriter reports whether a and b are the same writer; values whose
+// type cannot be compared are not (as os/exec's interfaceEqual).
+func sameWriter(a, b io.Writer) (same bool) {
+	defer func() {
+		if recover() != nil {
+			same = false
+		}
+	}()
+	return a == b
 }
 
 // devNull is /dev/null, opened once for reading and writing and never

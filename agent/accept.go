@@ -31,7 +31,8 @@ type acceptHeader struct {
 // in the agent's listen backlog. Close ends the connection in the agent
 // too; CloseWrite (the conn is a *Conn) ends only what the program reads.
 //
-// Accept fails with ctx's error when ctx ends first, with
+// Accept fails with ctx's error when ctx ends first (a connection the
+// agent accepted just as ctx ended is closed), with
 // workspace.ErrInvalidArgument for an address that is not loopback, and
 // with workspace.ErrUnavailable once the stream is broken. The agent is
 // as untrusted here as anywhere: what it sends is bounded by the window,
@@ -42,7 +43,7 @@ func (c *Client) Accept(ctx context.Context, addr string) (net.Conn, error) {
 	}
 	call := newCall(opAccept, addr, 0)
 	connCtx, end := context.WithCancel(context.Background())
-	t := &Conn{c: c, call: call, addr: addr, end: end, accepted: make(chan struct{})}
+	t := &Conn{c: c, call: call, addr: addr, end: end, ended_: connCtx.Done(), accepted: make(chan struct{})}
 	t.cond = sync.NewCond(&t.mu)
 	t.rdl.init(&t.mu, t.cond)
 	t.wdl.init(&t.mu, t.cond)
@@ -78,6 +79,7 @@ type Conn struct {
 	addr     string
 	remote   string
 	end      context.CancelFunc // ends the write credit: the call is over
+	ended_    <-chan struct{}    // closed when the call is over
 	accepted chan struct{}
 
 	mu       sync.Mutex
@@ -240,7 +242,10 @@ func (t *Conn) CloseWrite() error {
 	return t.c.send(frameData, flagEnd, t.call.id, nil, nil)
 }
 
-// Close ends the connection, in the agent too.
+// Close ends the connection. What was written is still delivered: the
+// program reads it and then the end of its input, and the agent closes its
+// connection once the program has closed its side too, or Linger after
+// Close at the latest.
 func (t *Conn) Close() error {
 	t.mu.Lock()
 	if t.closed {
@@ -248,11 +253,28 @@ func (t *Conn) Close() error {
 		return t.opError("close", net.ErrClosed)
 	}
 	t.closed = true
+	shut := t.shutWr || t.over
+	t.shutWr = true
 	t.cond.Broadcast()
 	t.mu.Unlock()
-	t.c.abandon(t.call, net.ErrClosed)
+	if !shut {
+		t.c.send(frameData, flagEnd, t.call.id, nil, nil)
+	}
+	go func() {
+		timer := time.NewTimer(Linger)
+		defer timer.Stop()
+		select {
+		case <-t.ended_:
+		case <-timer.C:
+		}
+		t.c.abandon(t.call, net.ErrClosed)
+	}()
 	return nil
 }
+
+// Linger is how long after Close a connection's program may take to close
+// its side before the agent closes it.
+const Linger = 10 * time.Second
 
 func (t *Conn) opError(op string, err error) error {
 	if err == io.EOF {
@@ -356,8 +378,9 @@ func loopbackAddr(addr string) error {
 // call has taken yet.
 type acceptor struct {
 	addr  string
-	conns chan net.Conn // closed when the listener fails
-	err   error         // why, once conns is closed
+	conns  chan net.Conn
+	failed chan struct{} // closed when the listener fails
+	err    error         // why, once failed is closed
 }
 
 // acceptorFor returns the stream's listener on addr, listening from the
@@ -378,7 +401,7 @@ func (c *serverConn) acceptorFor(addr string) (*acceptor, error) {
 	if err != nil {
 		return nil, &RemoteError{Kind: workspace.ErrUnavailable, Msg: "accept: " + err.Error()}
 	}
-	a := &acceptor{addr: addr, conns: make(chan net.Conn)}
+	a := &acceptor{addr: addr, conns: make(chan net.Conn), failed: make(chan struct{})}
 	c.acceptor = a
 	context.AfterFunc(c.ctx, func() { ln.Close() })
 	c.wg.Add(1) // the caller is a call, counted: Serve is not yet waiting
@@ -388,7 +411,7 @@ func (c *serverConn) acceptorFor(addr string) (*acceptor, error) {
 			conn, err := ln.Accept()
 			if err != nil {
 				a.err = err
-				close(a.conns)
+				close(a.failed)
 				return
 			}
 			select {
@@ -410,9 +433,20 @@ func (c *serverConn) accept(call *serverCall) error {
 	}
 	var conn net.Conn
 	select {
+	case <-a.failed:
+		return &RemoteError{Kind: workspace.ErrUnavailable, Msg: "accept: " + a.err.Error()}
 	case conn = <-a.conns:
-		if conn == nil {
-			return &RemoteError{Kind: workspace.ErrUnavailable, Msg: "accept: " + a.err.Error()}
+		if call.ctx.Err() != nil { // cancelled meanwhile: the next call takes it
+			c.wg.Add(1)
+			go func() {
+				defer c.wg.Done()
+				select {
+				case a.conns <- conn:
+				case <-c.ctx.Done():
+					conn.Close()
+				}
+			}()
+			return call.ctx.Err()
 		}
 	case <-call.ctx.Done():
 		return call.ctx.Err()

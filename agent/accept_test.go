@@ -110,11 +110,13 @@ func TestAcceptCloseEndsTheProgramsConnection(t *testing.T) {
 	c := connect(t, memfs.New(), nil)
 	addr := freeAddr(t)
 	host, program := acceptOne(t, c, addr)
+	host.Write([]byte("last words"))
 	host.Close()
 	program.SetReadDeadline(time.Now().Add(time.Minute))
-	if n, err := program.Read(make([]byte, 1)); err == nil {
-		t.Errorf("the program read %d bytes after the host closed", n)
+	if got, err := io.ReadAll(program); err != nil || string(got) != "last words" {
+		t.Errorf("the program read %q, %v after the host wrote and closed; want what was written, then the end", got, err)
 	}
+	program.Close()
 	if _, err := host.Read(make([]byte, 1)); !errors.Is(err, net.ErrClosed) {
 		t.Errorf("Read after Close: %v", err)
 	}

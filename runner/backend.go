@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -116,6 +117,12 @@ type Instance struct {
 	// workspace ends by itself ends with ErrWorkspaceEnded.
 	Done <-chan struct{}
 	Err  func() error
+	// Accept, when not nil, waits for a program in the workspace to
+	// connect to a loopback address of its own and returns that
+	// connection (agent.Client.Accept): the path of the session's egress
+	// proxy. It is nil where commands use the host's network (local,
+	// memory), and egress is not served.
+	Accept func(ctx context.Context, addr string) (net.Conn, error)
 }
 
 // ended reports whether the workspace is unusable (Done is closed).

@@ -69,7 +69,7 @@ func (d *Docker) start(ctx context.Context, spec Spec, prof policy.Profile) (*In
 	}
 	return &Instance{
 		FS: dockerfs.New(c), Bash: c.Bash(), Root: policy.WorkspaceDir, ID: c.Name(), Close: c.Close,
-		Done: c.Agent().Done(), Err: c.Agent().Err,
+		Done: c.Agent().Done(), Err: c.Agent().Err, Accept: c.Agent().Accept,
 	}, nil
 }
 

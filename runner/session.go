@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sandboxd/sandboxd/egress"
 	"github.com/sandboxd/sandboxd/localfs"
 	"github.com/sandboxd/sandboxd/memfs"
 	"github.com/sandboxd/sandboxd/scope"
@@ -91,14 +92,14 @@ func journalStore() (store workspace.FileSystem, drop func() error, err error) {
 	return fsys, func() error { return errors.Join(fsys.Close(), os.RemoveAll(dir)) }, nil
 }
 
-func (m *Manager) newSession(id, tenant string, st Settings, cfg tools.Config, inst *Instance, lifetime, idle time.Duration) (*Session, error) {
+func (m *Manager) newSession(id, tenant string, st Settings, cfg tools.Config, inst *Instance, lifetime, idle time.Duration, out egress.Policy) (*Session, error) {
 	store, dropJournal, err := journalStore()
 	if err != nil {
 		return nil, err
 	}
 	env := tools.Env{
 		FS: inst.FS, Bash: inst.Bash,
-		Session:      workspace.Session{ID: id, RunID: id, Tenant: tenant, Root: inst.Root, Vars: st.Vars},
+		Session:      workspace.Session{ID: id, RunID: id, Tenant: tenant, Root: inst.Root, Vars: egressVars(st.Vars, out, inst)},
 		Scope:        st.Scope,
 		JournalStore: store,
 	}

@@ -1,0 +1,203 @@
+package runner_test
+
+import (
+	"archive/zip"
+	"bytes"
+	"context"
+	"encoding/pem"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"testing/fstest"
+
+	"github.com/sandboxd/sandboxd/egress"
+	"github.com/sandboxd/sandboxd/images"
+	"github.com/sandboxd/sandboxd/internal/dockertest"
+	"github.com/sandboxd/sandboxd/policy"
+	"github.com/sandboxd/sandboxd/runner"
+	"github.com/sandboxd/sandboxd/tools"
+)
+
+// names is a resolver from a table: the daemon's lookups in these tests
+// never reach a real DNS, and every name leads to a loopback server the
+// test started, or to an address the policy must refuse.
+type names map[string]string
+
+func (n names) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr, error) {
+	a, ok := n[host]
+	if !ok {
+		return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
+	}
+	return []netip.Addr{netip.MustParseAddr(a)}, nil
+}
+
+// lockedBuffer is a log destination safe for concurrent writes.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// goproxyTree is a GOPROXY file tree serving one module,
+// sandboxd.test/greet v1.0.0.
+func goproxyTree(t *testing.T) fstest.MapFS {
+	var zb bytes.Buffer
+	zw := zip.NewWriter(&zb)
+	for name, body := range map[string]string{
+		"go.mod":   "module sandboxd.test/greet\n\ngo 1.19\n",
+		"greet.go": "package greet\n\n// Hello greets.\nfunc Hello() string { return \"hello from a module fetched through sandboxd\" }\n",
+	} {
+		w, err := zw.Create("sandboxd.test/greet@v1.0.0/" + name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.Write([]byte(body))
+	}
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return fstest.MapFS{
+		"sandboxd.test/greet/@v/list":        {Data: []byte("v1.0.0\n")},
+		"sandboxd.test/greet/@v/v1.0.0.info": {Data: []byte(`{"Version":"v1.0.0","Time":"2026-01-01T00:00:00Z"}`)},
+		"sandboxd.test/greet/@v/v1.0.0.mod":  {Data: []byte("module sandboxd.test/greet\n\ngo 1.19\n")},
+		"sandboxd.test/greet/@v/v1.0.0.zip":  {Data: zb.Bytes()},
+	}
+}
+
+// TestDockerEgress: on the dev image, a session's commands reach the
+// daemon's loopback servers through the egress proxy only because the
+// policy lists them — an HTTPS server with a test CA the session trusts,
+// and a Go module proxy that `go mod download` and `go run` use — while a
+// host no rule allows, an allowed name that resolves to a refused private
+// address, and a connection that ignores the proxy all fail, and every
+// connection is audited. A session that narrows its egress to nothing
+// gets no proxy.
+func TestDockerEgress(t *testing.T) {
+	cli := dockertest.Client(t)
+	dev, err := images.Ensure(context.Background(), cli, "dev", images.WithProgress(func(s string) { fmt.Fprintln(os.Stderr, "images:", s) }))
+	if err != nil {
+		t.Fatalf("dev image: %v", err)
+	}
+	tlsSrv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, "hello through the proxy")
+	}))
+	defer tlsSrv.Close()
+	goproxy := httptest.NewServer(http.FileServerFS(goproxyTree(t)))
+	defer goproxy.Close()
+	portOf := func(s *httptest.Server) string { u, _ := url.Parse(s.URL); return u.Port() }
+	tlsPort, gpPort := portOf(tlsSrv), portOf(goproxy)
+
+	logs := &lockedBuffer{}
+	m, _ := dockerManager(t,
+		runner.WithPolicy(policy.Policy{DefaultImage: dev}),
+		runner.WithLogger(slog.New(slog.NewTextHandler(logs, nil))),
+		runner.WithEgress(egress.Policy{
+			Allow:        []string{"example.com:" + tlsPort, "goproxy.test:" + gpPort, "metadata.test:80"},
+			AllowPrivate: []string{"127.0.0.1"},
+		}, egress.WithResolver(names{"example.com": "127.0.0.1", "goproxy.test": "127.0.0.1", "metadata.test": "169.254.169.254", "other.test": "127.0.0.1"})))
+	defer m.Shutdown(context.Background())
+	ctx := context.Background()
+	s, err := m.Create(ctx, runner.CreateRequest{Tenant: "acme", Settings: runner.Settings{Grants: []string{tools.GrantShellExec, tools.GrantFSWrite}, Always: []string{"shell"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: tlsSrv.Certificate().Raw})
+	if err := s.FS().WriteFile(ctx, "ca.pem", ca, 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	run := func(t *testing.T, script string) string {
+		t.Helper()
+		br, res := bash(t, s, script)
+		if br == nil {
+			t.Fatalf("%s: %+v", script, res)
+		}
+		return br.Output
+	}
+	t.Run("HTTPSAllowed", func(t *testing.T) {
+		out := run(t, `curl -sS --cacert ca.pem https://example.com:`+tlsPort+`/ && echo`)
+		if out != "hello through the proxy\n" {
+			t.Errorf("curl through the proxy: %q", out)
+		}
+	})
+	t.Run("HostNotAllowed", func(t *testing.T) {
+		out := run(t, `curl -sS --cacert ca.pem -o /dev/null -w 'connect %{http_connect}\n' https://other.test:`+tlsPort+`/; curl -sS http://other.test:`+tlsPort+`/`)
+		if !strings.Contains(out, "connect 403") || !strings.Contains(out, "other.test:"+tlsPort+" refused") || !strings.Contains(out, "egress.allow") {
+			t.Errorf("a host no rule allows: %q; want a 403 naming it and egress.allow", out)
+		}
+	})
+	t.Run("PrivateAddressRefused", func(t *testing.T) {
+		out := run(t, `curl -sS http://metadata.test/latest/meta-data/`)
+		if !strings.Contains(out, "169.254.169.254") || !strings.Contains(out, "egress.allowPrivate") {
+			t.Errorf("an allowed name resolving to a private address: %q", out)
+		}
+	})
+	t.Run("IgnoringTheProxy", func(t *testing.T) {
+		out := run(t, `curl -sS --noproxy '*' --max-time 20 --cacert ca.pem https://example.com:`+tlsPort+`/ >/dev/null 2>&1 && echo curl reached it
+(exec 3<>/dev/tcp/172.17.0.1/`+tlsPort+`) 2>/dev/null && echo tcp reached it
+echo done`)
+		if out != "done\n" {
+			t.Errorf("a connection that ignores the proxy: %q", out)
+		}
+	})
+	t.Run("GoModDownload", func(t *testing.T) {
+		out := run(t, `set -e; export GOPROXY=http://goproxy.test:`+gpPort+` GOSUMDB=off GOMODCACHE=$PWD/.modcache GOCACHE=$PWD/.gocache GOFLAGS=-modcacherw
+mkdir -p app && cd app
+printf 'module app\n\ngo 1.19\n\nrequire sandboxd.test/greet v1.0.0\n' > go.mod
+printf 'package main\n\nimport (\n\t"fmt"\n\n\t"sandboxd.test/greet"\n)\n\nfunc main() { fmt.Println(greet.Hello()) }\n' > main.go
+go mod download sandboxd.test/greet && go run . 2>&1`)
+		if !strings.Contains(out, "hello from a module fetched through sandboxd") {
+			t.Errorf("go mod download and go run through the proxy: %q", out)
+		}
+	})
+	t.Run("Audited", func(t *testing.T) {
+		log := logs.String()
+		var ok, refused bool
+		for line := range strings.SplitSeq(log, "\n") {
+			if !strings.Contains(line, "msg=egress") || !strings.Contains(line, "session="+s.ID()) || !strings.Contains(line, "tenant=acme") {
+				continue
+			}
+			ok = ok || strings.Contains(line, "host=example.com") && strings.Contains(line, "outcome=ok") && !strings.Contains(line, "bytes_down=0 ")
+			refused = refused || strings.Contains(line, "host=metadata.test") && strings.Contains(line, "outcome=refused")
+		}
+		if !ok || !refused {
+			t.Errorf("audit lines (ok %v, refused %v):\n%s", ok, refused, log)
+		}
+		if st := m.Stats().Egress; st.Connections[egress.OutcomeOK] == 0 || st.Connections[egress.OutcomeRefused] == 0 || st.BytesDown == 0 {
+			t.Errorf("egress stats: %+v", st)
+		}
+	})
+	t.Run("NarrowedToNothing", func(t *testing.T) {
+		closed, err := m.Create(ctx, runner.CreateRequest{Tenant: "acme", Settings: runner.Settings{Grants: []string{tools.GrantShellExec}, Always: []string{"shell"}, Egress: []string{}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer m.Delete(ctx, "acme", closed.ID())
+		br, res := bash(t, closed, `echo "${HTTPS_PROXY-no proxy}"; curl -sS --max-time 20 http://goproxy.test:`+gpPort+`/ >/dev/null 2>&1 || echo unreached`)
+		if br == nil || br.Output != "no proxy\nunreached\n" {
+			t.Errorf("a session without egress: %+v", res)
+		}
+		if _, err := m.Create(ctx, runner.CreateRequest{Tenant: "acme", Settings: runner.Settings{Egress: []string{"proxy.golang.org:443"}}}); err == nil {
+			t.Error("a session widened egress past the operator's")
+		}
+	})
+}

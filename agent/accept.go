@@ -79,7 +79,7 @@ type Conn struct {
 	addr     string
 	remote   string
 	end      context.CancelFunc // ends the write credit: the call is over
-	ended_    <-chan struct{}    // closed when the call is over
+	ended_   <-chan struct{}    // closed when the call is over
 	accepted chan struct{}
 
 	mu       sync.Mutex
@@ -377,7 +377,7 @@ func loopbackAddr(addr string) error {
 // acceptor is a stream's listener and the connections it accepted that no
 // call has taken yet.
 type acceptor struct {
-	addr  string
+	addr   string
 	conns  chan net.Conn
 	failed chan struct{} // closed when the listener fails
 	err    error         // why, once failed is closed

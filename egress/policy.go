@@ -295,3 +295,20 @@ var (
 	sharedSpace = netip.MustParsePrefix("100.64.0.0/10")
 	thisNetwork = netip.MustParsePrefix("0.0.0.0/8")
 )
+
+// ListenAddr is where the proxy listens in a session's container: its
+// loopback, which is all the network a container on NetworkMode none has.
+const ListenAddr = "127.0.0.1:3128"
+
+// Env is what a command's environment needs to use the proxy at addr:
+// HTTP_PROXY and HTTPS_PROXY (which Go, pip, git, curl and npm read) and
+// their lower-case forms (which apt and wget read, and curl prefers for
+// http), and NO_PROXY for the container's own loopback.
+func Env(addr string) map[string]string {
+	u := "http://" + addr
+	noProxy := "localhost,127.0.0.1,::1"
+	return map[string]string{
+		"HTTP_PROXY": u, "HTTPS_PROXY": u, "http_proxy": u, "https_proxy": u,
+		"NO_PROXY": noProxy, "no_proxy": noProxy,
+	}
+}

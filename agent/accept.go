@@ -461,7 +461,7 @@ func (c *serverConn) accept(call *serverCall) error {
 	input := make(chan struct{})
 	go func() { // what the client sends, to the program
 		defer close(input)
-		if _, err := io.Copy(conn, call.in); err != nil {
+		if _, err := io.CopyBuffer(conn, call.in, make([]byte, chunkSize)); err != nil {
 			conn.Close()
 		} else if cw, ok := conn.(interface{ CloseWrite() error }); ok {
 			cw.CloseWrite()

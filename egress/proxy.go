@@ -317,7 +317,10 @@ func (p *Proxy) forward(ctx context.Context, conn net.Conn, req *http.Request, u
 		return nil, false
 	}
 	dropHop(resp.Header)
-	err = resp.Write(conn)
+	bw := bufio.NewWriterSize(conn, 256<<10) // the agent's frames are up to 256 KiB: fewer, larger ones
+	if err = resp.Write(bw); err == nil {
+		err = bw.Flush()
+	}
 	resp.Body.Close()
 	if err != nil || resp.Close || resp.StatusCode == http.StatusSwitchingProtocols {
 		up.finish(OutcomeOK, "")

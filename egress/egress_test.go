@@ -301,7 +301,9 @@ func TestPrivateAddressRefused(t *testing.T) {
 
 // TestPlainHTTPKeepAlive: plain requests are forwarded in origin form,
 // hop-by-hop headers dropped, and two requests share one destination
-// connection (one audit record with both requests' bytes).
+// connection (one audit record with both requests' bytes); when the
+// destination closes it while it is idle, the next request is sent on a
+// new one.
 func TestPlainHTTPKeepAlive(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Proxy-Authorization") != "" || r.RequestURI != "/path?q=1" {
@@ -322,10 +324,16 @@ func TestPlainHTTPKeepAlive(t *testing.T) {
 			t.Errorf("GET: %d %q", code, body)
 		}
 	}
+	srv.CloseClientConnections() // the destination ends the kept connection while it is idle
+	if code, body := get(t, c, "http://files.example:"+p+"/path?q=1"); code != 200 || len(body) != 1000 {
+		t.Errorf("GET after the destination closed the kept connection: %d %q", code, body)
+	}
 	c.CloseIdleConnections()
-	rec := a.wait(t, 1)
-	if rec.Outcome != OutcomeOK || rec.Method != "GET" || rec.BytesDown < 2000 {
+	if rec := a.wait(t, 1); rec.Outcome != OutcomeOK || rec.Method != "GET" || rec.BytesDown < 2000 {
 		t.Errorf("audit: %+v; want one connection for both requests", rec)
+	}
+	if rec := a.wait(t, 2); rec.Outcome != OutcomeOK || rec.BytesDown < 1000 {
+		t.Errorf("audit of the second connection: %+v", rec)
 	}
 }
 

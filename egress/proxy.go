@@ -289,25 +289,29 @@ func (p *Proxy) forward(ctx context.Context, conn net.Conn, req *http.Request, u
 		up.finish(OutcomeOK, "")
 		up = nil
 	}
-	if up == nil {
+	redial := func() bool {
 		var status int
+		var err error
 		if up, status, err = p.dial(ctx, host, port, req.Method); err != nil {
 			reply(conn, status, err.Error())
-			return nil, false
 		}
+		return err == nil
+	}
+	reused := up != nil
+	if !reused && !redial() {
+		return nil, false
 	}
 	dropHop(req.Header)
 	req.RequestURI = ""
-	if err := req.Write(up.bw); err == nil {
-		err = up.bw.Flush()
-	}
-	var resp *http.Response
-	for err == nil {
-		resp, err = http.ReadResponse(up.br, req)
-		if err != nil || resp.StatusCode >= 200 || resp.StatusCode == http.StatusSwitchingProtocols {
-			break
+	resp, err := exchange(up, conn, req)
+	if err != nil && reused && !up.capped() && (req.Body == nil || req.Body == http.NoBody) {
+		// A kept connection the destination closed while it was idle:
+		// a request without a body is sent once more, on a new one.
+		up.finish(OutcomeOK, "")
+		if !redial() {
+			return nil, false
 		}
-		err = resp.Write(conn) // 100 Continue, 103 Early Hints: the final answer follows
+		resp, err = exchange(up, conn, req)
 	}
 	if err != nil {
 		if !up.capped() {
@@ -329,8 +333,26 @@ func (p *Proxy) forward(ctx context.Context, conn net.Conn, req *http.Request, u
 	return up, !req.Close
 }
 
-// errRefused marks a refusal by policy.
-var errRefused = errors.New("refused")
+// exchange sends req to the destination and reads its final response;
+// the interim ones (100 Continue, 103 Early Hints) go to the program as
+// they come.
+func exchange(up *upstream, conn net.Conn, req *http.Request) (*http.Response, error) {
+	err := req.Write(up.bw)
+	if err == nil {
+		err = up.bw.Flush()
+	}
+	for err == nil {
+		resp, rerr := http.ReadResponse(up.br, req)
+		if rerr != nil {
+			return nil, rerr
+		}
+		if resp.StatusCode >= 200 || resp.StatusCode == http.StatusSwitchingProtocols {
+			return resp, nil
+		}
+		err = resp.Write(conn)
+	}
+	return nil, err
+}
 
 // dial connects to host:port when the policy allows it. It fails with an
 // error whose text is the body of the answer to send, and its status:

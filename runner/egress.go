@@ -35,7 +35,7 @@ func egressPolicy(op egress.Policy, tenant, session []string) (egress.Policy, er
 		case err != nil:
 			return egress.Policy{}, &SettingError{step.setting, err.Error()}
 		}
-		p, within = narrowed, within+" as the tenant's egress narrows it"
+		p, within = narrowed, within+", as the tenant's egress narrows it,"
 	}
 	return p, nil
 }

@@ -318,3 +318,81 @@ func median(b *testing.B, s string) float64 {
 	}
 	return xs[len(xs)/2]
 }
+
+// loopbackBackend is the memory backend whose workspaces take the egress
+// proxy's connections on a loopback listener of the test's, as the
+// agent's Accept does in a container.
+type loopbackBackend struct {
+	runner.Memory
+	addrs chan string // each workspace's listener
+}
+
+func (b *loopbackBackend) Open(ctx context.Context, spec runner.Spec) (*runner.Instance, error) {
+	inst, err := b.Memory.Open(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	closeMem := inst.Close
+	inst.Close = func(ctx context.Context) error { ln.Close(); return closeMem(ctx) }
+	inst.Accept = func(ctx context.Context, addr string) (net.Conn, error) {
+		stop := context.AfterFunc(ctx, func() { ln.Close() })
+		defer stop()
+		return ln.Accept()
+	}
+	b.addrs <- ln.Addr().String()
+	return inst, nil
+}
+
+// TestEgressNarrowedByTenantAndSession: the operator allows two hosts, a
+// tenant narrows them to one and its session keeps it; the session's proxy
+// reaches that host and refuses the other, and a session asking for the
+// other is refused naming its setting.
+func TestEgressNarrowedByTenantAndSession(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "reached") }))
+	defer srv.Close()
+	u, _ := url.Parse(srv.URL)
+	b := &loopbackBackend{addrs: make(chan string, 4)}
+	m, err := runner.New(context.Background(), b, runner.WithEgress(
+		egress.Policy{Allow: []string{"a.test:" + u.Port(), "b.test:" + u.Port()}, AllowPrivate: []string{"127.0.0.1"}},
+		egress.WithResolver(names{"a.test": "127.0.0.1", "b.test": "127.0.0.1"})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Shutdown(context.Background())
+	ctx := context.Background()
+	tenant := []string{"a.test:" + u.Port()}
+	if _, err := m.Create(ctx, runner.CreateRequest{Tenant: "acme", Egress: tenant, Settings: runner.Settings{Egress: []string{"b.test:" + u.Port()}}}); err == nil ||
+		!strings.Contains(err.Error(), "egress") || !strings.Contains(err.Error(), "b.test:"+u.Port()) || !strings.Contains(err.Error(), "the tenant's egress") {
+		t.Errorf("a session widening its tenant's egress: %v", err)
+	}
+	if _, err := m.Create(ctx, runner.CreateRequest{Tenant: "acme", Egress: []string{"c.test:443"}}); err == nil || !strings.Contains(err.Error(), "the tenant's egress") {
+		t.Errorf("a tenant widening the operator's egress: %v", err)
+	}
+	s, err := m.Create(ctx, runner.CreateRequest{Tenant: "acme", Egress: tenant, Settings: runner.Settings{Egress: tenant}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := &url.URL{Scheme: "http", Host: <-b.addrs}
+	c := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(proxy)}}
+	for host, want := range map[string]int{"a.test": 200, "b.test": 403} {
+		resp, err := c.Get("http://" + host + ":" + u.Port() + "/")
+		if err != nil {
+			t.Fatalf("%s: %v", host, err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("%s through the session's proxy: %d, want %d", host, resp.StatusCode, want)
+		}
+	}
+	c.CloseIdleConnections()
+	if err := m.Delete(ctx, "acme", s.ID()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Get("http://a.test:" + u.Port() + "/"); err == nil {
+		t.Error("the proxy outlived its session")
+	}
+}

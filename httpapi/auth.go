@@ -24,7 +24,7 @@ type Tenant struct {
 	MaxSessions int `json:"maxSessions,omitempty"`
 	// Egress, when set, narrows the operator's egress rules for this
 	// tenant's sessions (runner.CreateRequest.Egress).
-	Egress []string `json:"egress,omitempty"`
+	Egress []string `json:"egress,omitzero"`
 }
 
 const hashPrefix = "sha256:"

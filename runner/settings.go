@@ -74,7 +74,7 @@ type Settings struct {
 	// proxy: "HOST:PORT" rules and preset names (package egress), each
 	// within the operator's (egress.allow) and the tenant's; nil keeps
 	// theirs, an empty list is no egress.
-	Egress []string `json:"egress,omitempty"`
+	Egress []string `json:"egress,omitzero"`
 }
 
 // Limits are a session container's resource limits; zero is the policy's

@@ -8,6 +8,8 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -82,6 +84,26 @@ func TestServeEgress(t *testing.T) {
 		wide.Egress = []string{"127.0.0.1:" + closedPort}
 		if body := string(d.do(acmeToken, "POST", "/v1/sessions", wide, http.StatusForbidden, nil)); !strings.Contains(body, "egress") {
 			t.Errorf("a session widening egress: %s", body)
+		}
+	})
+	t.Run("CLI", func(t *testing.T) {
+		cli := func(args ...string) (string, error) {
+			cmd := exec.Command(filepath.Join(binDir, "sandboxd"), args...)
+			cmd.Env = append(cmd.Environ(), "SANDBOXD_URL="+d.url, "SANDBOXD_TOKEN="+acmeToken)
+			out, err := cmd.CombinedOutput()
+			return string(out), err
+		}
+		if out, err := cli("session", "create", "--egress", "127.0.0.1:"+closedPort); err == nil || !strings.Contains(out, "egress") {
+			t.Errorf("session create --egress past the daemon's: %v\n%s", err, out)
+		}
+		out, err := cli("session", "create", "--grant", "shell.exec", "--always", "shell", "--egress", "")
+		if err != nil {
+			t.Fatalf("session create --egress '': %v\n%s", err, out)
+		}
+		id := strings.TrimSpace(out)
+		defer cli("session", "rm", id)
+		if out, err := cli("session", "call", id, "bash", `{"command":"echo ${HTTP_PROXY-none}"}`); err != nil || !strings.Contains(out, "none") {
+			t.Errorf("a session created with --egress '': %v\n%s", err, out)
 		}
 	})
 	t.Run("Audited", func(t *testing.T) {

@@ -28,8 +28,9 @@ type acceptHeader struct {
 // net.Conn, and what is written to it the program reads. Each direction is
 // flow-controlled on its own, so a side that does not read holds up only
 // its own connection. Connections that arrive while no Accept waits queue
-// in the agent's listen backlog. Close ends the connection in the agent
-// too; CloseWrite (the conn is a *Conn) ends only what the program reads.
+// in the agent's listen backlog. CloseWrite (the conn is a *Conn) ends
+// what the program reads; Close ends the connection, in the agent too once
+// the program has read what was written (see Linger).
 //
 // Accept fails with ctx's error when ctx ends first (a connection the
 // agent accepted just as ctx ended is closed), with
@@ -43,7 +44,7 @@ func (c *Client) Accept(ctx context.Context, addr string) (net.Conn, error) {
 	}
 	call := newCall(opAccept, addr, 0)
 	connCtx, end := context.WithCancel(context.Background())
-	t := &Conn{c: c, call: call, addr: addr, end: end, ended_: connCtx.Done(), accepted: make(chan struct{})}
+	t := &Conn{c: c, call: call, addr: addr, end: end, done: connCtx.Done(), accepted: make(chan struct{})}
 	t.cond = sync.NewCond(&t.mu)
 	t.rdl.init(&t.mu, t.cond)
 	t.wdl.init(&t.mu, t.cond)
@@ -58,6 +59,11 @@ func (c *Client) Accept(ctx context.Context, addr string) (net.Conn, error) {
 	case <-t.accepted:
 		return t, nil
 	case r := <-call.reply:
+		select {
+		case <-t.accepted: // a connection that came and went at once
+			return t, nil
+		default:
+		}
 		switch {
 		case r.err != nil:
 			return nil, r.err
@@ -79,7 +85,7 @@ type Conn struct {
 	addr     string
 	remote   string
 	end      context.CancelFunc // ends the write credit: the call is over
-	ended_   <-chan struct{}    // closed when the call is over
+	done     <-chan struct{}    // closed when the call is over
 	accepted chan struct{}
 
 	mu       sync.Mutex
@@ -264,7 +270,7 @@ func (t *Conn) Close() error {
 		timer := time.NewTimer(Linger)
 		defer timer.Stop()
 		select {
-		case <-t.ended_:
+		case <-t.done:
 		case <-timer.C:
 		}
 		t.c.abandon(t.call, net.ErrClosed)

@@ -283,6 +283,9 @@ func serve(ctx context.Context, sio stdio, cfg serveConfig, dev bool) error {
 	if cfg.Policy.DefaultImage == "" {
 		cfg.Policy.DefaultImage = image
 	}
+	if cfg.Egress.On() && backend.Name() != "docker" {
+		logger.Warn("egress applies to the docker backend only: this backend's commands use the host's network, and egress.allow does not bound them", "backend", backend.Name())
+	}
 	metrics := httpapi.NewMetrics()
 	opts := []runner.Option{
 		runner.WithPolicy(cfg.Policy), runner.WithTools(toolCfg), runner.WithLogger(logger), runner.WithEgress(cfg.Egress),

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -115,4 +116,27 @@ func TestServeEgress(t *testing.T) {
 			t.Errorf("no audit line for the connection in the daemon's log:\n%s", log)
 		}
 	})
+}
+
+// TestServeEgressWarnsOffDocker: on the memory backend, whose commands use
+// the host's network, an egress section is said at start not to bound them.
+func TestServeEgressWarnsOffDocker(t *testing.T) {
+	file := config(t, "memory", daemonName(t))
+	var cfg map[string]any
+	data, _ := os.ReadFile(file)
+	json.Unmarshal(data, &cfg)
+	cfg["egress"] = map[string]any{"allow": []string{"go"}}
+	data, _ = json.Marshal(cfg)
+	if err := os.WriteFile(file, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d := start(t, file)
+	// Logged before the daemon says it listens; its standard error is
+	// copied on, so wait for it a while.
+	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(d.stderr.String(), "egress applies to the docker backend only"); {
+		if time.Now().After(deadline) {
+			t.Fatalf("no warning that egress does not bound the memory backend:\n%s", d.stderr)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }

@@ -102,6 +102,7 @@ func TestCeilings(t *testing.T) {
 				narrow: []any{map[string]string{"GOFLAGS": "-mod=mod"}}},
 			"lifetime":    {widen: []any{"87600h"}, narrow: []any{"10m"}},
 			"idleTimeout": {widen: []any{"87600h"}, narrow: []any{"10m"}},
+			"egress":      {widen: []any{[]string{"proxy.golang.org:443"}, []string{"go"}, []string{"*.golang.org:443"}}, narrow: []any{[]string{}}}, // the operator allows none
 		}, func(name string, v any) any { return map[string]any{name: v} })
 	})
 

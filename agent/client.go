@@ -548,7 +548,7 @@ func (c *Client) start(call *call, req request, input *[]byte) error {
 			flags = 0
 		}
 	}
-	if req.Op == opRun && req.Run.Stdin {
+	if req.Op == opRun && req.Run.Stdin || req.Op == opAccept {
 		flags = 0
 	}
 	if err := c.send(frameCall, flags, call.id, header, first); err != nil {

@@ -31,6 +31,13 @@
 // so a command that does not read its input, or a slow Output callback, holds
 // up only its own call.
 //
+// Accept turns the direction around: the call waits until a program in the
+// agent's world connects to the loopback address it names (the agent listens
+// there from the first Accept on), and then carries that connection's bytes
+// both ways — the agent's Data frames are what the program sent, the
+// client's what it receives, each side flagging End when its direction is
+// over — under the same Window credit as a command's input and output.
+//
 // Errors cross the stream as kind names (workspace.Kind.Name) and are restored
 // with workspace.KindByName, so errors.Is works on the client as it would
 // against the adapter the agent serves.
@@ -182,6 +189,7 @@ type request struct {
 	Walk    *workspace.WalkRequest `json:"walk,omitempty"`
 	Grep    *workspace.GrepRequest `json:"grep,omitempty"`
 	Run     *runRequest            `json:"run,omitempty"`
+	Addr    string                 `json:"addr,omitempty"` // accept: the loopback address to listen on
 }
 
 // Operations.
@@ -202,6 +210,7 @@ const (
 	opWalk      = "walk"
 	opGrep      = "grep"
 	opRun       = "run"
+	opAccept    = "accept"
 )
 
 // runRequest is workspace.Command without its callbacks and readers.

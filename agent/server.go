@@ -108,8 +108,9 @@ type serverConn struct {
 	werr error
 	wbuf []byte
 
-	mu    sync.Mutex
-	calls map[uint32]*serverCall
+	mu       sync.Mutex
+	calls    map[uint32]*serverCall
+	acceptor *acceptor // the stream's listener, from the first Accept on
 }
 
 // serverCall is one call in flight.
@@ -229,10 +230,10 @@ func (c *serverConn) start(f frame) error {
 	case req.Op == opWriteFile:
 		cancel()
 		return c.reply(f.id, nil, workspace.PathError("write", req.Name, workspace.ErrFileTooLarge))
-	case req.Op == opRun && req.Run != nil && req.Run.Stdin:
+	case req.Op == opRun && req.Run != nil && req.Run.Stdin, req.Op == opAccept:
 		call.in = newInbox(ctx, window, func(n int) { c.sendWindow(f.id, n) })
 	}
-	if req.Op == opRun {
+	if req.Op == opRun || req.Op == opAccept {
 		// A cancelled command's output up to its kill is still delivered,
 		// as long as the client grants credit: the gate closes when the
 		// call ends, or the connection.
@@ -403,6 +404,8 @@ func (c *serverConn) serve(call *serverCall) ([]byte, error) {
 			break
 		}
 		return c.run(call)
+	case opAccept:
+		return nil, c.accept(call)
 	}
 	return nil, &RemoteError{Kind: workspace.ErrInvalidArgument, Msg: fmt.Sprintf("unknown operation %q", req.Op)}
 }
@@ -552,14 +555,28 @@ func (g *creditGate) grant(n int) bool {
 	return g.n <= g.max
 }
 
-// take waits for credit and takes up to want bytes of it; 0 means ctx ended.
+// take waits for credit and takes up to want bytes of it; 0 means the
+// gate's context ended.
 func (g *creditGate) take(want int) int {
+	return g.takeCtx(context.Background(), want)
+}
+
+// takeCtx is take that also gives up, with 0, when ctx ends.
+func (g *creditGate) takeCtx(ctx context.Context, want int) int {
+	if ctx.Done() != nil {
+		stop := context.AfterFunc(ctx, func() {
+			g.mu.Lock()
+			g.cond.Broadcast()
+			g.mu.Unlock()
+		})
+		defer stop()
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	for g.n == 0 && g.ctx.Err() == nil {
+	for g.n == 0 && g.ctx.Err() == nil && ctx.Err() == nil {
 		g.cond.Wait()
 	}
-	if g.ctx.Err() != nil {
+	if g.ctx.Err() != nil || ctx.Err() != nil {
 		return 0
 	}
 	n := min(want, g.n)

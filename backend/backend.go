@@ -23,6 +23,7 @@ package backend
 import (
 	"context"
 	"errors"
+	"net"
 
 	"github.com/sandboxd/sandboxd/policy"
 	"github.com/sandboxd/sandboxd/workspace"
@@ -114,6 +115,12 @@ type Instance struct {
 	// ([github.com/sandboxd/sandboxd/runner.ErrWorkspaceEnded]).
 	Done <-chan struct{}
 	Err  func() error
+	// Accept, when not nil, waits for a program in the workspace to
+	// connect to a loopback address of its own and returns that
+	// connection (agent.Client.Accept): the path of the session's egress
+	// proxy. It is nil where commands use the host's network (local,
+	// memory), and egress is not served.
+	Accept func(ctx context.Context, addr string) (net.Conn, error)
 }
 
 // Ended reports whether the workspace is unusable: Done is closed. It never

@@ -22,6 +22,9 @@ type Tenant struct {
 	// MaxSessions, when positive, caps this tenant's sessions instead of the
 	// daemon-wide cap.
 	MaxSessions int `json:"maxSessions,omitempty"`
+	// Egress, when set, narrows the operator's egress rules for this
+	// tenant's sessions (runner.CreateRequest.Egress).
+	Egress []string `json:"egress,omitzero"`
 }
 
 const hashPrefix = "sha256:"

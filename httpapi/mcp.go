@@ -261,7 +261,7 @@ func (h *mcpHandler) open(r *http.Request) (*mcpSession, error) {
 		if q.Has("always") {
 			st.Always = splitList(q["always"])
 		}
-		sess, err := h.s.m.Create(r.Context(), runner.CreateRequest{Tenant: t.Name, Settings: st, MaxSessions: t.MaxSessions})
+		sess, err := h.s.m.Create(r.Context(), runner.CreateRequest{Tenant: t.Name, Settings: st, MaxSessions: t.MaxSessions, Egress: t.Egress})
 		if err != nil {
 			return nil, err
 		}

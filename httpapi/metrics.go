@@ -22,6 +22,8 @@ import (
 //	sandboxd_pool_size{image}                each pool's target size
 //	sandboxd_pool_claimed_total{image}       workspaces sessions took from it
 //	sandboxd_pool_lost_total{image}          ready workspaces that died and were replaced
+//	sandboxd_egress_connections_total{outcome} egress destination connections and refusals
+//	sandboxd_egress_bytes_total{direction}   bytes through the egress proxy (up, down)
 //	sandboxd_tool_calls_total{tool,outcome}  calls by tool and outcome
 //	sandboxd_tool_call_duration_seconds{tool} a histogram of call latency
 //
@@ -86,6 +88,12 @@ func (m *Metrics) write(w io.Writer, st runner.Stats) {
 	fmt.Fprintf(&b, "sandboxd_sessions %d\n", total)
 	family("sandboxd_sessions_lost_total", "counter", "Sessions ended because their workspace died (a container killed or removed from outside).")
 	fmt.Fprintf(&b, "sandboxd_sessions_lost_total %d\n", st.Lost)
+	family("sandboxd_egress_connections_total", "counter", "Egress proxy destination connections and refusals by outcome (ok, refused, failed, capped).")
+	for _, outcome := range slices.Sorted(maps.Keys(st.Egress.Connections)) {
+		fmt.Fprintf(&b, "sandboxd_egress_connections_total{outcome=%s} %d\n", quote(outcome), st.Egress.Connections[outcome])
+	}
+	family("sandboxd_egress_bytes_total", "counter", "Bytes through the egress proxy: up (to destinations) and down (from them).")
+	fmt.Fprintf(&b, "sandboxd_egress_bytes_total{direction=\"up\"} %d\nsandboxd_egress_bytes_total{direction=\"down\"} %d\n", st.Egress.BytesUp, st.Egress.BytesDown)
 	family("sandboxd_pool_ready", "gauge", "Ready workspaces waiting in each warm pool.")
 	for _, p := range st.Pools {
 		fmt.Fprintf(&b, "sandboxd_pool_ready{image=%s} %d\n", quote(p.Image), p.Ready)

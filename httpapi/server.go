@@ -471,7 +471,7 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 	if !s.decode(w, r, &st) {
 		return
 	}
-	sess, err := s.m.Create(r.Context(), runner.CreateRequest{Tenant: t.Name, Settings: st, MaxSessions: t.MaxSessions})
+	sess, err := s.m.Create(r.Context(), runner.CreateRequest{Tenant: t.Name, Settings: st, MaxSessions: t.MaxSessions, Egress: t.Egress})
 	if err != nil {
 		s.fail(w, r, err)
 		return

@@ -43,6 +43,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/backend"
+	"github.com/sandboxd/sandboxd/egress"
 	"github.com/sandboxd/sandboxd/images"
 	"github.com/sandboxd/sandboxd/policy"
 	"github.com/sandboxd/sandboxd/sources"
@@ -106,6 +107,8 @@ type options struct {
 	logger         *slog.Logger
 	observe        func(CallEvent)
 	sweep          time.Duration
+	egress         egress.Policy
+	egressOpts     []egress.Option
 }
 
 // WithPolicy sets the operator's policy sessions are judged by (default:
@@ -178,6 +181,19 @@ func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l 
 // quick and safe for concurrent use.
 func WithObserver(f func(CallEvent)) Option { return func(o *options) { o.observe = f } }
 
+// WithEgress sets what sessions may reach through their egress proxy
+// (package egress; default: nothing, no egress). Each session whose policy
+// allows any destination gets a proxy on its workspace's loopback
+// (egress.ListenAddr) and HTTP_PROXY and its kin in its commands'
+// environment, on backends whose workspace has no network of its own
+// (Instance.Accept: docker); local and memory commands use the host's
+// network, and get no proxy. A tenant (CreateRequest.Egress) and a
+// session (Settings.Egress) may narrow the policy's rules, never widen
+// them. opts are passed to every session's proxy (egress.WithResolver, …).
+func WithEgress(p egress.Policy, opts ...egress.Option) Option {
+	return func(o *options) { o.egress, o.egressOpts = p, opts }
+}
+
 // WithSweepInterval sets how often expiry is checked (default 1s).
 func WithSweepInterval(d time.Duration) Option { return func(o *options) { o.sweep = d } }
 
@@ -209,6 +225,8 @@ type Manager struct {
 	// why, by session ID, for those sessions' later requests.
 	lost  uint64
 	ended map[string]lostSession
+	// egress counts the sessions' egress connections and bytes.
+	egress egressCounts
 }
 
 // lostSession is a session whose workspace ended by itself.
@@ -263,6 +281,9 @@ func New(ctx context.Context, b backend.Backend, opts ...Option) (*Manager, erro
 	}
 	if err := o.tools.Validate(); err != nil {
 		return nil, fmt.Errorf("runner: tool configuration: %w", err)
+	}
+	if err := o.egress.Validate(); err != nil {
+		return nil, fmt.Errorf("runner: egress: %w", err)
 	}
 	var gateway *sources.Gateway
 	if o.tools.Sources.HTTP() {
@@ -334,6 +355,9 @@ type CreateRequest struct {
 	// command line's --workspace — and must never come from a tenant. A
 	// session with a Source never gets a pooled workspace.
 	Source string
+	// Egress, when not nil, is this tenant's egress rules: the operator's
+	// (WithEgress) narrowed, as Settings.Egress narrows them further.
+	Egress []string
 }
 
 // Create starts a session. It fails with a *policy.DeniedError naming the
@@ -370,6 +394,10 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Session, erro
 	if err != nil {
 		return nil, err
 	}
+	out, err := egressPolicy(m.o.egress, req.Egress, st.Egress)
+	if err != nil {
+		return nil, err
+	}
 	if err := m.reserve(req.Tenant, cmp.Or(req.MaxSessions, m.o.maxSessions)); err != nil {
 		return nil, err
 	}
@@ -382,7 +410,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Session, erro
 			return nil, fmt.Errorf("runner: starting the workspace: %w", err)
 		}
 	}
-	s, err := m.newSession(id, req.Tenant, st, cfg, inst, lifetime, idle)
+	s, err := m.newSession(id, req.Tenant, st, cfg, inst, lifetime, idle, out)
 	if err != nil {
 		inst.Close(context.WithoutCancel(ctx))
 		m.release(req.Tenant)
@@ -398,6 +426,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Session, erro
 	}
 	m.sessions[id] = s
 	m.mu.Unlock()
+	m.serveEgress(s, out)
 	if inst.Done != nil {
 		go func() {
 			select {
@@ -591,12 +620,14 @@ type Stats struct {
 	// Lost counts the sessions that ended because their workspace did (a
 	// container killed or removed from outside).
 	Lost uint64
+	// Egress counts the sessions' egress connections.
+	Egress EgressStats
 }
 
 // Stats returns a snapshot of the sessions and pools.
 func (m *Manager) Stats() Stats {
 	m.mu.Lock()
-	st := Stats{Sessions: map[string]int{}, Lost: m.lost}
+	st := Stats{Sessions: map[string]int{}, Lost: m.lost, Egress: m.egress.stats()}
 	for _, s := range m.sessions {
 		st.Sessions[s.tenant]++
 	}

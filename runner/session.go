@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/backend"
+	"github.com/sandboxd/sandboxd/egress"
 	"github.com/sandboxd/sandboxd/localfs"
 	"github.com/sandboxd/sandboxd/scope"
 	"github.com/sandboxd/sandboxd/tools"
@@ -89,7 +90,7 @@ func journalStore() (store workspace.FileSystem, drop func() error, err error) {
 	return fsys, func() error { return errors.Join(fsys.Close(), os.RemoveAll(dir)) }, nil
 }
 
-func (m *Manager) newSession(id, tenant string, st Settings, cfg tools.Config, inst *backend.Instance, lifetime, idle time.Duration) (*Session, error) {
+func (m *Manager) newSession(id, tenant string, st Settings, cfg tools.Config, inst *backend.Instance, lifetime, idle time.Duration, out egress.Policy) (*Session, error) {
 	if err := toolsError(cfg.Check(tools.Caps{Bash: inst.Bash != nil, Scope: st.Scope})); err != nil {
 		return nil, err
 	}
@@ -99,7 +100,7 @@ func (m *Manager) newSession(id, tenant string, st Settings, cfg tools.Config, i
 	}
 	env := tools.Env{
 		FS: inst.FS, Bash: inst.Bash,
-		Session:      workspace.Session{ID: id, RunID: id, Tenant: tenant, Root: inst.Root, Vars: st.Vars},
+		Session:      workspace.Session{ID: id, RunID: id, Tenant: tenant, Root: inst.Root, Vars: egressVars(st.Vars, out, inst)},
 		Scope:        st.Scope,
 		JournalStore: store,
 	}

@@ -70,6 +70,11 @@ type Settings struct {
 	// operator's default, more than the operator's maximum is refused.
 	Lifetime    Duration `json:"lifetime,omitzero"`
 	IdleTimeout Duration `json:"idleTimeout,omitzero"`
+	// Egress is what this session's commands may reach through its egress
+	// proxy: "HOST:PORT" rules and preset names (package egress), each
+	// within the operator's (egress.allow) and the tenant's; nil keeps
+	// theirs, an empty list is no egress.
+	Egress []string `json:"egress,omitzero"`
 }
 
 // Limits are a session container's resource limits; zero is the policy's

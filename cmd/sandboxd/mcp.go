@@ -16,7 +16,7 @@ import (
 
 var cmdMCP = &command{
 	name:    "mcp",
-	args:    "[--backend memory|local|docker] [--workspace DIR] [--deliver auto|apply|patch|branch|none] [--patch FILE] [--config FILE] [--grant fs.write] [--grant shell.exec] [--always read,edit,shell] [--image IMAGE] [--profile workspace-tools,workspace-shell] [--mode read|write] [--commands NAME,…|all] [--driver model|provider|custom] [--exec-timeout MS]",
+	args:    "[--backend memory|local|docker] [--workspace DIR] [--deliver auto|apply|patch|branch|none] [--patch FILE] [--config FILE] [--grant fs.write] [--grant shell.exec] [--always read,edit,shell] [--image IMAGE] [--egress PRESET|HOST:PORT] [--profile workspace-tools,workspace-shell] [--mode read|write] [--commands NAME,…|all] [--driver model|provider|custom] [--exec-timeout MS]",
 	summary: "serve one session's workspace tools over MCP on standard input and output; the session ends when input closes, and its work is delivered",
 	setup: func(fs *flag.FlagSet) runFunc {
 		// MCP has no turns: a session has no call cap unless the operator

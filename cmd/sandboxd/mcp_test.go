@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -69,3 +70,47 @@ func TestMCPBadLinesKeepTheSession(t *testing.T) {
 		})
 	}
 }
+
+// TestMCPEgress: sandboxd mcp --backend docker --egress gives the session's
+// commands the proxy, which refuses a host the flags do not name with a
+// 403 that names the flag; without --egress there is no proxy. No address
+// outside the container is dialled: the refusal comes before any lookup.
+func TestMCPEgress(t *testing.T) {
+	dockertest.Client(t)
+	dockertest.Image(t)
+	dir, _ := newWorkspace(t)
+	script := `echo "proxy=${HTTPS_PROXY-none}"
+exec 3<>/dev/tcp/127.0.0.1/3128 || exit 0
+printf 'GET http://notlisted.invalid/ HTTP/1.1\r\nHost: notlisted.invalid\r\nConnection: close\r\n\r\n' >&3
+cat <&3`
+	call := `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"bash","arguments":{"command":` + strconvQuote(script) + `,"timeout":60}}}`
+	for _, tc := range []struct {
+		name  string
+		flags []string
+		want  []string
+	}{
+		{"on", []string{"--egress", "go", "--egress", "allowed.invalid:443"}, []string{"proxy=http://127.0.0.1:3128", "403 Forbidden", "notlisted.invalid:80 refused", "--egress notlisted.invalid:80"}},
+		{"off", nil, []string{"proxy=none\n"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := startRaw(t, append([]string{"--backend", "docker", "--workspace", dir, "--deliver", "none", "--grant", "shell.exec", "--always", "shell"}, tc.flags...)...)
+			c.send(call)
+			r := c.next("2")["result"].(map[string]any)
+			out, _ := r["structuredContent"].(map[string]any)["output"].(string)
+			for _, w := range tc.want {
+				if !strings.Contains(out, w) {
+					t.Errorf("output %q lacks %q", out, w)
+				}
+			}
+			if tc.name == "off" && strings.Contains(out, "HTTP/1.1") {
+				t.Errorf("something answered on the proxy's port without --egress: %q", out)
+			}
+			c.stdin.Close()
+			if err := c.cmd.Wait(); err != nil {
+				t.Errorf("sandboxd mcp: %v", err)
+			}
+		})
+	}
+}
+
+func strconvQuote(s string) string { b, _ := json.Marshal(s); return string(b) }

@@ -23,6 +23,7 @@ import (
 	"github.com/sandboxd/sandboxd/backend"
 	"github.com/sandboxd/sandboxd/backend/local"
 	"github.com/sandboxd/sandboxd/backend/memory"
+	"github.com/sandboxd/sandboxd/egress"
 	"github.com/sandboxd/sandboxd/httpapi"
 	"github.com/sandboxd/sandboxd/images"
 	"github.com/sandboxd/sandboxd/policy"
@@ -95,6 +96,13 @@ type serveConfig struct {
 	} `json:"sessions"`
 	// Grants lists the grants sessions may ask for (default: any).
 	Grants []string `json:"grants"`
+	// Egress is what sessions' commands may reach through sandboxd's egress
+	// proxy (docker backend; local and memory commands use the host's
+	// network): allow lists HOST:PORT rules and presets (go, pypi, npm,
+	// debian, github), allowPrivate the private addresses they may reach,
+	// maxConnections and maxBytes cap each session (package egress).
+	// Default: no egress. A tenant's egress and a session's narrow it.
+	Egress egress.Policy `json:"egress"`
 	// Policy is the operator's word on sessions: their default image and
 	// runtime, what they may choose instead, and how far they may relax
 	// the hardened profile (package policy).
@@ -164,6 +172,9 @@ func (c *serveConfig) parse(data []byte) error {
 	if err := decodeConfig(data, c); err != nil {
 		return err
 	}
+	if err := c.Egress.Validate(); err != nil {
+		return &configError{Path: "egress", Reason: err.Error()}
+	}
 	names := map[string]int{}
 	for i, t := range c.Tenants {
 		at := fmt.Sprintf("tenants[%d]", i)
@@ -174,6 +185,11 @@ func (c *serveConfig) parse(data []byte) error {
 			return &configError{Path: at + ".name", Reason: fmt.Sprintf("tenants[%d] has this name already: give each tenant its own", j)}
 		}
 		names[t.Name] = i
+		if t.Egress != nil {
+			if _, err := c.Egress.Narrow(t.Egress); err != nil {
+				return &configError{Path: at + ".egress", Reason: err.Error()}
+			}
+		}
 		for k, h := range t.Tokens {
 			if !isTokenHash(h) {
 				return &configError{Path: fmt.Sprintf("%s.tokens[%d]", at, k), Reason: "not a token hash (the value is not shown: it may be a token): " +
@@ -270,9 +286,12 @@ func serve(ctx context.Context, sio stdio, cfg serveConfig, dev bool) error {
 	if cfg.Policy.DefaultImage == "" {
 		cfg.Policy.DefaultImage = image
 	}
+	if cfg.Egress.On() && backend.Name() != "docker" {
+		logger.Warn("egress applies to the docker backend only: this backend's commands use the host's network, and egress.allow does not bound them", "backend", backend.Name())
+	}
 	metrics := httpapi.NewMetrics()
 	opts := []runner.Option{
-		runner.WithPolicy(cfg.Policy), runner.WithTools(toolCfg), runner.WithLogger(logger),
+		runner.WithPolicy(cfg.Policy), runner.WithTools(toolCfg), runner.WithLogger(logger), runner.WithEgress(cfg.Egress),
 		runner.WithObserver(metrics.Observe), runner.WithMaxSessions(cmp.Or(cfg.Limits.SessionsPerTenant, defaultSessionsPerTenant)),
 		runner.WithLifetime(time.Duration(cfg.Sessions.Lifetime), cmp.Or(time.Duration(cfg.Sessions.MaxLifetime), defaultMaxLifetime)),
 		runner.WithIdleTimeout(cmp.Or(time.Duration(cfg.Sessions.IdleTimeout), defaultIdleTimeout), cmp.Or(time.Duration(cfg.Sessions.MaxIdleTimeout), defaultMaxIdleTimeout)),

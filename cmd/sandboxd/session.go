@@ -21,6 +21,7 @@ import (
 	"github.com/sandboxd/sandboxd/backend/local"
 	"github.com/sandboxd/sandboxd/backend/memory"
 	"github.com/sandboxd/sandboxd/dockerexec"
+	"github.com/sandboxd/sandboxd/egress"
 	"github.com/sandboxd/sandboxd/images"
 	"github.com/sandboxd/sandboxd/policy"
 	"github.com/sandboxd/sandboxd/runner"
@@ -37,6 +38,7 @@ type sessionFlags struct {
 	grants    listFlag
 	always    listFlag
 	image     string
+	egress    listFlag
 	shell     shellFlags
 	// uncapped: the session has no turns (MCP), so it has no call cap
 	// unless the configuration file sets maxCallsPerRun.
@@ -50,6 +52,8 @@ func (f *sessionFlags) register(fs *flag.FlagSet) {
 	fs.Var(&f.grants, "grant", "a `permission` to give: fs.write (write, edit) or shell.exec (bash); repeatable")
 	fs.Var(&f.always, "always", "`skills` active from the first step, comma separated: read, edit, shell (replaces the configuration's always)")
 	fs.StringVar(&f.image, "image", "", "the container `image` of the docker backend")
+	fs.Var(&f.egress, "egress", "what the docker backend's commands may reach through sandboxd's proxy: a `preset` ("+
+		strings.Join(egress.PresetNames(), ", ")+") or HOST:PORT (*.domain:PORT for the names below it); repeatable (default: nothing)")
 	f.shell.register(fs)
 }
 
@@ -163,6 +167,13 @@ func (f *sessionFlags) openSession(ctx context.Context, sio stdio) (*session, er
 	if f.image != "" && f.backend != "docker" {
 		return nil, usagef("--image applies to --backend docker only")
 	}
+	out := egress.Policy{Allow: f.egress.values}
+	if f.egress.set && f.backend != "docker" {
+		return nil, usagef("--egress applies to --backend docker only: local and memory commands use the host's network")
+	}
+	if err := out.Validate(); err != nil {
+		return nil, usagef("--egress: %v", err)
+	}
 	if info, err := os.Stat(f.workspace); err != nil {
 		return nil, fmt.Errorf("workspace: %w", err)
 	} else if !info.IsDir() {
@@ -178,7 +189,7 @@ func (f *sessionFlags) openSession(ctx context.Context, sio stdio) (*session, er
 	}
 	// A daemon name of its own: this process reaps nothing of another's
 	// living run (see reapDeadRuns for those whose process is gone).
-	m, err := runner.New(ctx, b.backend, runner.WithTools(cfg), runner.WithPolicy(b.policy),
+	m, err := runner.New(ctx, b.backend, runner.WithTools(cfg), runner.WithPolicy(b.policy), runner.WithEgress(out),
 		runner.WithDaemonName("cli-"+strings.ToLower(rand.Text()[:12])))
 	if err != nil {
 		b.release()

@@ -67,12 +67,13 @@ func printJSON(w io.Writer, v any) error {
 
 var cmdSessionCreate = &command{
 	name:    "session create",
-	args:    "[--grant fs.write] [--grant shell.exec] [--always read,edit,shell] [--visible GLOB]... [--commit GLOB]... [--image IMAGE] [--lifetime D] [--idle-timeout D] [--json]",
+	args:    "[--grant fs.write] [--grant shell.exec] [--always read,edit,shell] [--visible GLOB]... [--commit GLOB]... [--image IMAGE] [--egress PRESET|HOST:PORT]... [--lifetime D] [--idle-timeout D] [--json]",
 	summary: "create a session on a running daemon and print its ID",
 	setup: func(fs *flag.FlagSet) runFunc {
 		c := daemonFlags(fs)
-		var grants, always listFlag
+		var grants, always, egress listFlag
 		fs.Var(&grants, "grant", "a `permission` to give: fs.write or shell.exec; repeatable")
+		fs.Var(&egress, "egress", "a `rule` of what the session's commands may reach, within the daemon's egress.allow: a preset or HOST:PORT; repeatable (default: the daemon's; \"\" for none)")
 		fs.Var(&always, "always", "`skills` active from the first step: read, edit, shell")
 		image := fs.String("image", "", "the container `image` (default: the daemon's)")
 		lifetime := fs.Duration("lifetime", 0, "end the session after this `duration` (default: the daemon's)")
@@ -89,6 +90,9 @@ var cmdSessionCreate = &command{
 				Scope: scope.Rules{Visible: visible, Commit: commit}}
 			if always.set {
 				st.Always = always.values
+			}
+			if egress.set {
+				st.Egress = append([]string{}, egress.values...)
 			}
 			cl, err := c.open()
 			if err != nil {

@@ -521,6 +521,11 @@ func (c *Client) roundTrip(ctx context.Context, req request, input []byte, limit
 		r = <-call.reply
 	}
 	switch {
+	case r.err != nil && ctx.Err() != nil:
+		// The caller gave up before the call failed on this side (a hang-up
+		// it raced with, which still ends the client): its reason first, as
+		// Run does, whichever the select saw first.
+		return nil, ctx.Err()
 	case r.err != nil:
 		return nil, r.err
 	case r.header.Err != nil:

@@ -28,7 +28,8 @@ import (
 // Each line reports the median (p50-µs), the 90th percentile and the agent
 // round trips one call makes (rt/op), counted by a wrapper around the
 // workspace's FileSystem; the ratio of write and edit to read is what issue
-// 16 targets (within 2×).
+// 16 targets (within 2×). WriteFile and Swap are the port's own calls on
+// the same file: the floor of any write.
 func BenchmarkJournaledTools(b *testing.B) {
 	ctx := context.Background()
 	counted := &countingFS{fsys: dockerfs.New(dockertest.Start(b, dockerexec.Spec{}))}
@@ -73,6 +74,15 @@ func BenchmarkJournaledTools(b *testing.B) {
 			}
 			new := map[string]string{"package small": "package smaller", "package smaller": "package small"}[old]
 			return call("edit", map[string]any{"path": "small.txt", "edits": []tools.Replacement{{OldText: old + "\n", NewText: new + "\n"}}})
+		}},
+		// The floors of a write, in the same run: the port's WriteFile and
+		// Swap of the same file, without the tool or the journal.
+		{"WriteFile", func() error {
+			return counted.WriteFile(ctx, "small.txt", []byte("package small\n\n// the floor\n"), 0o644)
+		}},
+		{"Swap", func() error {
+			_, err := counted.Swap(ctx, workspace.SwapRequest{Name: "small.txt", Data: []byte("package small\n\n// the floor\n"), Perm: 0o644, Root: "/workspace", Max: cfg.MaxFileBytes})
+			return err
 		}},
 	}
 	for _, o := range ops {

@@ -176,9 +176,9 @@ func bench(ctx context.Context, sio stdio, o benchOptions) error {
 		fmt.Fprintln(w, row)
 	}
 	if len(floors) > 0 {
-		row := "| bash `true` / `docker exec true` |"
+		row := "| `docker exec true` / bash `true` |"
 		for _, b := range o.backends {
-			row += " " + ratio(opMedian(results[b], "bash"), floors[0].stats.median) + " |"
+			row += " " + ratio(floors[0].stats.median, opMedian(results[b], "bash")) + " |"
 		}
 		fmt.Fprintln(w, row)
 

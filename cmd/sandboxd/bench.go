@@ -430,6 +430,13 @@ func dockerFloors(ctx context.Context, sio stdio, o benchOptions) ([]benchFloor,
 	daemon := "cli-bench-" + strings.ToLower(rand.Text()[:8])
 	labels := runner.Self().Labels()
 	labels[runner.LabelDaemon] = daemon
+	// Whatever a floor left — a removal that lost a race, a warm container
+	// a pool was still making at its shutdown — goes at the end.
+	defer func() {
+		if _, err := dockerexec.Reap(context.WithoutCancel(ctx), cli, map[string]string{runner.LabelDaemon: daemon}); err != nil {
+			fmt.Fprintf(sio.err, "sandboxd bench: removing the floors' containers: %v\n", err)
+		}
+	}()
 	create := func(cmd ...string) (string, error) {
 		ct, err := cli.ContainerCreate(ctx, client.ContainerCreateOptions{
 			Config:     &container.Config{Image: ref, Entrypoint: cmd, Labels: labels},

@@ -525,6 +525,13 @@ func TestHostileAnswers(t *testing.T) {
 		{"grep escapes", grep, `{"Lines":[{"Path":"sub/../../x","Line":1,"Text":"a","Match":true}],"Matches":1}`},
 		{"grep line zero", grep, `{"Lines":[{"Path":"sub/x","Line":0,"Text":"a","Match":true}],"Matches":1}`},
 		{"grep counts lie", grep, `{"Lines":[{"Path":"sub/x","Line":1,"Text":"a","Match":true}],"Matches":7}`},
+		{"swap escapes", swap, `{"real":"../x"}`},
+		{"swap root", swap, `{"real":"."}`},
+		{"swap old contents over max", swap, `{"real":"f","old":{"n":"f","s":9,"m":420},"oldData":"MTIzNDU2Nzg5","hasData":true}`},
+		{"swap old contents of a dir", swap, `{"real":"f","old":{"n":"f","s":0,"m":2147484141},"hasData":true}`},
+		{"swap old contents of nothing", swap, `{"real":"f","hasData":true}`},
+		{"swap info of another name", swap, `{"real":"f","new":{"n":"g","s":1,"m":420}}`},
+		{"swap bad info", swap, `{"real":"f","old":{"n":"f","s":-1,"m":420}}`},
 		{"run bad signal", run, `{"exitCode":-1,"signal":"rm -rf /"}`},
 		{"run bad exit", run, `{"exitCode":100000}`},
 		{"run negative duration", run, `{"exitCode":0,"duration":-5}`},
@@ -548,6 +555,11 @@ func TestHostileAnswers(t *testing.T) {
 
 func readDir(c *Client) error {
 	_, err := c.ReadDir(context.Background(), "d")
+	return err
+}
+
+func swap(c *Client) error {
+	_, err := c.Swap(context.Background(), workspace.SwapRequest{Name: "f", Data: []byte("x"), Max: 4})
 	return err
 }
 
@@ -658,9 +670,10 @@ func TestHandshake(t *testing.T) {
 		served := make(chan error, 1)
 		go func() { served <- NewServer(memfs.New(), nil).Serve(context.Background(), b) }()
 		go io.Copy(io.Discard, a)
-		a.Write(appendFrame(nil, frameHello, 0, 0, []byte(`{"version":2}`), nil))
+		other := ProtocolVersion + 1
+		a.Write(appendFrame(nil, frameHello, 0, 0, fmt.Appendf(nil, `{"version":%d}`, other), nil))
 		if err := <-served; err == nil {
-			t.Error("Serve accepted protocol 2")
+			t.Errorf("Serve accepted protocol %d", other)
 		}
 	})
 	t.Run("server refuses garbage", func(t *testing.T) {

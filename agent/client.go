@@ -44,6 +44,7 @@ var (
 	_ workspace.LockFS      = (*Client)(nil)
 	_ workspace.WalkFS      = (*Client)(nil)
 	_ workspace.GrepFS      = (*Client)(nil)
+	_ workspace.SwapFS      = (*Client)(nil)
 	_ workspace.Bash        = (*Client)(nil)
 )
 
@@ -623,6 +624,23 @@ func (c *Client) ReadFile(ctx context.Context, name string, maxBytes int64) ([]b
 func (c *Client) WriteFile(ctx context.Context, name string, data []byte, perm fs.FileMode) error {
 	_, err := c.roundTrip(ctx, request{Op: opWriteFile, Name: name, Perm: uint32(perm), Size: int64(len(data))}, data, 0)
 	return err
+}
+
+// Swap writes a file and returns what it replaced, in one round trip: the
+// agent runs workspace.Swap. The result is checked: a clean name, old
+// contents only of a regular file and within req.Max.
+func (c *Client) Swap(ctx context.Context, req workspace.SwapRequest) (workspace.SwapResult, error) {
+	wreq := request{Op: opSwap, Name: req.Name, Perm: uint32(req.Perm), Size: int64(len(req.Data)), Root: req.Root, Max: req.Max}
+	// The old contents travel as base64 in the reply.
+	body, err := c.roundTrip(ctx, wreq, req.Data, max(c.opts.maxResponse, 2*max(req.Max, 0)+64<<10))
+	if err != nil {
+		return workspace.SwapResult{}, err
+	}
+	res, err := decodeSwap(body, req)
+	if err != nil {
+		return workspace.SwapResult{}, badReply(opSwap, req.Name, err)
+	}
+	return res, nil
 }
 
 // Mkdir creates one directory.

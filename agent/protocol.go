@@ -6,8 +6,8 @@
 // the sandboxd-agent binary runs one inside every session container, over
 // localfs and localexec. A Client speaks to it from the host and is itself a
 // workspace.FileSystem (with every extension interface: links, MkdirAll,
-// RemoveAll, Lock, and Walk and Grep done by the agent in one round trip) and
-// a workspace.Bash:
+// RemoveAll, Lock, and Walk, Grep and Swap done by the agent in one round
+// trip) and a workspace.Bash:
 //
 //	c, err := agent.NewClient(stream) // handshake
 //	defer c.Close()
@@ -60,14 +60,15 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"path"
 	"time"
 
 	"github.com/sandboxd/sandboxd/workspace"
 )
 
 // ProtocolVersion is the version of the wire protocol this package speaks.
-// Client and server must speak the same one.
-const ProtocolVersion = 1
+// Client and server must speak the same one; 2 added the swap operation.
+const ProtocolVersion = 2
 
 const (
 	// MaxFrame bounds a frame's length (everything after the 4-byte length).
@@ -185,7 +186,8 @@ type request struct {
 	Target  string                 `json:"target,omitempty"`  // symlink
 	Perm    uint32                 `json:"perm,omitempty"`
 	Max     int64                  `json:"max,omitempty"`  // readfile
-	Size    int64                  `json:"size,omitempty"` // writefile: bytes of input
+	Size    int64                  `json:"size,omitempty"` // writefile, swap: bytes of input
+	Root    string                 `json:"root,omitempty"` // swap: the workspace root, for RealPath
 	Walk    *workspace.WalkRequest `json:"walk,omitempty"`
 	Grep    *workspace.GrepRequest `json:"grep,omitempty"`
 	Run     *runRequest            `json:"run,omitempty"`
@@ -199,6 +201,7 @@ const (
 	opReadDir   = "readdir"
 	opReadFile  = "readfile"
 	opWriteFile = "writefile"
+	opSwap      = "swap"
 	opMkdir     = "mkdir"
 	opMkdirAll  = "mkdirall"
 	opRemove    = "remove"
@@ -212,6 +215,65 @@ const (
 	opRun       = "run"
 	opAccept    = "accept"
 )
+
+// wireSwap is a workspace.SwapResult as it crosses the stream.
+type wireSwap struct {
+	Real    string    `json:"real"`
+	Old     *wireInfo `json:"old,omitempty"`
+	OldData []byte    `json:"oldData,omitempty"`
+	HasData bool      `json:"hasData,omitempty"` // OldData is there (it may be empty)
+	New     *wireInfo `json:"new,omitempty"`
+}
+
+func encodeSwap(res workspace.SwapResult) wireSwap {
+	w := wireSwap{Real: res.Real, OldData: res.OldData, HasData: res.OldData != nil}
+	if res.Old != nil {
+		w.Old = encodeInfo(res.Old)
+	}
+	if res.New != nil {
+		w.New = encodeInfo(res.New)
+	}
+	return w
+}
+
+// decodeSwap decodes and checks a Swap body against its request: a clean
+// workspace name, information that checks, old contents only of a regular
+// file and within the request's bound, names that are Real's.
+func decodeSwap(body []byte, req workspace.SwapRequest) (workspace.SwapResult, error) {
+	var w wireSwap
+	if err := json.Unmarshal(body, &w); err != nil {
+		return workspace.SwapResult{}, err
+	}
+	if !fs.ValidPath(w.Real) || w.Real == "." {
+		return workspace.SwapResult{}, fmt.Errorf("bad name %q", w.Real)
+	}
+	res := workspace.SwapResult{Real: w.Real}
+	for _, i := range []struct {
+		w  *wireInfo
+		fi *fs.FileInfo
+	}{{w.Old, &res.Old}, {w.New, &res.New}} {
+		if i.w == nil {
+			continue
+		}
+		if err := i.w.check(); err != nil {
+			return workspace.SwapResult{}, err
+		}
+		if i.w.Name != path.Base(w.Real) {
+			return workspace.SwapResult{}, fmt.Errorf("information of %q for %q", i.w.Name, w.Real)
+		}
+		*i.fi = &fileInfo{*i.w}
+	}
+	if w.HasData {
+		if res.Old == nil || !res.Old.Mode().IsRegular() || int64(len(w.OldData)) > req.Max {
+			return workspace.SwapResult{}, fmt.Errorf("old contents of %d bytes that cannot be", len(w.OldData))
+		}
+		res.OldData = w.OldData
+		if res.OldData == nil {
+			res.OldData = []byte{}
+		}
+	}
+	return res, nil
+}
 
 // runRequest is workspace.Command without its callbacks and readers.
 type runRequest struct {

@@ -225,9 +225,9 @@ func (c *serverConn) start(f frame) error {
 	ctx, cancel := context.WithCancel(c.ctx)
 	call := &serverCall{id: f.id, req: req, ctx: ctx, cancel: cancel}
 	switch {
-	case req.Op == opWriteFile && req.Size >= 0 && req.Size <= c.s.opts.maxWrite:
+	case (req.Op == opWriteFile || req.Op == opSwap) && req.Size >= 0 && req.Size <= c.s.opts.maxWrite:
 		call.in = newInbox(ctx, int(req.Size), nil)
-	case req.Op == opWriteFile:
+	case req.Op == opWriteFile || req.Op == opSwap:
 		cancel()
 		return c.reply(f.id, nil, workspace.PathError("write", req.Name, workspace.ErrFileTooLarge))
 	case req.Op == opRun && req.Run != nil && req.Run.Stdin, req.Op == opAccept:
@@ -306,6 +306,17 @@ func (c *serverConn) sendWindow(id uint32, n int) {
 	c.send(frameWindow, 0, id, nil, p[:])
 }
 
+// hold takes size bytes of the read budget for call, until its reply is
+// sent (handle gives them back).
+func (c *serverConn) hold(call *serverCall, size int64) error {
+	n := min(max(size, 1), c.s.opts.maxRead)
+	if err := c.s.reading.Acquire(call.ctx, n); err != nil {
+		return err
+	}
+	call.held = n
+	return nil
+}
+
 // serve runs one call and returns its body.
 func (c *serverConn) serve(call *serverCall) ([]byte, error) {
 	ctx, req, fsys := call.ctx, call.req, c.s.fsys
@@ -338,11 +349,9 @@ func (c *serverConn) serve(call *serverCall) ([]byte, error) {
 		// (handle gives it back); a file that grows since the Stat is
 		// still bounded by req.Max.
 		if fi, err := fsys.Stat(ctx, req.Name); err == nil && fi.Mode().IsRegular() && fi.Size() <= req.Max {
-			n := min(max(fi.Size(), 1), c.s.opts.maxRead)
-			if err := c.s.reading.Acquire(ctx, n); err != nil {
+			if err := c.hold(call, fi.Size()); err != nil {
 				return nil, err
 			}
-			call.held = n
 		}
 		return fsys.ReadFile(ctx, req.Name, req.Max)
 	case opWriteFile:
@@ -351,6 +360,22 @@ func (c *serverConn) serve(call *serverCall) ([]byte, error) {
 			return nil, err
 		}
 		return nil, fsys.WriteFile(ctx, req.Name, data, fs.FileMode(req.Perm))
+	case opSwap:
+		data, err := call.in.readAll()
+		if err != nil {
+			return nil, err
+		}
+		// The old contents are held as a read's are.
+		if fi, err := fsys.Stat(ctx, req.Name); err == nil && fi.Mode().IsRegular() && fi.Size() <= req.Max {
+			if err := c.hold(call, fi.Size()); err != nil {
+				return nil, err
+			}
+		}
+		res, err := workspace.Swap(ctx, fsys, workspace.SwapRequest{Name: req.Name, Data: data, Perm: fs.FileMode(req.Perm), Root: req.Root, Max: req.Max})
+		if err != nil {
+			return nil, err
+		}
+		return json.Marshal(encodeSwap(res))
 	case opMkdir:
 		return nil, fsys.Mkdir(ctx, req.Name, fs.FileMode(req.Perm))
 	case opMkdirAll:

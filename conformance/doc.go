@@ -76,7 +76,11 @@
 //     goroutines incrementing a counter; waiting ends with the context), Walk,
 //     Grep and RealPath over the adapter — and, where the adapter has its own
 //     WalkFS or GrepFS, that its answer equals WalkGeneric's or GrepGeneric's;
-//     a walk never enters a linked directory or an excluded name.
+//     a walk never enters a linked directory or an excluded name;
+//   - workspace.Swap and SwapGeneric, each held to the same table: the real
+//     name written, the old file (its contents within Max, empty for an
+//     empty file) and the new one, the bits kept, the errors WriteFile gives
+//     and nothing written when it fails.
 //
 // # What TestBash checks
 //

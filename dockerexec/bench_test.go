@@ -3,7 +3,6 @@ package dockerexec_test
 import (
 	"context"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -179,30 +178,10 @@ func BenchmarkBashTrue(b *testing.B) {
 		id := ctr.GetContainerID()
 		t := newTimer(b)
 		for b.Loop() {
-			t.op(func() error { return execTrue(ctx, cli, id) })
+			t.op(func() error { return dockerexec.ExecOnce(ctx, cli, id, "true") })
 		}
 		t.report()
 	})
-}
-
-// execTrue is what `docker exec ID true` does: create an exec, attach to it,
-// read its output to the end and ask for its exit code.
-func execTrue(ctx context.Context, cli *client.Client, id string) error {
-	ex, err := cli.ExecCreate(ctx, id, client.ExecCreateOptions{Cmd: []string{"true"}, AttachStdout: true, AttachStderr: true})
-	if err != nil {
-		return err
-	}
-	att, err := cli.ExecAttach(ctx, ex.ID, client.ExecAttachOptions{})
-	if err != nil {
-		return err
-	}
-	io.Copy(io.Discard, att.Reader)
-	att.Close()
-	ins, err := cli.ExecInspect(ctx, ex.ID, client.ExecInspectOptions{})
-	if err == nil && ins.ExitCode != 0 {
-		err = fmt.Errorf("exec true: exit %d", ins.ExitCode)
-	}
-	return err
 }
 
 // BenchmarkColdSession measures a session from nothing to its first answer
@@ -255,7 +234,7 @@ func BenchmarkColdSession(b *testing.B) {
 					if _, err := cli.ContainerStart(ctx, id, client.ContainerStartOptions{}); err != nil {
 						return err
 					}
-					return execTrue(ctx, cli, id)
+					return dockerexec.ExecOnce(ctx, cli, id, "true")
 				})
 				b.StopTimer()
 				if _, err := cli.ContainerRemove(ctx, id, client.ContainerRemoveOptions{Force: true}); err != nil {

@@ -588,3 +588,25 @@ func (b *Bash) Shell() string { return b.c.agent.Shell() }
 func (b *Bash) Run(ctx context.Context, cmd workspace.Command) (workspace.Result, error) {
 	return b.c.agent.Run(ctx, cmd)
 }
+
+// ExecOnce runs argv in the running container id as one `docker exec` does —
+// create an exec, attach to it, read its output to the end, ask for its exit
+// code — and fails unless it exits 0. It is the floor a session's command is
+// compared with; sessions never use it.
+func ExecOnce(ctx context.Context, cli client.APIClient, id string, argv ...string) error {
+	ex, err := cli.ExecCreate(ctx, id, client.ExecCreateOptions{Cmd: argv, AttachStdout: true, AttachStderr: true})
+	if err != nil {
+		return err
+	}
+	att, err := cli.ExecAttach(ctx, ex.ID, client.ExecAttachOptions{})
+	if err != nil {
+		return err
+	}
+	io.Copy(io.Discard, att.Reader)
+	att.Close()
+	ins, err := cli.ExecInspect(ctx, ex.ID, client.ExecInspectOptions{})
+	if err == nil && ins.ExitCode != 0 {
+		err = fmt.Errorf("exec %q: exit %d", argv, ins.ExitCode)
+	}
+	return err
+}

@@ -36,6 +36,7 @@ type agentFS interface {
 	Lock(ctx context.Context, name string) (unlock func(), err error)
 	Walk(ctx context.Context, req workspace.WalkRequest) (workspace.WalkResult, error)
 	Grep(ctx context.Context, req workspace.GrepRequest) (workspace.GrepResult, error)
+	Swap(ctx context.Context, req workspace.SwapRequest) (workspace.SwapResult, error)
 }
 
 // FS is the workspace of a session container. It is safe for concurrent use;
@@ -53,6 +54,7 @@ var (
 	_ workspace.LockFS      = (*FS)(nil)
 	_ workspace.WalkFS      = (*FS)(nil)
 	_ workspace.GrepFS      = (*FS)(nil)
+	_ workspace.SwapFS      = (*FS)(nil)
 )
 
 // New returns the FileSystem of c's workspace. It lives as long as c: once

@@ -416,10 +416,7 @@ func (j *Journal) stateOf(ctx context.Context, name string, info fs.FileInfo) (E
 		if err != nil {
 			return Entry{}, err
 		}
-		e.Size = int64(len(data))
-		if e.Hash, err = j.putBlob(ctx, data); err != nil {
-			return Entry{}, err
-		}
+		return j.fileState(ctx, e.Mode, data)
 	case "symlink":
 		sl, ok := j.fs.(workspace.SymlinkFS)
 		if !ok {
@@ -430,6 +427,20 @@ func (j *Journal) stateOf(ctx context.Context, name string, info fs.FileInfo) (E
 			return Entry{}, err
 		}
 		e.Target = t
+	}
+	return e, nil
+}
+
+// fileState is the state of a regular file with permission bits mode and
+// contents data, which it keeps (when within MaxBlobBytes).
+func (j *Journal) fileState(ctx context.Context, mode fs.FileMode, data []byte) (Entry, error) {
+	e := Entry{Type: "file", Mode: mode, Size: int64(len(data))}
+	if e.Size > j.maxBlob {
+		return e, nil
+	}
+	var err error
+	if e.Hash, err = j.putBlob(ctx, data); err != nil {
+		return Entry{}, err
 	}
 	return e, nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"os"
 	"path"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sandboxd/sandboxd/agent"
 	"github.com/sandboxd/sandboxd/journal"
 	"github.com/sandboxd/sandboxd/localfs"
 	"github.com/sandboxd/sandboxd/memfs"
@@ -36,7 +38,7 @@ func backends(t *testing.T) []backend {
 	}
 	t.Cleanup(func() { lfs.Close() })
 	mfs := memfs.New(memfs.WithUmask(0))
-	ctx := context.Background()
+	afs := memfs.New(memfs.WithUmask(0))
 	return []backend{
 		{"local", lfs, func(t *testing.T, op string, args ...string) {
 			t.Helper()
@@ -60,31 +62,58 @@ func backends(t *testing.T) []backend {
 				t.Fatal(err)
 			}
 		}},
-		{"memory", mfs, func(t *testing.T, op string, args ...string) {
-			t.Helper()
-			var err error
-			switch op {
-			case "write":
-				err = mfs.WriteFile(ctx, args[0], []byte(args[1]), 0o644)
-			case "chmod": // memfs has no chmod: recreate, as memexec does
-				var m uint32
-				fmt.Sscanf(args[1], "%o", &m)
-				data, _ := mfs.ReadFile(ctx, args[0], 1<<20)
-				if err = mfs.Remove(ctx, args[0]); err == nil {
-					err = mfs.WriteFile(ctx, args[0], data, fs.FileMode(m))
-				}
-			case "rm":
-				err = mfs.RemoveAll(ctx, args[0])
-			case "mkdir":
-				err = mfs.MkdirAll(ctx, args[0], 0o755)
-			case "symlink":
-				err = mfs.Symlink(ctx, args[1], args[0])
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-		}},
+		{"memory", mfs, behindMemory(mfs)},
+		// The agent client is a workspace.SwapFS: a journaled write takes
+		// its fast path, over the agent's protocol.
+		{"agent", agentClient(t, afs), behindMemory(afs)},
 	}
+}
+
+// behindMemory changes a memfs workspace as a process would.
+func behindMemory(mfs *memfs.FS) func(t *testing.T, op string, args ...string) {
+	ctx := context.Background()
+	return func(t *testing.T, op string, args ...string) {
+		t.Helper()
+		var err error
+		switch op {
+		case "write":
+			err = mfs.WriteFile(ctx, args[0], []byte(args[1]), 0o644)
+		case "chmod": // memfs has no chmod: recreate, as memexec does
+			var m uint32
+			fmt.Sscanf(args[1], "%o", &m)
+			data, _ := mfs.ReadFile(ctx, args[0], 1<<20)
+			if err = mfs.Remove(ctx, args[0]); err == nil {
+				err = mfs.WriteFile(ctx, args[0], data, fs.FileMode(m))
+			}
+		case "rm":
+			err = mfs.RemoveAll(ctx, args[0])
+		case "mkdir":
+			err = mfs.MkdirAll(ctx, args[0], 0o755)
+		case "symlink":
+			err = mfs.Symlink(ctx, args[1], args[0])
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// agentClient serves fsys with an agent over an in-memory pipe and returns
+// the client, as dockerfs has it.
+func agentClient(t *testing.T, fsys workspace.FileSystem) *agent.Client {
+	t.Helper()
+	a, b := net.Pipe()
+	served := make(chan error, 1)
+	go func() { served <- agent.NewServer(fsys, nil).Serve(context.Background(), b) }()
+	c, err := agent.NewClient(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c.Close()
+		<-served
+	})
+	return c
 }
 
 // seed fills a workspace with a small tree of every kind.
@@ -611,4 +640,130 @@ func TestDamagedRecordsRefused(t *testing.T) {
 			t.Errorf("%s: %v, want it refused", rec, err)
 		}
 	}
+}
+
+// TestRecordedWriteIsOneCall: on a workspace.SwapFS a journaled write costs
+// the workspace one call — the swap, which reports the before-image — and
+// commits what the generic path commits.
+func TestRecordedWriteIsOneCall(t *testing.T) {
+	ctx := context.Background()
+	var commits []journal.Change
+	for _, fast := range []bool{true, false} {
+		mfs := memfs.New(memfs.WithUmask(0))
+		if err := mfs.WriteFile(ctx, "f", []byte("old"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		log := &callLog{FileSystem: mfs}
+		var fsys workspace.FileSystem = log
+		if fast {
+			fsys = swapper{log}
+		}
+		j := open(t, fsys, journal.WithStore(memfs.New()))
+		c, err := j.Record(ctx, "write f", func(w workspace.FileSystem) error {
+			return w.WriteFile(ctx, "f", []byte("new"), 0o644)
+		})
+		if err != nil || c == nil || len(c.Changes) != 1 {
+			t.Fatalf("fast %v: %+v, %v", fast, c, err)
+		}
+		if fast && !slices.Equal(log.calls, []string{"swap"}) {
+			t.Errorf("a journaled write on a SwapFS made the calls %q, want one swap", log.calls)
+		}
+		commits = append(commits, c.Changes[0])
+	}
+	if commits[0] != commits[1] {
+		t.Errorf("the swap committed %+v, the generic path %+v", commits[0], commits[1])
+	}
+	if ch := commits[0]; ch.Before.Mode != 0o600 || ch.After.Mode != 0o600 || ch.Before.Size != 3 || ch.Before.Hash == ch.After.Hash {
+		t.Errorf("change %+v", ch)
+	}
+}
+
+// TestRecordedWriteNeverLosesItsBeforeImage: when the before-image of a
+// write cannot be kept (the store fails), the file is put back and the call
+// fails, on the swap path as on the generic one.
+func TestRecordedWriteNeverLosesItsBeforeImage(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			ctx := context.Background()
+			seed(t, b)
+			start := dump(t, b.fs)
+			j := open(t, b.fs, journal.WithStore(brokenStore{memfs.New()}))
+			c, err := j.Record(ctx, "write", func(w workspace.FileSystem) error {
+				if err := w.WriteFile(ctx, "src/a.go", []byte("changed"), 0o644); err != nil {
+					return err
+				}
+				return w.WriteFile(ctx, "new.go", []byte("new"), 0o644)
+			})
+			if err == nil || c != nil {
+				t.Fatalf("Record with a broken store: %+v, %v", c, err)
+			}
+			if got := dump(t, b.fs); got != start {
+				t.Fatalf("the workspace changed without its before-image:\n got %s\nwant %s", got, start)
+			}
+		})
+	}
+}
+
+// callLog logs the calls made to a FileSystem.
+type callLog struct {
+	workspace.FileSystem
+	calls []string
+}
+
+func (l *callLog) log(op string) { l.calls = append(l.calls, op) }
+
+func (l *callLog) Stat(ctx context.Context, name string) (fs.FileInfo, error) {
+	l.log("stat")
+	return l.FileSystem.Stat(ctx, name)
+}
+
+func (l *callLog) Lstat(ctx context.Context, name string) (fs.FileInfo, error) {
+	l.log("lstat")
+	return l.FileSystem.Lstat(ctx, name)
+}
+
+func (l *callLog) ReadDir(ctx context.Context, name string) ([]fs.DirEntry, error) {
+	l.log("readdir")
+	return l.FileSystem.ReadDir(ctx, name)
+}
+
+func (l *callLog) ReadFile(ctx context.Context, name string, max int64) ([]byte, error) {
+	l.log("readfile")
+	return l.FileSystem.ReadFile(ctx, name, max)
+}
+
+func (l *callLog) WriteFile(ctx context.Context, name string, data []byte, perm fs.FileMode) error {
+	l.log("writefile")
+	return l.FileSystem.WriteFile(ctx, name, data, perm)
+}
+
+func (l *callLog) Mkdir(ctx context.Context, name string, perm fs.FileMode) error {
+	l.log("mkdir")
+	return l.FileSystem.Mkdir(ctx, name, perm)
+}
+
+func (l *callLog) Remove(ctx context.Context, name string) error {
+	l.log("remove")
+	return l.FileSystem.Remove(ctx, name)
+}
+
+func (l *callLog) Rename(ctx context.Context, oldname, newname string) error {
+	l.log("rename")
+	return l.FileSystem.Rename(ctx, oldname, newname)
+}
+
+// swapper is a callLog with a Swap of its own, which logs one call and
+// does the work on the FileSystem underneath, unlogged.
+type swapper struct{ *callLog }
+
+func (s swapper) Swap(ctx context.Context, req workspace.SwapRequest) (workspace.SwapResult, error) {
+	s.log("swap")
+	return workspace.SwapGeneric(ctx, s.callLog.FileSystem, req)
+}
+
+// brokenStore is a journal store whose writes fail.
+type brokenStore struct{ workspace.FileSystem }
+
+func (brokenStore) WriteFile(_ context.Context, name string, _ []byte, _ fs.FileMode) error {
+	return workspace.PathError("write", name, workspace.ErrUnavailable)
 }

@@ -1,6 +1,7 @@
 package journal
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io/fs"
@@ -20,7 +21,10 @@ import (
 // returned.
 //
 // The cost is that of the paths fn touches, whatever the workspace's size:
-// each is read once before and once after. Inside an active provider
+// each is read once before and once after. A file fn writes costs no more
+// than the write: the write itself reports what it replaced
+// (workspace.Swap, one round trip on an adapter that is a SwapFS) and what
+// it wrote is its after-image, unless fn changes something else after it. Inside an active provider
 // session, fn runs on the workspace directly and the session's End commits.
 func (j *Journal) Record(ctx context.Context, message string, fn func(fsys workspace.FileSystem) error) (*Commit, error) {
 	j.mu.Lock()
@@ -28,7 +32,7 @@ func (j *Journal) Record(ctx context.Context, message string, fn func(fsys works
 	if j.active != nil {
 		return nil, fn(j.fs)
 	}
-	r := &recorder{FileSystem: j.fs, j: j, before: map[string]Entry{}, deep: map[string]bool{}}
+	r := &recorder{FileSystem: j.fs, j: j, before: map[string]Entry{}, deep: map[string]bool{}, written: map[string]written{}}
 	err := fn(r)
 	ctx = context.WithoutCancel(ctx) // what was changed is recorded or put back, whatever happens to the caller
 	after := map[string]Entry{}
@@ -68,6 +72,16 @@ type recorder struct {
 	j      *Journal
 	before map[string]Entry
 	deep   map[string]bool // captured with the whole tree below
+	// written are the files as fn's last writes left them, by real name:
+	// their after-images, until any other change through the recorder
+	// (which could move or remove them) forgets them all.
+	written map[string]written
+}
+
+// written is a file as a write left it.
+type written struct {
+	mode fs.FileMode
+	data []byte
 }
 
 var (
@@ -161,6 +175,11 @@ func (r *recorder) tops() []string {
 // afterState reads p's state now, with the tree below it when p was
 // captured absent or with its tree.
 func (r *recorder) afterState(ctx context.Context, p string, into map[string]Entry) error {
+	if w, ok := r.written[p]; ok {
+		e, err := r.j.fileState(ctx, w.mode, w.data)
+		into[p] = e
+		return err
+	}
 	e, err := r.j.state(ctx, p)
 	if err != nil {
 		return err
@@ -172,18 +191,63 @@ func (r *recorder) afterState(ctx context.Context, p string, into map[string]Ent
 	return nil
 }
 
+// WriteFile writes through workspace.Swap, which reports what the write
+// replaced — the before-image — and what it left. Once begun, the swap runs
+// to its end whatever becomes of ctx, so that no file is changed without
+// its before-image coming back.
 func (r *recorder) WriteFile(ctx context.Context, name string, data []byte, perm fs.FileMode) error {
-	real, err := workspace.RealPath(ctx, r.FileSystem, r.j.root, name)
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	ctx = context.WithoutCancel(ctx)
+	res, err := workspace.Swap(ctx, r.FileSystem, workspace.SwapRequest{Name: name, Data: data, Perm: perm, Root: r.j.root, Max: r.j.maxBlob})
 	if err != nil {
 		return err
 	}
-	if err := r.capture(ctx, real, false); err != nil {
-		return err
+	if ignored(res.Real) {
+		return nil
 	}
-	return r.FileSystem.WriteFile(ctx, name, data, perm)
+	if !r.covered(res.Real) {
+		e, err := r.j.swappedState(ctx, res)
+		if err != nil { // not kept: put the file back as a rollback would
+			return errors.Join(err, r.unswap(ctx, res))
+		}
+		r.before[res.Real], r.deep[res.Real] = e, false
+	}
+	if res.New != nil && res.New.Mode().IsRegular() && res.New.Size() == int64(len(data)) {
+		r.written[res.Real] = written{mode: res.New.Mode() & modeBits, data: bytes.Clone(data)}
+	} else {
+		delete(r.written, res.Real)
+	}
+	return nil
+}
+
+// swappedState is the before-image a swap reports.
+func (j *Journal) swappedState(ctx context.Context, res workspace.SwapResult) (Entry, error) {
+	switch {
+	case res.Old == nil:
+		return Entry{}, nil
+	case res.OldData != nil:
+		return j.fileState(ctx, res.Old.Mode()&modeBits, res.OldData)
+	case res.Old.Mode().IsRegular(): // over MaxBlobBytes: described, not kept
+		return Entry{Type: "file", Mode: res.Old.Mode() & modeBits, Size: res.Old.Size()}, nil
+	}
+	return j.stateOf(ctx, res.Real, res.Old) // not a file, so the write did not change it
+}
+
+// unswap puts back what a swap replaced, when that is known.
+func (r *recorder) unswap(ctx context.Context, res workspace.SwapResult) error {
+	switch {
+	case res.Old == nil:
+		return r.FileSystem.Remove(ctx, res.Real)
+	case res.OldData != nil:
+		return r.FileSystem.WriteFile(ctx, res.Real, res.OldData, res.Old.Mode().Perm())
+	}
+	return nil
 }
 
 func (r *recorder) Mkdir(ctx context.Context, name string, perm fs.FileMode) error {
+	clear(r.written)
 	if err := r.capture(ctx, name, false); err != nil {
 		return err
 	}
@@ -191,6 +255,7 @@ func (r *recorder) Mkdir(ctx context.Context, name string, perm fs.FileMode) err
 }
 
 func (r *recorder) MkdirAll(ctx context.Context, name string, perm fs.FileMode) error {
+	clear(r.written)
 	// The topmost missing directory stands for all that will be created.
 	top := ""
 	for p := name; p != "." && p != "/"; p = path.Dir(p) {
@@ -208,6 +273,7 @@ func (r *recorder) MkdirAll(ctx context.Context, name string, perm fs.FileMode) 
 }
 
 func (r *recorder) Remove(ctx context.Context, name string) error {
+	clear(r.written)
 	if err := r.capture(ctx, name, false); err != nil {
 		return err
 	}
@@ -215,6 +281,7 @@ func (r *recorder) Remove(ctx context.Context, name string) error {
 }
 
 func (r *recorder) RemoveAll(ctx context.Context, name string) error {
+	clear(r.written)
 	if err := r.capture(ctx, name, true); err != nil {
 		return err
 	}
@@ -222,6 +289,7 @@ func (r *recorder) RemoveAll(ctx context.Context, name string) error {
 }
 
 func (r *recorder) Rename(ctx context.Context, oldname, newname string) error {
+	clear(r.written)
 	if err := r.capture(ctx, oldname, true); err != nil {
 		return err
 	}
@@ -232,6 +300,7 @@ func (r *recorder) Rename(ctx context.Context, oldname, newname string) error {
 }
 
 func (r *recorder) Symlink(ctx context.Context, target, name string) error {
+	clear(r.written)
 	sl, ok := r.FileSystem.(workspace.SymlinkFS)
 	if !ok {
 		return workspace.PathError("symlink", name, workspace.ErrInvalidArgument)

@@ -78,12 +78,15 @@ const removeTimeout = time.Minute
 // every backend's workspace — a container's processes cannot reach it — so
 // a session's commands cannot choose what the journal restores. drop
 // removes it; a crashed daemon's stores stay behind as sandboxd-journal-*.
+// Nothing reads a store but the session that made it, which does not
+// outlive the daemon, so its writes are not flushed to stable storage
+// (fsync cost a journaled write three flushes, most of its time).
 func journalStore() (store workspace.FileSystem, drop func() error, err error) {
 	dir, err := os.MkdirTemp("", "sandboxd-journal-")
 	if err != nil {
 		return nil, nil, fmt.Errorf("the session's journal store: %w (set TMPDIR to a writable directory)", err)
 	}
-	fsys, err := localfs.New(dir)
+	fsys, err := localfs.New(dir, localfs.WithSync(false))
 	if err != nil {
 		return nil, nil, errors.Join(err, os.RemoveAll(dir))
 	}

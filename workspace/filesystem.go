@@ -115,3 +115,12 @@ type GrepFS interface {
 	FileSystem
 	Grep(ctx context.Context, req GrepRequest) (GrepResult, error)
 }
+
+// SwapFS is a FileSystem that writes a file and reports, from the same step
+// (one round trip, say), what the write replaced and what it left: what a
+// journal must keep of a change, without reading the file before and after.
+// Its result must equal SwapGeneric's for the same request and tree.
+type SwapFS interface {
+	FileSystem
+	Swap(ctx context.Context, req SwapRequest) (SwapResult, error)
+}

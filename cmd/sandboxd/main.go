@@ -55,7 +55,7 @@ type stdio struct {
 var commands []*command
 
 func init() {
-	commands = []*command{cmdMCP, cmdTools, cmdServe, cmdSessionCreate, cmdSessionList, cmdSessionRemove, cmdSessionCall, cmdSessionDiff, cmdSessionGet, cmdSessionPut, cmdImageBuild, cmdDoctor, cmdTokenNew, cmdTokenHash, cmdSoak, cmdVersion, cmdHelp}
+	commands = []*command{cmdMCP, cmdTools, cmdServe, cmdSessionCreate, cmdSessionList, cmdSessionRemove, cmdSessionCall, cmdSessionDiff, cmdSessionGet, cmdSessionPut, cmdImageBuild, cmdDoctor, cmdTokenNew, cmdTokenHash, cmdSoak, cmdBench, cmdVersion, cmdHelp}
 }
 
 // usageError is a mistake in how sandboxd was invoked; it exits with status 2.

@@ -1,0 +1,123 @@
+package conformance
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"path"
+
+	"github.com/sandboxd/sandboxd/workspace"
+)
+
+// swapCase is one workspace.Swap on a tree: what it must report (as
+// describeSwap writes it), the error it must give and the tree it must
+// leave. Each runs twice, through workspace.Swap (the adapter's own when it
+// is a workspace.SwapFS) and through workspace.SwapGeneric, so that the two
+// are held to the same answer.
+type swapCase struct {
+	name   string
+	layout []string
+	req    workspace.SwapRequest // Root is the fixture's; Max 1 MiB when 0
+	want   string
+	err    errs
+	after  []string
+}
+
+var swapCases = []swapCase{
+	{name: "Create", req: swapReq("f", "new"), want: "f: was none, now file 3", after: l("f: new")},
+	{name: "Replace", layout: l("f: old contents"), req: swapReq("f", "new"),
+		want: `f: was file 12 "old contents", now file 3`, after: l("f: new")},
+	{name: "ReplaceEmpty", layout: l("f"), req: swapReq("f", "new"), want: `f: was file 0 "", now file 3`, after: l("f: new")},
+	{name: "Truncate", layout: l("f: old"), req: swapReq("f", ""), want: `f: was file 3 "old", now file 0`, after: l("f")},
+	{name: "ExactlyMax", layout: l("f: 12345"), req: workspace.SwapRequest{Name: "f", Data: []byte("x"), Max: 5},
+		want: `f: was file 5 "12345", now file 1`, after: l("f: x")},
+	{name: "OverMax", layout: l("f: 123456"), req: workspace.SwapRequest{Name: "f", Data: []byte("x"), Max: 5},
+		want: "f: was file 6, now file 1", after: l("f: x")},
+	{name: "Nested", layout: l("a/b/f: old"), req: swapReq("a/b/f", "new"), want: `a/b/f: was file 3 "old", now file 3`, after: l("a/b/f: new")},
+	{name: "ThroughLink", layout: l("f: old", "l => f"), req: swapReq("l", "new"),
+		want: `f: was file 3 "old", now file 3`, after: l("f: new", "l => f")},
+	{name: "ThroughAbsoluteLink", layout: l("d/f: old", "l => $ROOT/d/f"), req: swapReq("l", "new"),
+		want: `d/f: was file 3 "old", now file 3`, after: l("d/f: new", "l => $ROOT/d/f")},
+	{name: "ThroughLinkedDir", layout: l("d/", "ld => d"), req: swapReq("ld/f", "new"),
+		want: "d/f: was none, now file 3", after: l("d/f: new", "ld => d")},
+	{name: "ParentMissing", req: swapReq("no/f", "x"), err: notFound},
+	{name: "UnderFile", layout: l("f: x"), req: swapReq("f/g", "x"), err: underFile},
+	{name: "Directory", layout: l("d/x"), req: swapReq("d", "x"), err: notAFile},
+	{name: "Root", req: swapReq(".", "x"), err: notAFile},
+	{name: "Invalid", req: swapReq("../f", "x"), err: is(workspace.ErrInvalidArgument, workspace.ErrOutsideWorkspace)},
+	{name: "FIFO", layout: l("p|"), req: swapReq("p", "x"), err: notAFile},
+	{name: "LinkOut", layout: l("l => $OUTSIDE/secret"), req: swapReq("l", "pwned"), err: outside},
+	{name: "UnderLinkedDirOut", layout: l("ld => $OUTSIDE/sd"), req: swapReq("ld/new", "pwned"), err: outside},
+}
+
+func swapReq(name, data string) workspace.SwapRequest {
+	return workspace.SwapRequest{Name: name, Data: []byte(data), Perm: 0o644}
+}
+
+// swapFSCases are the swap cases as fsCases: each through Swap and through
+// SwapGeneric.
+func swapFSCases() []fsCase {
+	var out []fsCase
+	for _, c := range swapCases {
+		for _, generic := range []bool{false, true} {
+			name := "Swap/" + c.name
+			if generic {
+				name = "SwapGeneric/" + c.name
+			}
+			out = append(out, fsCase{name: name, layout: c.layout, op: swapOp(c, generic), err: c.err, after: c.after})
+		}
+	}
+	return out
+}
+
+func swapOp(c swapCase, generic bool) op {
+	desc := fmt.Sprintf("workspace.Swap(%q, %q)", c.req.Name, c.req.Data)
+	swap := workspace.Swap
+	if generic {
+		desc, swap = "workspace.SwapGeneric"+desc[len("workspace.Swap"):], workspace.SwapGeneric
+	}
+	return op{desc: desc, run: func(ctx context.Context, x *fixture) (string, error) {
+		req := c.req
+		req.Root = x.Root
+		if req.Max == 0 {
+			req.Max = 1 << 20
+		}
+		res, err := swap(ctx, x.FS, req)
+		if err != nil {
+			return "", err
+		}
+		if got := describeSwap(res); got != c.want {
+			return fmt.Sprintf("reported %s, want %s", got, c.want), nil
+		}
+		for _, fi := range []fs.FileInfo{res.Old, res.New} {
+			if fi != nil && fi.Name() != path.Base(res.Real) {
+				return fmt.Sprintf("information named %q for %q", fi.Name(), res.Real), nil
+			}
+		}
+		if res.Old != nil && res.New != nil && res.Old.Mode().Perm() != res.New.Mode().Perm() {
+			return fmt.Sprintf("permission bits %v before, %v after: a replaced file keeps its bits", res.Old.Mode(), res.New.Mode()), nil
+		}
+		return "", nil
+	}}
+}
+
+// describeSwap writes a result as "real: was …, now …", each side "none" or
+// the type, a file's size and, when returned, its contents.
+func describeSwap(res workspace.SwapResult) string {
+	side := func(fi fs.FileInfo, data []byte) string {
+		switch {
+		case fi == nil:
+			return "none"
+		case !fi.Mode().IsRegular():
+			return "type " + fi.Mode().Type().String()
+		case data != nil:
+			return fmt.Sprintf("file %d %q", fi.Size(), data)
+		}
+		return fmt.Sprintf("file %d", fi.Size())
+	}
+	s := fmt.Sprintf("%s: was %s, now %s", res.Real, side(res.Old, res.OldData), side(res.New, nil))
+	if res.OldData != nil && (res.Old == nil || int64(len(res.OldData)) != res.Old.Size()) {
+		s += fmt.Sprintf(" (old contents of %d bytes)", len(res.OldData))
+	}
+	return s
+}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/backend/memory"
+	"github.com/sandboxd/sandboxd/internal/dockertest"
 	"github.com/sandboxd/sandboxd/runner"
 	"github.com/sandboxd/sandboxd/tools"
 )
@@ -29,7 +30,7 @@ import (
 // containers.
 func BenchmarkDockerConcurrentSessions(b *testing.B) {
 	const sessions = 100
-	m, _ := dockerManager(b, runner.WithDaemonName("bench-concurrent"))
+	m, _ := dockerManager(b, runner.WithDaemonName(dockertest.DaemonName("bench-concurrent")))
 	defer m.Shutdown(context.Background())
 	calls := []struct{ tool, args string }{
 		{"write", `{"path":"src/f.txt","content":"one\ntwo\nthree\n"}`},
@@ -118,7 +119,7 @@ func BenchmarkIdleSessionMemory(b *testing.B) {
 			return m
 		}},
 		{"docker", 100, func(b *testing.B) *runner.Manager {
-			m, _ := dockerManager(b, runner.WithDaemonName("bench-idle"))
+			m, _ := dockerManager(b, runner.WithDaemonName(dockertest.DaemonName("bench-idle")))
 			return m
 		}},
 	} {

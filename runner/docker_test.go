@@ -34,7 +34,10 @@ func dockerManager(t testing.TB, opts ...runner.Option) (*runner.Manager, *clien
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A name of the test's own, unless it gives one: a daemon's name
+	// claims a marker container on the shared engine.
 	opts = append([]runner.Option{
+		runner.WithDaemonName(dockertest.DaemonName("runner-" + strings.ToLower(strings.NewReplacer("/", "-", "#", "-").Replace(t.Name())))),
 		runner.WithLabels(dockertest.Labels()),
 		runner.WithPolicy(policy.Policy{DefaultImage: dockertest.Image(t)}),
 	}, opts...)
@@ -78,7 +81,8 @@ func bash(t *testing.T, s *runner.Session, script string) (*tools.BashResult, to
 }
 
 func TestDockerSessions(t *testing.T) {
-	m, cli := dockerManager(t, runner.WithPool(runner.PoolConfig{Size: 1}), runner.WithDaemonName("runner-test"))
+	daemon := dockertest.DaemonName("runner-test")
+	m, cli := dockerManager(t, runner.WithPool(runner.PoolConfig{Size: 1}), runner.WithDaemonName(daemon))
 	defer m.Shutdown(context.Background())
 	waitFor(t, func() bool { return m.Stats().Pools[0].Ready == 1 })
 
@@ -117,7 +121,7 @@ func TestDockerSessions(t *testing.T) {
 
 	// A pooled container killed while it waits is never handed out.
 	waitFor(t, func() bool { return m.Stats().Pools[0].Ready == 1 })
-	f := make(client.Filters).Add("label", backend.LabelDaemon+"=runner-test").Add("name", "sandboxd-warm-")
+	f := make(client.Filters).Add("label", backend.LabelDaemon+"="+daemon).Add("name", "sandboxd-warm-")
 	pooled, err := cli.ContainerList(context.Background(), client.ContainerListOptions{Filters: f})
 	if err != nil {
 		t.Fatal(err)
@@ -137,7 +141,7 @@ func TestDockerSessions(t *testing.T) {
 	if err := m.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if left := containers(t, cli, map[string]string{backend.LabelDaemon: "runner-test"}); len(left) != 0 {
+	if left := containers(t, cli, map[string]string{backend.LabelDaemon: daemon}); len(left) != 0 {
 		t.Fatalf("containers left after Shutdown: %v", left)
 	}
 }
@@ -155,7 +159,7 @@ func TestDockerReapAfterCrash(t *testing.T) {
 		}
 		t.Skip("the kernel does not say when a process started (no /proc)")
 	}
-	name := "crashy-" + strings.ToLower(rand.Text()[:8])
+	name := dockertest.DaemonName("crashy-" + strings.ToLower(rand.Text()[:8]))
 	crashed, cli := dockerManager(t, runner.WithDaemonName(name))
 	defer crashed.Shutdown(context.Background())
 	create(t, crashed, "acme", runner.Settings{})

@@ -237,7 +237,7 @@ func BenchmarkDockerEgress(b *testing.B) {
 	}))
 	defer srv.Close()
 	u, _ := url.Parse(srv.URL)
-	m, _ := dockerManager(b, runner.WithPolicy(policy.Policy{DefaultImage: dev}), runner.WithDaemonName("bench-egress"),
+	m, _ := dockerManager(b, runner.WithPolicy(policy.Policy{DefaultImage: dev}), runner.WithDaemonName(dockertest.DaemonName("bench-egress")),
 		runner.WithEgress(egress.Policy{Allow: []string{"bulk.test:" + u.Port()}, AllowPrivate: []string{"127.0.0.1"}},
 			egress.WithResolver(names{"bulk.test": "127.0.0.1"})))
 	defer m.Shutdown(context.Background())

@@ -88,7 +88,7 @@ func Unavailable(tb testing.TB, err error) {
 func Main(m *testing.M, pkg string) {
 	os.Setenv("TESTCONTAINERS_RYUK_DISABLED", "true")
 	pkgName = pkg
-	testPkg = pkg + "@" + checkout()
+	testPkg = pkg + "@" + checkoutHash()
 	ctx := context.Background()
 	c, err := Connect(ctx)
 	if err == nil {
@@ -118,6 +118,13 @@ func Label() string { return testPkg }
 
 // Labels returns the labels that mark a test's containers and volumes.
 func Labels() map[string]string { return map[string]string{LabelTest: testPkg} }
+
+// DaemonName returns name made this checkout's: a sandboxd daemon's name
+// claims its marker container on the engine, so a fixed name in a test
+// would collide with the same test run from another checkout.
+func DaemonName(name string) string { return name + "-" + checkoutHash() }
+
+var checkoutHash = sync.OnceValue(checkout)
 
 // Sweep removes, forcibly, every container and then every volume labelled
 // LabelTest=label.

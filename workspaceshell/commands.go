@@ -148,12 +148,17 @@ func errText(err error) string {
 }
 
 // ownMessage returns the message of an error this package (or the journal)
-// worded itself: a *workspace.Error that no *fs.PathError carries. An
+// worded itself: a *workspace.Error that no *fs.PathError carries, or the
+// guard's *workspace.ProtectedError, which names the path itself. An
 // adapter's error names an operation and a path, and is worded from its kind.
 func ownMessage(err error) (string, bool) {
 	var e *workspace.Error
 	var pe *fs.PathError
-	if errors.As(err, &e) && !errors.As(err, &pe) {
+	var pr *workspace.ProtectedError
+	switch {
+	case errors.As(err, &pr): // the guard's, naming the path
+		return pr.Error(), true
+	case errors.As(err, &e) && !errors.As(err, &pe):
 		return e.Msg, true
 	}
 	return "", false

@@ -110,31 +110,30 @@ func (r *recorder) capture(ctx context.Context, name string, deep bool) error {
 	return nil
 }
 
-// tree reads the state of everything below dir into into.
+// tree reads the state of everything below dir into into, from one
+// workspace.Walk; a directory below that cannot be read fails it.
 func (j *Journal) tree(ctx context.Context, dir string, into map[string]Entry) error {
-	entries, err := j.fs.ReadDir(ctx, dir)
+	w, err := workspace.Walk(ctx, j.fs, workspace.WalkRequest{Dir: dir, Info: true, Errors: true})
 	if err != nil {
 		return err
 	}
-	for _, d := range entries {
-		p := path.Join(dir, d.Name())
-		if ignored(p) {
+	for _, d := range w.Entries {
+		if d.Err != nil {
+			return d.Err
+		}
+		if ignored(d.Path) {
 			continue
 		}
-		info, err := d.Info()
+		var e Entry
+		if d.Mode.Type() != d.Type || d.ModTime.IsZero() { // not described: changed since it was listed
+			e, err = j.state(ctx, d.Path)
+		} else {
+			e, err = j.stateOf(ctx, d.Path, d.Mode, d.Size, func() (string, error) { return d.Link, nil })
+		}
 		if err != nil {
 			return err
 		}
-		e, err := j.stateOf(ctx, p, info)
-		if err != nil {
-			return err
-		}
-		into[p] = e
-		if e.Type == "dir" {
-			if err := j.tree(ctx, p, into); err != nil {
-				return err
-			}
-		}
+		into[d.Path] = e
 	}
 	return nil
 }

@@ -787,37 +787,6 @@ func cmdFind(c *call) int {
 		return 2
 	}
 	status := 0
-	var visit func(e *findEntry)
-	visit = func(e *findEntry) {
-		if c.stopped() {
-			return
-		}
-		eval := func() {
-			if e.depth >= p.minDepth && expr(e) && !p.hasAction {
-				c.print(e.disp + "\n")
-			}
-		}
-		if !p.depthLast {
-			eval()
-		}
-		if e.typ == fs.ModeDir && !e.prune && (p.maxDepth < 0 || e.depth < p.maxDepth) {
-			entries, err := c.r.env.FS.ReadDir(c.ctx, e.ws)
-			if err != nil {
-				c.errorf("'%s': %s", e.disp, errText(err))
-				status = 1
-			}
-			for _, d := range entries {
-				ws := path.Join(e.ws, d.Name())
-				if c.r.env.exclude().Skip(ws) {
-					continue
-				}
-				visit(&findEntry{c: c, ws: ws, disp: display(e.disp, d.Name()), depth: e.depth + 1, typ: d.Type()})
-			}
-		}
-		if p.depthLast {
-			eval()
-		}
-	}
 	for _, s := range starts {
 		name, err := c.resolve(s)
 		var info fs.FileInfo
@@ -829,9 +798,86 @@ func cmdFind(c *call) int {
 			status = 1
 			continue
 		}
-		visit(&findEntry{c: c, ws: name, disp: s, typ: info.Mode().Type(), info: info})
+		status = max(status, c.findTree(&findEntry{c: c, ws: name, disp: s, typ: info.Mode().Type(), info: info}, p, expr))
 	}
 	return status
+}
+
+// findTree evaluates expr on start and, when it is a directory, on the tree
+// below it, listed by one workspace.Walk: each directory before its entries,
+// or after them with -depth. A directory that cannot be read is named on
+// stderr, and the status is then 1.
+func (c *call) findTree(start *findEntry, p *findParser, expr findExpr) int {
+	eval := func(e *findEntry) {
+		if e.depth >= p.minDepth && expr(e) && !p.hasAction {
+			c.print(e.disp + "\n")
+		}
+	}
+	// entered says whether the walk goes below the directory e: with -depth
+	// it is evaluated later, when the walk leaves it; else now, and -prune
+	// keeps the walk out.
+	var open []*findEntry // with -depth: directories entered, outermost first
+	entered := func(e *findEntry) bool {
+		if e.typ != fs.ModeDir || (p.maxDepth >= 0 && e.depth >= p.maxDepth) {
+			eval(e)
+			return false
+		}
+		if p.depthLast {
+			open = append(open, e)
+			return true
+		}
+		eval(e)
+		return !e.prune
+	}
+	leave := func(ws string) { // evaluates the open directories ws is not below
+		for len(open) > 0 && !isBelow(ws, open[len(open)-1].ws) {
+			eval(open[len(open)-1])
+			open = open[:len(open)-1]
+		}
+	}
+	if !entered(start) {
+		return 0
+	}
+	status := 0
+	w, err := workspace.Walk(c.ctx, c.r.env.FS, workspace.WalkRequest{Dir: start.ws, Exclude: c.r.env.exclude(), Errors: true, MaxDepth: max(p.maxDepth, 0)})
+	if err != nil {
+		c.errorf("'%s': %s", start.disp, errText(err))
+		status = 1
+	}
+	pruned := "" // a directory the walk is kept out of, with a trailing "/"
+	for _, we := range w.Entries {
+		if c.stopped() {
+			return status
+		}
+		rel := strings.TrimPrefix(we.Path, start.ws+"/")
+		if start.ws == "." {
+			rel = we.Path
+		}
+		if pruned != "" && strings.HasPrefix(rel+"/", pruned) {
+			continue // below a pruned directory, or its error
+		}
+		pruned = ""
+		if we.Err != nil {
+			c.errorf("'%s': %s", display(start.disp, rel), errText(we.Err))
+			status = 1
+			continue
+		}
+		e := &findEntry{c: c, ws: we.Path, disp: display(start.disp, rel), depth: strings.Count(rel, "/") + 1, typ: we.Type}
+		leave(e.ws)
+		if !entered(e) && e.typ == fs.ModeDir {
+			pruned = rel + "/"
+		}
+	}
+	leave("")
+	return status
+}
+
+// isBelow says whether the workspace name lies below the directory dir.
+func isBelow(name, dir string) bool {
+	if dir == "." {
+		return name != "." && name != ""
+	}
+	return strings.HasPrefix(name, dir+"/")
 }
 
 // ---- cat

@@ -374,55 +374,72 @@ func (m mutator) prepare(ctx context.Context, name string, mkParents bool) (crea
 }
 
 // copy copies from to to, which the caller checked; follow says whether a
-// link named as from is followed. It returns the entries created. Each entry
-// is written through the guard, so a protected name below to stops the copy
-// there (in the tool set, the journal then puts back what the call wrote).
+// link named as from is followed. It returns the entries created. A
+// directory's tree is listed by one workspace.Walk before anything is
+// written. Each entry is written through the guard, so a protected name
+// below to stops the copy there (in the tool set, the journal then puts back
+// what the call wrote).
 func (m mutator) copy(ctx context.Context, from, to string, follow bool) (int, error) {
 	info, err := m.lstatOrStat(ctx, from, follow)
 	if err != nil {
 		return 0, err
 	}
-	return m.copyEntry(ctx, from, to, info)
+	n, err := m.copyEntry(ctx, from, to, info.Mode(), "")
+	if err != nil || !info.IsDir() {
+		return n, err
+	}
+	w, err := workspace.Walk(ctx, m.fs, workspace.WalkRequest{Dir: from, Info: true, Errors: true})
+	if err != nil {
+		return n, err
+	}
+	for _, e := range w.Entries {
+		if e.Err != nil {
+			return n, e.Err
+		}
+		mode := e.Mode
+		if mode.Type() != e.Type || e.ModTime.IsZero() { // not described: changed since it was listed
+			info, err := m.fs.Lstat(ctx, e.Path)
+			if err != nil {
+				return n, err
+			}
+			mode, e.Link = info.Mode(), ""
+		}
+		k, err := m.copyEntry(ctx, e.Path, path.Join(to, strings.TrimPrefix(e.Path, from+"/")), mode, e.Link)
+		n += k
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
 }
 
-func (m mutator) copyEntry(ctx context.Context, from, to string, info fs.FileInfo) (int, error) {
+// copyEntry copies the one entry from, of the mode given, to to (a
+// directory without its entries); link is a link's target, or "" to read it.
+func (m mutator) copyEntry(ctx context.Context, from, to string, mode fs.FileMode, link string) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
-	switch typ := info.Mode().Type(); {
+	switch typ := mode.Type(); {
 	case typ == fs.ModeDir:
-		n := 0
-		if err := m.fs.Mkdir(ctx, to, info.Mode().Perm()|0o700); err == nil {
-			n++
+		if err := m.fs.Mkdir(ctx, to, mode.Perm()|0o700); err == nil {
+			return 1, nil
 		} else if !errors.Is(err, workspace.ErrExists) {
 			return 0, err
 		} else if ti, serr := m.fs.Stat(ctx, to); serr != nil || !ti.IsDir() {
 			return 0, workspace.Errorf(workspace.ErrNotADirectory, "cannot copy the directory %s onto the file %s", from, to)
 		}
-		entries, err := m.fs.ReadDir(ctx, from)
-		if err != nil {
-			return n, err
-		}
-		for _, e := range entries {
-			ei, err := e.Info()
-			if err != nil {
-				return n, err
-			}
-			k, err := m.copyEntry(ctx, path.Join(from, e.Name()), path.Join(to, e.Name()), ei)
-			n += k
-			if err != nil {
-				return n, err
-			}
-		}
-		return n, nil
+		return 0, nil
 	case typ == fs.ModeSymlink:
 		sl, ok := m.fs.(workspace.SymlinkFS)
 		if !ok {
 			return 0, workspace.Errorf(workspace.ErrInvalidArgument, "%s is a link, and this workspace cannot make links", from)
 		}
-		target, err := sl.Readlink(ctx, from)
-		if err != nil {
-			return 0, err
+		target := link
+		if target == "" {
+			var err error
+			if target, err = sl.Readlink(ctx, from); err != nil {
+				return 0, err
+			}
 		}
 		if err := m.fs.Remove(ctx, to); err != nil && !errors.Is(err, workspace.ErrNotFound) {
 			return 0, err
@@ -433,7 +450,7 @@ func (m mutator) copyEntry(ctx context.Context, from, to string, info fs.FileInf
 		if err != nil {
 			return 0, err
 		}
-		if err := m.fs.WriteFile(ctx, to, data, info.Mode().Perm()); err != nil {
+		if err := m.fs.WriteFile(ctx, to, data, mode.Perm()); err != nil {
 			return 0, err
 		}
 		return 1, nil

@@ -54,6 +54,8 @@ var walkCases = []walkCase{
 		want: l("a.go", "b/", "node_modules/", "z.txt")},
 	{name: "Walk/MaxDepthDir", layout: walkTree, req: workspace.WalkRequest{Dir: "b", MaxDepth: 2, FilesOnly: true},
 		want: l("b/c.go", "b/d.txt", "b/e/f.go")},
+	{name: "Walk/ListExcluded", layout: walkTree, req: workspace.WalkRequest{Exclude: workspace.Exclude{"node_modules", "e"}, ListExcluded: true},
+		want: l("a.go", "b/", "b/c.go", "b/d.txt", "b/e/", "node_modules/", "z.txt")},
 	{name: "Walk/Dir", layout: walkTree, req: workspace.WalkRequest{Dir: "b"},
 		want: l("b/c.go", "b/d.txt", "b/e/", "b/e/f.go")},
 	{name: "Walk/StartFile", layout: walkTree, req: workspace.WalkRequest{Dir: "b/d.txt"}, want: l("b/d.txt")},

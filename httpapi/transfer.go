@@ -479,7 +479,7 @@ func planDownload(ctx context.Context, fsys workspace.FileSystem, name string, l
 		if e.Err != nil {
 			return nil, 0, e.Err
 		}
-		if e.Mode.Type() != e.Type || e.ModTime.IsZero() {
+		if _, ok := e.FileInfo(); !ok {
 			continue // gone since the listing
 		}
 		p := planned{name: e.Path, tarName: strings.TrimPrefix(e.Path, prefix), mode: e.Mode, modTime: e.ModTime}

@@ -125,7 +125,7 @@ func (j *Journal) tree(ctx context.Context, dir string, into map[string]Entry) e
 			continue
 		}
 		var e Entry
-		if d.Mode.Type() != d.Type || d.ModTime.IsZero() { // not described: changed since it was listed
+		if _, ok := d.FileInfo(); !ok { // not described: changed since it was listed
 			e, err = j.state(ctx, d.Path)
 		} else {
 			e, err = j.stateOf(ctx, d.Path, d.Mode, d.Size, func() (string, error) { return d.Link, nil })

@@ -129,9 +129,12 @@ func (b *Bash) scanMem(ctx context.Context, roots []string) (map[string]memState
 				if !errors.Is(e.Err, workspace.ErrNotFound) && !errors.Is(e.Err, workspace.ErrNotADirectory) {
 					return e.Err
 				} // else removed or replaced meanwhile
-			case e.Mode.Type() == e.Type && !e.ModTime.IsZero() && copied(e.Mode): // described: not vanished
-				mem[e.Path] = memState{mode: e.Mode & keepBits, size: e.Size, mtime: e.ModTime}
-				order = append(order, e.Path)
+			default:
+				fi, ok := e.FileInfo() // not ok: vanished since the listing
+				if ok && copied(fi.Mode()) {
+					mem[e.Path] = memStateOf(fi)
+					order = append(order, e.Path)
+				}
 			}
 		}
 		return nil

@@ -254,7 +254,7 @@ func readSnapshot(ctx context.Context, fsys workspace.FileSystem, dir string, li
 				return we.Err
 			}
 			name := strings.TrimPrefix(we.Path, dir+"/")
-			if we.Mode.Type() != we.Type || we.ModTime.IsZero() { // changed since it was listed
+			if _, ok := we.FileInfo(); !ok { // changed since it was listed
 				return errUnlike
 			}
 			var e *entry

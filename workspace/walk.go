@@ -36,6 +36,10 @@ type WalkRequest struct {
 	// Lstat or Readlink of its own. It costs a stat of every entry (and a
 	// readlink of every link), which a walk without it does not make.
 	Info bool
+	// ListExcluded lists the entries Exclude names all the same; an
+	// excluded directory is still not entered (as ls -R shows node_modules
+	// but not what it holds).
+	ListExcluded bool
 	// Errors reports each directory below the start that the walk could
 	// not read, as fs.WalkDir does by calling its function a second time for
 	// it: one more entry for the directory, right after its own, with Err
@@ -67,6 +71,25 @@ type WalkEntry struct {
 	// (see MarshalJSON), so errors.Is still matches the Kind.
 	Err error `json:"-"`
 }
+
+// FileInfo is the entry as an fs.FileInfo, from what Info described (Sys
+// is nil); ok is false when the entry was not described — the request did
+// not ask for Info, or the entry changed between its listing and its stat.
+func (e WalkEntry) FileInfo() (info fs.FileInfo, ok bool) {
+	if e.Err != nil || e.Mode.Type() != e.Type || (e.Mode == 0 && e.Size == 0 && e.ModTime.IsZero()) {
+		return nil, false
+	}
+	return walkInfo{e}, true
+}
+
+type walkInfo struct{ e WalkEntry }
+
+func (i walkInfo) Name() string       { return path.Base(i.e.Path) }
+func (i walkInfo) Size() int64        { return i.e.Size }
+func (i walkInfo) Mode() fs.FileMode  { return i.e.Mode }
+func (i walkInfo) ModTime() time.Time { return i.e.ModTime }
+func (i walkInfo) IsDir() bool        { return i.e.Type.IsDir() }
+func (i walkInfo) Sys() any           { return nil }
 
 // walkEntryJSON is a WalkEntry on the wire: Err as its Kind's name and its
 // message.
@@ -220,13 +243,14 @@ func (w *walker) dir(name string, depth int) error {
 	}
 	for _, e := range entries {
 		child := path.Join(name, e.Name())
-		if w.req.Exclude.Skip(child) {
+		excluded := w.req.Exclude.Skip(child)
+		if excluded && !w.req.ListExcluded {
 			continue
 		}
 		if err := w.visit(child, e.Type(), e.Info); err != nil {
 			return err
 		}
-		if e.IsDir() && (w.req.MaxDepth <= 0 || depth < w.req.MaxDepth) { // a link to a directory is not IsDir: never entered
+		if e.IsDir() && !excluded && (w.req.MaxDepth <= 0 || depth < w.req.MaxDepth) { // a link to a directory is not IsDir: never entered
 			if err := w.dir(child, depth+1); err != nil {
 				if err == errWalkDone || w.ctx.Err() != nil {
 					return err

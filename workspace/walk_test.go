@@ -78,3 +78,37 @@ func TestWalkErrors(t *testing.T) {
 		t.Errorf("through JSON: %+v (%s)", back, data)
 	}
 }
+
+// TestWalkEntryFileInfo: an entry described by Info is the FileInfo Lstat
+// gives (name, mode, size, time); one not described is not.
+func TestWalkEntryFileInfo(t *testing.T) {
+	ctx := context.Background()
+	fsys := memfs.New()
+	if err := workspace.MkdirAll(ctx, fsys, "d", 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if err := fsys.WriteFile(ctx, "d/f", []byte("abc"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := fsys.Symlink(ctx, "f", "d/l"); err != nil {
+		t.Fatal(err)
+	}
+	w, err := workspace.Walk(ctx, fsys, workspace.WalkRequest{Info: true})
+	if err != nil || len(w.Entries) != 3 {
+		t.Fatalf("Walk: %v, %v", w, err)
+	}
+	for _, e := range w.Entries {
+		got, ok := e.FileInfo()
+		want, err := fsys.Lstat(ctx, e.Path)
+		if !ok || err != nil || got.Name() != want.Name() || got.Mode() != want.Mode() || got.Size() != want.Size() ||
+			!got.ModTime().Equal(want.ModTime()) || got.IsDir() != want.IsDir() {
+			t.Errorf("%s: FileInfo %v, %v; Lstat %v, %v", e.Path, got, ok, want, err)
+		}
+	}
+	bare, _ := workspace.Walk(ctx, fsys, workspace.WalkRequest{})
+	for _, e := range bare.Entries {
+		if _, ok := e.FileInfo(); ok {
+			t.Errorf("%s: described without Info", e.Path)
+		}
+	}
+}

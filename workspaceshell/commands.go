@@ -314,11 +314,40 @@ func (o lsOpts) sort(es []lsEntry) {
 	})
 }
 
-// lsDir lists one directory (and, with -R, those below it).
+// lsDir lists one directory (and, with -R, those below it, an excluded
+// name listed but not entered), all described by one workspace.Walk.
 func (c *call) lsDir(d lsEntry, o lsOpts) int {
-	fsys := c.r.env.FS
-	entries, err := fsys.ReadDir(c.ctx, d.ws)
+	req := workspace.WalkRequest{Dir: d.ws, Info: true, Errors: true, MaxDepth: 1}
+	if o.recursive {
+		req.MaxDepth, req.Exclude, req.ListExcluded = 0, c.r.env.exclude(), true
+	}
+	w, err := workspace.Walk(c.ctx, c.r.env.FS, req)
 	if err != nil {
+		c.errorf("cannot open directory '%s': %s", d.name, errText(err))
+		return 2
+	}
+	t := lsTree{entries: map[string][]workspace.WalkEntry{}, failed: map[string]error{}}
+	for _, e := range w.Entries {
+		if e.Err != nil {
+			t.failed[e.Path] = e.Err
+			continue
+		}
+		t.entries[path.Dir(e.Path)] = append(t.entries[path.Dir(e.Path)], e)
+	}
+	return c.lsList(d, o, t)
+}
+
+// lsTree is what a walk found: the entries of each directory, and the
+// directories that could not be read.
+type lsTree struct {
+	entries map[string][]workspace.WalkEntry
+	failed  map[string]error
+}
+
+// lsList prints the directory d from t (and, with -R, those below it).
+func (c *call) lsList(d lsEntry, o lsOpts, t lsTree) int {
+	fsys := c.r.env.FS
+	if err := t.failed[d.ws]; err != nil {
 		c.errorf("cannot open directory '%s': %s", d.name, errText(err))
 		return 2
 	}
@@ -337,18 +366,21 @@ func (c *call) lsDir(d lsEntry, o lsOpts) int {
 		}
 	}
 	status := 0
-	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), ".") && !o.all && !o.almost {
+	for _, e := range t.entries[d.ws] {
+		name := path.Base(e.Path)
+		if strings.HasPrefix(name, ".") && !o.all && !o.almost {
 			continue
 		}
-		ws := path.Join(d.ws, e.Name())
-		info, err := fsys.Lstat(c.ctx, ws)
-		if err != nil {
-			c.errorf("cannot access '%s': %s", display(d.name, e.Name()), errText(err))
-			status = 1
-			continue
+		info, ok := e.FileInfo()
+		if !ok { // changed since the listing
+			var err error
+			if info, err = fsys.Lstat(c.ctx, e.Path); err != nil {
+				c.errorf("cannot access '%s': %s", display(d.name, name), errText(err))
+				status = 1
+				continue
+			}
 		}
-		list = append(list, lsEntry{name: e.Name(), ws: ws, info: info})
+		list = append(list, lsEntry{name: name, ws: e.Path, info: info})
 	}
 	o.sort(list)
 	c.lsPrint(list, o)
@@ -361,7 +393,7 @@ func (c *call) lsDir(d lsEntry, o lsOpts) int {
 		}
 		sub := lsEntry{name: display(d.name, e.name), ws: e.ws, info: e.info}
 		c.print("\n" + sub.name + ":\n")
-		if s := c.lsDir(sub, o); s > status {
+		if s := c.lsList(sub, o, t); s > status {
 			status = s
 		}
 	}

@@ -397,7 +397,7 @@ func (m mutator) copy(ctx context.Context, from, to string, follow bool) (int, e
 			return n, e.Err
 		}
 		mode := e.Mode
-		if mode.Type() != e.Type || e.ModTime.IsZero() { // not described: changed since it was listed
+		if _, ok := e.FileInfo(); !ok { // not described: changed since it was listed
 			info, err := m.fs.Lstat(ctx, e.Path)
 			if err != nil {
 				return n, err

@@ -298,15 +298,19 @@ func TestUnreadableDirectory(t *testing.T) {
 		{"find . -name '*.go'", "./src/main.go\n", "find: './docs/sub': Operation not permitted\n", 1},
 		{"find docs -maxdepth 1", "docs\ndocs/sub\ndocs/x.md\n", "", 0},
 		{"find src", "src\nsrc/main.go\n", "", 0},
-		{"find . -depth", "./a.txt\n./docs/sub\n./docs/x.md\n./docs\n./src/main.go\n./src\n.\n", "find: './docs/sub': Operation not permitted\n", 1},
+		{"find . -depth", "./.hid\n./a.txt\n./docs/sub\n./docs/x.md\n./docs\n./src/main.go\n./src\n.\n", "find: './docs/sub': Operation not permitted\n", 1},
 		{"find docs -name sub -prune -o -print", "docs\ndocs/x.md\n", "", 0},
-		{"find . -path ./docs -prune -o -type f -print", "./a.txt\n./src/main.go\n", "", 0},
+		{"find . -path ./docs -prune -o -type f -print", "./.hid\n./a.txt\n./src/main.go\n", "", 0},
 		{"find . -depth -maxdepth 2 -type d", "./docs/sub\n./docs\n./src\n.\n", "", 0},
 		{"find . -mindepth 2 -maxdepth 2", "./docs/sub\n./docs/x.md\n./src/main.go\n", "", 0},
 		{"ls -R docs", "docs:\nsub\nx.md\n\ndocs/sub:\n", "ls: cannot open directory 'docs/sub': Operation not permitted\n", 2},
+		{"ls -R", ".:\na.txt\ndocs\nnode_modules\nsrc\n\n./docs:\nsub\nx.md\n\n./docs/sub:\n\n./src:\nmain.go\n", "ls: cannot open directory './docs/sub': Operation not permitted\n", 2},
+		{"ls -AR src node_modules", "node_modules:\nm\n\nnode_modules/m:\nx.js\n\nsrc:\nmain.go\n", "", 0},
+		{"ls -aFr docs", "x.md\nsub/\n../\n./\n", "", 0},
+		{"ls -1p . src", ".:\na.txt\ndocs/\nnode_modules/\nsrc/\n\nsrc:\nmain.go\n", "", 0},
 	}
 	for _, b := range backends {
-		env := setup(t, b, tree{"a.txt": "TODO a\n", "src/main.go": "TODO\n", "docs/x.md": "TODO x\n", "docs/sub/y.md": "TODO y\n", "docs/sub/deep/z.md": "z\n"})
+		env := setup(t, b, tree{"a.txt": "TODO a\n", ".hid": "h", "node_modules/m/x.js": "x", "src/main.go": "TODO\n", "docs/x.md": "TODO x\n", "docs/sub/y.md": "TODO y\n", "docs/sub/deep/z.md": "z\n"})
 		env.FS = unreadable{env.FS, "docs/sub"}
 		for _, tc := range cases {
 			res, err := run(t, env, tc.line, workspaceshell.Read)

@@ -61,6 +61,7 @@ import (
 	"io"
 	"io/fs"
 	"path"
+	"strings"
 	"time"
 
 	"github.com/sandboxd/sandboxd/workspace"
@@ -501,24 +502,42 @@ func startOf(dir string) string {
 	return dir
 }
 
+// depthBelow is how deep name, under start, lies below it (1: an entry of
+// start).
+func depthBelow(name, start string) int {
+	if start == "." {
+		return strings.Count(name, "/") + 1
+	}
+	return strings.Count(name[len(start):], "/")
+}
+
 // decodeWalk decodes and checks a Walk body against its request.
 func decodeWalk(body []byte, req workspace.WalkRequest) (workspace.WalkResult, error) {
 	var res workspace.WalkResult
 	if err := json.Unmarshal(body, &res); err != nil {
 		return workspace.WalkResult{}, err
 	}
-	if req.Limit > 0 && len(res.Entries) > req.Limit {
-		return workspace.WalkResult{}, fmt.Errorf("walk returned %d entries over its limit %d", len(res.Entries), req.Limit)
-	}
-	start := startOf(req.Dir)
+	start, found := startOf(req.Dir), 0
 	for _, e := range res.Entries {
 		if !under(e.Path, start) {
 			return workspace.WalkResult{}, fmt.Errorf("walk entry %q is not under %q", e.Path, start)
 		}
+		if req.MaxDepth > 0 && e.Path != start && depthBelow(e.Path, start) > req.MaxDepth {
+			return workspace.WalkResult{}, fmt.Errorf("walk entry %q lies deeper than %d below %q", e.Path, req.MaxDepth, start)
+		}
+		if e.Err != nil {
+			if !req.Errors || e.Type != fs.ModeDir || e.Path == start {
+				return workspace.WalkResult{}, fmt.Errorf("walk entry %q reports an error unasked or not for a directory below the start", e.Path)
+			}
+			continue
+		}
+		if found++; req.Limit > 0 && found > req.Limit {
+			return workspace.WalkResult{}, fmt.Errorf("walk returned %d entries over its limit %d", found, req.Limit)
+		}
 		if e.Type&^fs.ModeType != 0 {
 			return workspace.WalkResult{}, fmt.Errorf("walk entry %q has a bad type %#o", e.Path, uint32(e.Type))
 		}
-		if !req.Info && (e.Mode != 0 || e.Size != 0 || e.Link != "") {
+		if !req.Info && (e.Mode != 0 || e.Size != 0 || !e.ModTime.IsZero() || e.Link != "") {
 			return workspace.WalkResult{}, fmt.Errorf("walk entry %q describes itself unasked", e.Path)
 		}
 		if e.Mode != 0 && e.Mode.Type() != e.Type {

@@ -46,6 +46,16 @@ var walkCases = []walkCase{
 		want: l("a.go", "b/", "b/c.go"), truncated: true},
 	{name: "Walk/LimitExact", layout: walkTree, req: workspace.WalkRequest{Limit: 9},
 		want: l("a.go", "b/", "b/c.go", "b/d.txt", "b/e/", "b/e/f.go", "node_modules/", "node_modules/m.go", "z.txt")},
+	// Errors asks for directories that could not be read; a readable tree
+	// gives the plain list, on the fast path as in the generic walk.
+	{name: "Walk/Errors", layout: walkTree, req: workspace.WalkRequest{Errors: true, Limit: 9},
+		want: l("a.go", "b/", "b/c.go", "b/d.txt", "b/e/", "b/e/f.go", "node_modules/", "node_modules/m.go", "z.txt")},
+	{name: "Walk/MaxDepth", layout: walkTree, req: workspace.WalkRequest{MaxDepth: 1},
+		want: l("a.go", "b/", "node_modules/", "z.txt")},
+	{name: "Walk/MaxDepthDir", layout: walkTree, req: workspace.WalkRequest{Dir: "b", MaxDepth: 2, FilesOnly: true},
+		want: l("b/c.go", "b/d.txt", "b/e/f.go")},
+	{name: "Walk/ListExcluded", layout: walkTree, req: workspace.WalkRequest{Exclude: workspace.Exclude{"node_modules", "e"}, ListExcluded: true},
+		want: l("a.go", "b/", "b/c.go", "b/d.txt", "b/e/", "node_modules/", "z.txt")},
 	{name: "Walk/Dir", layout: walkTree, req: workspace.WalkRequest{Dir: "b"},
 		want: l("b/c.go", "b/d.txt", "b/e/", "b/e/f.go")},
 	{name: "Walk/StartFile", layout: walkTree, req: workspace.WalkRequest{Dir: "b/d.txt"}, want: l("b/d.txt")},

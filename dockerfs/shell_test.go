@@ -108,14 +108,16 @@ func searchTree(tb testing.TB, fsys workspace.FileSystem, dirs, files int) int {
 // TestShellGrepRoundTrips: the workspace-shell's grep -rn over a tree in a
 // container makes a number of calls of the agent that does not grow with
 // the tree (its walk and its search are the agent's, one round trip each),
-// where reading the tree itself would cost a call per file and directory.
+// where reading the tree itself would cost a call per file and directory;
+// and so do find, ls -R and ls -l, whose walk describes every entry.
 func TestShellGrepRoundTrips(t *testing.T) {
 	fsys := &counted{inner: dockerfs.New(dockertest.Start(t, dockerexec.Spec{}))}
 	env := workspaceshell.Env{FS: fsys, Session: workspace.Session{Root: fsys.inner.Root()}}
 	var calls []int64
 	for _, size := range []struct{ dirs, files int }{{2, 6}, {8, 30}} {
 		want := searchTree(t, fsys, size.dirs, size.files)
-		for _, line := range []string{"grep -rn needle .", "grep -rn -C1 needle pkg000", "rg -n needle"} {
+		for _, line := range []string{"grep -rn needle .", "grep -rn -C1 needle pkg000", "rg -n needle",
+			"find . -name '*.go'", "ls -R", "ls -l pkg000"} {
 			fsys.calls.Store(0)
 			res, err := workspaceshell.Run(context.Background(), env, line, workspaceshell.Read)
 			if err != nil || res.ExitCode != 0 {

@@ -469,44 +469,42 @@ func planDownload(ctx context.Context, fsys workspace.FileSystem, name string, l
 	}
 	var plan []planned
 	var total, largest int64
-	var walk func(dir, prefix string) error
-	walk = func(dir, prefix string) error {
-		list, err := fsys.ReadDir(ctx, dir)
-		if err != nil {
-			return err
-		}
-		for _, d := range list {
-			if dir == "." && d.Name() == daemonDir {
-				continue // sandboxd's bookkeeping: downloaded only when named
-			}
-			info, err := d.Info()
-			if err != nil {
-				continue // gone since the listing
-			}
-			p := planned{name: path.Join(dir, d.Name()), tarName: prefix + d.Name(), mode: info.Mode(), modTime: info.ModTime()}
-			switch {
-			case info.IsDir():
-				p.tarName += "/"
-				plan = append(plan, p)
-				if err := walk(p.name, p.tarName); err != nil {
-					return err
-				}
-			case info.Mode()&fs.ModeSymlink != 0:
-				if _, ok := fsys.(workspace.SymlinkFS); ok {
-					plan = append(plan, p)
-				}
-			case info.Mode().IsRegular():
-				if total += info.Size(); total > limit {
-					return tooLarge("%s holds more than the transfer cap of %d bytes", name, limit)
-				}
-				largest = max(largest, info.Size())
-				plan = append(plan, p)
-			}
-		}
-		return nil
+	w, err := workspace.Walk(ctx, fsys, workspace.WalkRequest{Dir: name, Info: true, Errors: true})
+	if err != nil {
+		return nil, 0, err
 	}
-	err = walk(name, "")
-	return plan, largest, err
+	prefix := name + "/"
+	if name == "." {
+		prefix = ""
+	}
+	for _, e := range w.Entries {
+		if name == "." && (e.Path == daemonDir || strings.HasPrefix(e.Path, daemonDir+"/")) {
+			continue // sandboxd's bookkeeping: downloaded only when named
+		}
+		if e.Err != nil {
+			return nil, 0, e.Err
+		}
+		if _, ok := e.FileInfo(); !ok {
+			continue // gone since the listing
+		}
+		p := planned{name: e.Path, tarName: strings.TrimPrefix(e.Path, prefix), mode: e.Mode, modTime: e.ModTime}
+		switch {
+		case e.Mode.IsDir():
+			p.tarName += "/"
+			plan = append(plan, p)
+		case e.Mode&fs.ModeSymlink != 0:
+			if _, ok := fsys.(workspace.SymlinkFS); ok {
+				plan = append(plan, p)
+			}
+		case e.Mode.IsRegular():
+			if total += e.Size; total > limit {
+				return plan, largest, tooLarge("%s holds more than the transfer cap of %d bytes", name, limit)
+			}
+			largest = max(largest, e.Size)
+			plan = append(plan, p)
+		}
+	}
+	return plan, largest, nil
 }
 
 // writeTar writes the planned entries, reading each file as it goes: each

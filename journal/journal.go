@@ -398,14 +398,31 @@ func (j *Journal) state(ctx context.Context, name string) (Entry, error) {
 	if err != nil {
 		return Entry{}, err
 	}
-	return j.stateOf(ctx, name, info)
+	return j.stateOf(ctx, name, info.Mode(), info.Size(), j.target(ctx, name))
 }
 
-func (j *Journal) stateOf(ctx context.Context, name string, info fs.FileInfo) (Entry, error) {
-	e := Entry{Type: typeOf(info.Mode()), Mode: info.Mode() & modeBits}
+// target reads the target of the link name, for stateOf.
+func (j *Journal) target(ctx context.Context, name string) func() (string, error) {
+	return func() (string, error) {
+		sl, ok := j.fs.(workspace.SymlinkFS)
+		if !ok {
+			return "", errNoLinks
+		}
+		return sl.Readlink(ctx, name)
+	}
+}
+
+// errNoLinks: the workspace cannot read links; a link's state is kept
+// without its target.
+var errNoLinks = errors.New("no links")
+
+// stateOf is the state of the entry name, of the mode and size given; the
+// contents of a file are read and kept, and target gives a link's.
+func (j *Journal) stateOf(ctx context.Context, name string, mode fs.FileMode, size int64, target func() (string, error)) (Entry, error) {
+	e := Entry{Type: typeOf(mode), Mode: mode & modeBits}
 	switch e.Type {
 	case "file":
-		e.Size = info.Size()
+		e.Size = size
 		if e.Size > j.maxBlob {
 			return e, nil
 		}
@@ -418,11 +435,10 @@ func (j *Journal) stateOf(ctx context.Context, name string, info fs.FileInfo) (E
 		}
 		return j.fileState(ctx, e.Mode, data)
 	case "symlink":
-		sl, ok := j.fs.(workspace.SymlinkFS)
-		if !ok {
+		t, err := target()
+		if err == errNoLinks {
 			return e, nil
 		}
-		t, err := sl.Readlink(ctx, name)
 		if err != nil {
 			return Entry{}, err
 		}

@@ -124,31 +124,30 @@ func (r *recorder) capture(ctx context.Context, name string, deep bool) error {
 	return nil
 }
 
-// tree reads the state of everything below dir into into.
+// tree reads the state of everything below dir into into, from one
+// workspace.Walk; a directory below that cannot be read fails it.
 func (j *Journal) tree(ctx context.Context, dir string, into map[string]Entry) error {
-	entries, err := j.fs.ReadDir(ctx, dir)
+	w, err := workspace.Walk(ctx, j.fs, workspace.WalkRequest{Dir: dir, Info: true, Errors: true})
 	if err != nil {
 		return err
 	}
-	for _, d := range entries {
-		p := path.Join(dir, d.Name())
-		if ignored(p) {
+	for _, d := range w.Entries {
+		if d.Err != nil {
+			return d.Err
+		}
+		if ignored(d.Path) {
 			continue
 		}
-		info, err := d.Info()
+		var e Entry
+		if _, ok := d.FileInfo(); !ok { // not described: changed since it was listed
+			e, err = j.state(ctx, d.Path)
+		} else {
+			e, err = j.stateOf(ctx, d.Path, d.Mode, d.Size, func() (string, error) { return d.Link, nil })
+		}
 		if err != nil {
 			return err
 		}
-		e, err := j.stateOf(ctx, p, info)
-		if err != nil {
-			return err
-		}
-		into[p] = e
-		if e.Type == "dir" {
-			if err := j.tree(ctx, p, into); err != nil {
-				return err
-			}
-		}
+		into[d.Path] = e
 	}
 	return nil
 }
@@ -232,7 +231,8 @@ func (j *Journal) swappedState(ctx context.Context, res workspace.SwapResult) (E
 	case res.Old.Mode().IsRegular(): // over MaxBlobBytes: described, not kept
 		return Entry{Type: "file", Mode: res.Old.Mode() & modeBits, Size: res.Old.Size()}, nil
 	}
-	return j.stateOf(ctx, res.Real, res.Old) // not a file, so the write did not change it
+	// Not a file, so the write did not change it.
+	return j.stateOf(ctx, res.Real, res.Old.Mode(), res.Old.Size(), j.target(ctx, res.Real))
 }
 
 // unswap puts back what a swap replaced, when that is known.

@@ -3,6 +3,7 @@ package localfs
 import (
 	"errors"
 	"sync/atomic"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -28,4 +29,11 @@ func openBeneath(dirfd int, name string, flags int) (int, error) {
 		return -1, errors.ErrUnsupported
 	}
 	return fd, err
+}
+
+// sysStat is st as os.Lstat's Sys gives it on Linux.
+func sysStat(st *unix.Stat_t) any {
+	return &syscall.Stat_t{Dev: st.Dev, Ino: st.Ino, Nlink: st.Nlink, Mode: st.Mode, Uid: st.Uid, Gid: st.Gid,
+		Rdev: st.Rdev, Size: st.Size, Blksize: st.Blksize, Blocks: st.Blocks,
+		Atim: syscall.Timespec(st.Atim), Mtim: syscall.Timespec(st.Mtim), Ctim: syscall.Timespec(st.Ctim)}
 }

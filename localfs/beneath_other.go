@@ -2,7 +2,11 @@
 
 package localfs
 
-import "errors"
+import (
+	"errors"
+
+	"golang.org/x/sys/unix"
+)
 
 // openBeneath would open name confined to dirfd in one call; this system has
 // no such call that this package uses, so the caller resolves name through
@@ -10,3 +14,6 @@ import "errors"
 func openBeneath(dirfd int, name string, flags int) (int, error) {
 	return -1, errors.ErrUnsupported
 }
+
+// sysStat is st itself here: os's Sys differs from system to system.
+func sysStat(st *unix.Stat_t) any { return st }

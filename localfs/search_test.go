@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -48,6 +49,8 @@ func TestSearchEqualsGeneric(t *testing.T) {
 		{Pattern: "**/*.go"},
 		{Exclude: workspace.Exclude{"many", "e"}},
 		{Limit: 20},
+		{Info: true},
+		{Dir: "abs", Info: true},
 	}
 	for _, req := range walks {
 		got, gerr := fsys.Walk(ctx, req)
@@ -76,6 +79,43 @@ func TestSearchEqualsGeneric(t *testing.T) {
 		}
 		if gerr == nil && got.Matches == 0 {
 			t.Errorf("Grep(%+v) found nothing: the case tests nothing", req)
+		}
+	}
+}
+
+// The walk describes each entry with fstatat(2) on the directory it holds:
+// what that gives equals os.Lstat, modes, times and Sys included.
+func TestWalkEntryInfo(t *testing.T) {
+	fsys, top := newFS(t, withParents([]string{"d/f:abc", "d/l => f", "d/sub/g:", "d/p|"})...)
+	ws := filepath.Join(top, "ws")
+	if err := os.Chmod(filepath.Join(ws, "d/f"), 0o4751); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(filepath.Join(ws, "d/sub"), 0o1777); err != nil {
+		t.Fatal(err)
+	}
+	ds := &dirStack{FS: fsys}
+	defer ds.close()
+	entries, err := ds.ReadDir(context.Background(), "d")
+	if err != nil || len(entries) != 4 {
+		t.Fatalf("ReadDir: %v, %v", entries, err)
+	}
+	for _, e := range entries {
+		got, err := e.Info()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := got.(*statInfo); !ok {
+			t.Fatalf("%s: Info is a %T, not fstatat's", e.Name(), got)
+		}
+		want, err := os.Lstat(filepath.Join(ws, "d", e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Name() != want.Name() || got.Mode() != want.Mode() || got.Size() != want.Size() ||
+			!got.ModTime().Equal(want.ModTime()) || got.IsDir() != want.IsDir() || !reflect.DeepEqual(got.Sys(), want.Sys()) {
+			t.Errorf("%s: Info %v %v %d %v, os.Lstat %v %v %d %v", e.Name(),
+				got.Name(), got.Mode(), got.Size(), got.ModTime(), want.Name(), want.Mode(), want.Size(), want.ModTime())
 		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"time"
 
 	"github.com/sandboxd/sandboxd/workspace"
 	"golang.org/x/sys/unix"
@@ -76,8 +77,84 @@ func (t *dirStack) ReadDir(ctx context.Context, name string) ([]fs.DirEntry, err
 		d.Close()
 		return nil, pathError("readdir", name, err)
 	}
+	for i, e := range entries {
+		entries[i] = atEntry{e, d}
+	}
 	t.open = append(t.open, heldDir{name, d})
 	return entries, nil
+}
+
+// atEntry is an entry of a directory the walk holds open: its Info is
+// fstatat(2) relative to that descriptor, not lstat(2) of its whole name
+// (which resolves every directory above it again — in a container, through
+// the overlay, ~110 µs an entry).
+type atEntry struct {
+	fs.DirEntry
+	dir *os.File
+}
+
+func (e atEntry) Info() (fs.FileInfo, error) {
+	rc, err := e.dir.SyscallConn()
+	if err != nil {
+		return e.DirEntry.Info()
+	}
+	var st unix.Stat_t
+	var serr error
+	// Control holds the descriptor: once the walk has closed it, Control
+	// fails and the entry is described by its name instead.
+	if err := rc.Control(func(fd uintptr) {
+		_, serr = ignoringEINTR(func() (int, error) {
+			return 0, unix.Fstatat(int(fd), e.Name(), &st, unix.AT_SYMLINK_NOFOLLOW)
+		})
+	}); err != nil {
+		return e.DirEntry.Info()
+	}
+	if serr != nil {
+		return nil, &fs.PathError{Op: "lstat", Path: e.Name(), Err: serr}
+	}
+	return &statInfo{name: e.Name(), st: st}, nil
+}
+
+// statInfo is an fs.FileInfo from a stat(2) structure, as package os
+// describes one; Sys is the *syscall.Stat_t os would give, where sysStat can
+// make one.
+type statInfo struct {
+	name string
+	st   unix.Stat_t
+}
+
+func (i *statInfo) Name() string       { return i.name }
+func (i *statInfo) Size() int64        { return i.st.Size }
+func (i *statInfo) IsDir() bool        { return i.Mode().IsDir() }
+func (i *statInfo) ModTime() time.Time { return time.Unix(i.st.Mtim.Unix()) }
+func (i *statInfo) Sys() any           { return sysStat(&i.st) }
+
+func (i *statInfo) Mode() fs.FileMode {
+	m := fs.FileMode(i.st.Mode & 0o777)
+	switch i.st.Mode & unix.S_IFMT {
+	case unix.S_IFBLK:
+		m |= fs.ModeDevice
+	case unix.S_IFCHR:
+		m |= fs.ModeDevice | fs.ModeCharDevice
+	case unix.S_IFDIR:
+		m |= fs.ModeDir
+	case unix.S_IFIFO:
+		m |= fs.ModeNamedPipe
+	case unix.S_IFLNK:
+		m |= fs.ModeSymlink
+	case unix.S_IFSOCK:
+		m |= fs.ModeSocket
+	}
+	if i.st.Mode&unix.S_ISGID != 0 {
+		m |= fs.ModeSetgid
+	}
+	if i.st.Mode&unix.S_ISUID != 0 {
+		m |= fs.ModeSetuid
+	}
+	if i.st.Mode&unix.S_ISVTX != 0 {
+		m |= fs.ModeSticky
+	}
+	return m
 }
 
 func (t *dirStack) pop() {

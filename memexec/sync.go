@@ -115,29 +115,25 @@ func copied(mode fs.FileMode) bool {
 func (b *Bash) scanMem(ctx context.Context, roots []string) (map[string]memState, []string, error) {
 	mem := map[string]memState{}
 	var order []string
-	var walk func(dir string) error
-	walk = func(dir string) error {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		entries, err := b.fsys.ReadDir(ctx, dir)
+	walk := func(dir string) error {
+		w, err := workspace.Walk(ctx, b.fsys, workspace.WalkRequest{Dir: dir, Info: true, Errors: true})
 		if err != nil {
 			if dir != "." && (errors.Is(err, workspace.ErrNotFound) || errors.Is(err, workspace.ErrNotADirectory)) {
 				return nil // removed or replaced meanwhile
 			}
 			return err
 		}
-		for _, d := range entries {
-			fi, err := d.Info()
-			if err != nil || !copied(fi.Mode()) {
-				continue
-			}
-			name := path.Join(dir, d.Name())
-			mem[name] = memStateOf(fi)
-			order = append(order, name)
-			if fi.IsDir() {
-				if err := walk(name); err != nil {
-					return err
+		for _, e := range w.Entries {
+			switch {
+			case e.Err != nil: // a directory below that could not be listed
+				if !errors.Is(e.Err, workspace.ErrNotFound) && !errors.Is(e.Err, workspace.ErrNotADirectory) {
+					return e.Err
+				} // else removed or replaced meanwhile
+			default:
+				fi, ok := e.FileInfo() // not ok: vanished since the listing
+				if ok && copied(fi.Mode()) {
+					mem[e.Path] = memStateOf(fi)
+					order = append(order, e.Path)
 				}
 			}
 		}

@@ -57,7 +57,7 @@ import (
 //     ancestor rule); otherwise they are refused with ErrProtected.
 //   - The extensions the inner FileSystem has are kept: the result is a
 //     workspace.SymlinkFS exactly when fsys is one, and always a MkdirAllFS,
-//     RemoveAllFS, LockFS, WalkFS and GrepFS whose answers equal the generic
+//     RemoveAllFS, LockFS, CheckFS, WalkFS and GrepFS whose answers equal the generic
 //     helpers' over the decorator. With Visible nil, reads, walks and searches
 //     go straight to fsys (its fast paths included); otherwise a walk and a
 //     search use the adapter's WalkFS and GrepFS and filter their answers (a
@@ -131,6 +131,7 @@ var (
 	_ workspace.LockFS      = (*scopedFS)(nil)
 	_ workspace.WalkFS      = (*scopedFS)(nil)
 	_ workspace.GrepFS      = (*scopedFS)(nil)
+	_ workspace.CheckFS     = (*scopedFS)(nil)
 	_ workspace.SymlinkFS   = (*linkFS)(nil)
 	_ workspace.WalkFS      = (*linkFS)(nil)
 	_ workspace.GrepFS      = (*linkFS)(nil)
@@ -416,6 +417,18 @@ func (s *scopedFS) Lock(ctx context.Context, name string) (func(), error) {
 		}
 	}
 	return workspace.Lock(ctx, s.inner, name)
+}
+
+// CheckChange asks the inner workspace's rules (a protect guard below the
+// scope) about a name that is shown; the commit scope itself is applied by
+// each change.
+func (s *scopedFS) CheckChange(ctx context.Context, name string) error {
+	if !s.readsAll() {
+		if _, err := s.prepare(ctx, "check", name, true, false, look); err != nil {
+			return err
+		}
+	}
+	return workspace.CheckChange(ctx, s.inner, name)
 }
 
 func (s *linkFS) Symlink(ctx context.Context, dest, name string) error {

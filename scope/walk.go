@@ -45,14 +45,18 @@ func (s *scopedFS) Walk(ctx context.Context, req workspace.WalkRequest) (workspa
 			return workspace.WalkResult{}, err
 		}
 		var out workspace.WalkResult
+		found := 0 // error entries left out, as Limit counts
 		for _, e := range res.Entries {
 			rel, ok := strings.CutPrefix(e.Path, prefix)
 			if !ok || !s.shown(e.Path, path.Join(t.real, rel), e.Type.IsDir()) {
 				continue
 			}
-			if req.Limit > 0 && len(out.Entries) == req.Limit {
-				out.Truncated = true
-				return out, nil
+			if e.Err == nil {
+				if req.Limit > 0 && found == req.Limit {
+					out.Truncated = true
+					return out, nil
+				}
+				found++
 			}
 			out.Entries = append(out.Entries, e)
 		}

@@ -244,54 +244,44 @@ func readSnapshot(ctx context.Context, fsys workspace.FileSystem, dir string, li
 		t.entries["\x00not a directory"] = &entry{}
 		return t, nil
 	}
-	var walk func(rel string) error
-	walk = func(rel string) error {
-		entries, err := fsys.ReadDir(ctx, path.Join(dir, rel))
+	walk := func() error {
+		w, err := workspace.Walk(ctx, fsys, workspace.WalkRequest{Dir: dir, Info: true, Errors: true})
 		if err != nil {
 			return err
 		}
-		for _, de := range entries {
-			name := path.Join(rel, de.Name())
-			full := path.Join(dir, name)
+		for _, we := range w.Entries {
+			if we.Err != nil {
+				return we.Err
+			}
+			name := strings.TrimPrefix(we.Path, dir+"/")
+			if _, ok := we.FileInfo(); !ok { // changed since it was listed
+				return errUnlike
+			}
 			var e *entry
-			switch typ := de.Type(); {
+			switch typ := we.Type; {
 			case typ.IsDir():
 				e = &entry{typ: fs.ModeDir}
 			case typ == fs.ModeSymlink:
-				sl, ok := fsys.(workspace.SymlinkFS)
-				if !ok {
+				if _, ok := fsys.(workspace.SymlinkFS); !ok || we.Link == "" {
 					return errUnlike
 				}
-				target, err := sl.Readlink(ctx, full)
-				if err != nil {
-					return errUnlike
-				}
-				e = &entry{typ: fs.ModeSymlink, target: target}
+				e = &entry{typ: fs.ModeSymlink, target: we.Link}
 			case typ.IsRegular():
-				info, err := fsys.Lstat(ctx, full)
+				data, err := fsys.ReadFile(ctx, we.Path, lim.MaxFileBytes)
 				if err != nil {
 					return errUnlike
 				}
-				data, err := fsys.ReadFile(ctx, full, lim.MaxFileBytes)
-				if err != nil {
-					return errUnlike
-				}
-				e = &entry{data: data, exec: info.Mode()&0o111 != 0}
+				e = &entry{data: data, exec: we.Mode&0o111 != 0}
 			default:
 				return errUnlike
 			}
 			if err := t.add(name, e); err != nil {
 				return errUnlike
 			}
-			if e.typ.IsDir() {
-				if err := walk(name); err != nil {
-					return err
-				}
-			}
 		}
 		return nil
 	}
-	switch err := walk("."); {
+	switch err := walk(); {
 	case errors.Is(err, errUnlike):
 		t.entries["\x00unlike any source"] = &entry{}
 	case err != nil:

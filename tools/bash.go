@@ -246,18 +246,18 @@ func (s *Set) saveOutput(ctx context.Context, data []byte) (string, error) {
 	}
 	s.spill.Lock()
 	defer s.spill.Unlock()
-	entries, err := s.env.FS.ReadDir(ctx, dir)
+	w, err := workspace.Walk(ctx, s.env.FS, workspace.WalkRequest{Dir: dir, Pattern: "bash-*.log", MaxDepth: 1, FilesOnly: true})
 	if err != nil {
 		return name, nil // saved; pruning waits for the next time
 	}
 	var spills []string // sorted by name, which is by time
-	for _, e := range entries {
-		if n := e.Name(); e.Type().IsRegular() && strings.HasPrefix(n, "bash-") && strings.HasSuffix(n, ".log") {
-			spills = append(spills, n)
+	for _, e := range w.Entries {
+		if e.Type.IsRegular() {
+			spills = append(spills, e.Path)
 		}
 	}
 	for _, n := range spills[:max(0, len(spills)-s.cfg.SpillKeep)] {
-		if err := s.env.FS.Remove(ctx, path.Join(dir, n)); err != nil && !errors.Is(err, workspace.ErrNotFound) {
+		if err := s.env.FS.Remove(ctx, n); err != nil && !errors.Is(err, workspace.ErrNotFound) {
 			break
 		}
 	}

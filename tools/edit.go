@@ -73,39 +73,27 @@ var editTool = newTool(spec[editArgs, *EditResult]{
 	journaled: yes,
 })
 
-// lockForChange resolves a path write or edit is to change, checks it
-// against the protect globs both as written and with its links resolved (a
-// link into .git is refused), and takes the file's write lock.
+// lockForChange resolves a path write or edit is to change, asks the view
+// whether it refuses the change (the guard refuses protected paths, as
+// written and with their links resolved: a link into .git is refused; the
+// rules refuse what is outside the commit scope), and takes the write lock
+// of the file the path leads to.
 func (s *Set) lockForChange(ctx context.Context, c *call, p string) (name string, unlock func(), err error) {
 	if name, err = s.resolve(p); err != nil {
 		return "", nil, err
 	}
-	real, err := s.mutable(ctx, c.fsys, name)
+	if name == "." {
+		return "", nil, newError(workspace.ErrNotAFile, "the workspace root is a directory, not a file")
+	}
+	if err := workspace.CheckChange(ctx, c.fsys, name); err != nil {
+		return "", nil, err
+	}
+	real, err := workspace.RealPath(ctx, c.fsys, s.root, name)
 	if err != nil {
 		return "", nil, err
 	}
 	unlock, err = workspace.Lock(ctx, c.fsys, real)
 	return name, unlock, err
-}
-
-func (s *Set) mutable(ctx context.Context, fsys workspace.FileSystem, name string) (string, error) {
-	if name == "." {
-		return "", newError(workspace.ErrNotAFile, "the workspace root is a directory, not a file")
-	}
-	protected := func(n string) error {
-		if s.cfg.Protect.Match(n) {
-			return newError(workspace.ErrProtected, "%s is protected: write and edit refuse paths matching %s", n, strings.Join(s.cfg.Protect, ", "))
-		}
-		return nil
-	}
-	if err := protected(name); err != nil {
-		return "", err
-	}
-	real, err := workspace.RealPath(ctx, fsys, s.root, name)
-	if err != nil {
-		return "", err
-	}
-	return real, protected(real)
 }
 
 func (s *Set) write(ctx context.Context, p writeArgs, c *call) (Result, error) {

@@ -229,7 +229,8 @@ func commitMessage(tool string, args json.RawMessage) string {
 func (s *Set) shellEnv(c *call) workspaceshell.Env {
 	sess := s.env.Session
 	sess.Root, sess.RunID = s.root, c.runID
-	env := workspaceshell.Env{FS: c.fsys, Session: sess, Protect: s.cfg.Protect, Exclude: s.cfg.Exclude,
+	// c.fsys is the guarded view: the shell adds no guard of its own.
+	env := workspaceshell.Env{FS: c.fsys, Session: sess, Protect: workspace.Protect{}, Exclude: s.cfg.Exclude,
 		MaxOutput: s.cfg.MaxBytes, MaxFileBytes: s.cfg.MaxFileBytes}
 	if s.cfg.Sources.HTTP() {
 		env.Sources = s.env.Sources

@@ -354,9 +354,12 @@ func (s *Set) hidesPaths() bool {
 	return false
 }
 
-// through returns fsys seen through the session's rules (fsys itself when
-// it has none).
+// through returns the session's one view of fsys: behind the guard of the
+// protect globs (workspace.Guard), then seen through the operator's rules
+// and the actor's scope. Every tool of both profiles reads and changes the
+// workspace through it; journaled calls get it over the journal's recorder.
 func (s *Set) through(fsys workspace.FileSystem) (workspace.FileSystem, error) {
+	fsys = workspace.Guard(fsys, s.root, s.cfg.Protect)
 	for _, r := range s.rules {
 		var err error
 		if fsys, err = scope.New(fsys, s.root, r); err != nil {
@@ -601,6 +604,10 @@ func errorResult(err error) Result {
 		r := te.res
 		r.Error, r.Message = te.err.Kind.Name(), te.err.Msg
 		return Result{Text: r.Error + ": " + r.Message, Structured: &r, IsError: true}
+	}
+	var pr *workspace.ProtectedError
+	if errors.As(err, &pr) { // the guard's message names the path
+		return failure(workspace.ErrProtected.Name(), pr.Error())
 	}
 	kind := KindInternal
 	if k := workspace.KindOf(err); k != nil {

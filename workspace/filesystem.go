@@ -109,6 +109,19 @@ type WalkFS interface {
 	Walk(ctx context.Context, req WalkRequest) (WalkResult, error)
 }
 
+// CheckFS is a FileSystem that refuses some changes by rule (the protect
+// guard of Guard, a scope's commit rules) and can say so before anything is
+// attempted: a command that changes several entries asks first, so that it
+// refuses the whole change rather than fail halfway.
+type CheckFS interface {
+	FileSystem
+	// CheckChange returns the error a change to name (writing, creating,
+	// removing or renaming it) would fail with by the file system's rules,
+	// or nil. It changes nothing. nil is no promise that the change will
+	// succeed: the entry may be missing, a directory, or read-only.
+	CheckChange(ctx context.Context, name string) error
+}
+
 // GrepFS is a FileSystem that searches file contents itself.
 // Its result must equal GrepGeneric's for the same request.
 type GrepFS interface {

@@ -1,6 +1,8 @@
 package workspace
 
 import (
+	"context"
+	"io/fs"
 	"path"
 	"slices"
 	"strings"
@@ -157,4 +159,235 @@ func EnvAllowed(allow []string, key string) bool {
 		}
 	}
 	return false
+}
+
+// ProtectedError is a change refused because Protect matches the name, as
+// written or with its links resolved. It matches ErrProtected. Guard returns
+// it as the Err of an *fs.PathError.
+type ProtectedError struct {
+	// Name is the name Protect matched: the name changed, or where its
+	// links lead.
+	Name    string
+	Protect Protect
+}
+
+func (e *ProtectedError) Error() string {
+	return e.Name + " is protected: changes to paths matching " + strings.Join(e.Protect, ", ") + " are refused"
+}
+
+func (e *ProtectedError) Unwrap() error { return ErrProtected }
+
+// Guard returns fsys with every change to a name p protects refused. It is
+// the one place write protection is checked: the tool set builds its view
+// of the workspace on it, and every tool — write, edit, the shell's commands
+// and mutations — changes files through that view. root is the workspace
+// root as an absolute slash path, against which absolute link targets are
+// resolved. An empty p returns fsys itself.
+//
+// What it guarantees:
+//
+//   - A change to a protected name fails with a *ProtectedError (in an
+//     *fs.PathError naming the name as given) before anything is changed.
+//     WriteFile, Mkdir, MkdirAll, Remove, RemoveAll, Rename (both ends) and
+//     Symlink check the name as written and where it leads with its links
+//     resolved (workspace.RealPath: a link into .git is refused), so a link
+//     is no way around the globs.
+//   - RemoveAll and Rename of a directory check every entry below it (for
+//     Rename, under its new name too) and refuse the whole change when one
+//     is protected: a tree that holds a protected entry is neither removed
+//     nor moved, not even in part.
+//   - Reads, walks and searches go straight to fsys, its fast paths
+//     included. The result is a CheckFS (CheckChange is the check above,
+//     without the tree), a MkdirAllFS, RemoveAllFS, LockFS, WalkFS and
+//     GrepFS, and a SymlinkFS exactly when fsys is one.
+//
+// What it does not guarantee: the link check is a lookup made just before
+// the change, not a lock; a process that swaps links in the workspace
+// between the two can redirect that one change (never outside the root:
+// confinement stays the adapter's). Commands a Bash runs are not bound by it.
+func Guard(fsys FileSystem, root string, p Protect) FileSystem {
+	if len(p) == 0 {
+		return fsys
+	}
+	g := &guardFS{inner: fsys, root: root, protect: slices.Clone(p)}
+	if sl, ok := fsys.(SymlinkFS); ok {
+		g.links = sl
+		return &guardLinkFS{g}
+	}
+	return g
+}
+
+// CheckChange asks fsys whether it would refuse a change to name by its
+// rules (see CheckFS); a FileSystem that is no CheckFS refuses none.
+func CheckChange(ctx context.Context, fsys FileSystem, name string) error {
+	if c, ok := fsys.(CheckFS); ok {
+		return c.CheckChange(ctx, name)
+	}
+	return nil
+}
+
+type guardFS struct {
+	inner   FileSystem
+	links   SymlinkFS // inner, when it is one
+	root    string
+	protect Protect
+}
+
+type guardLinkFS struct{ *guardFS }
+
+var (
+	_ CheckFS     = (*guardFS)(nil)
+	_ MkdirAllFS  = (*guardFS)(nil)
+	_ RemoveAllFS = (*guardFS)(nil)
+	_ LockFS      = (*guardFS)(nil)
+	_ WalkFS      = (*guardFS)(nil)
+	_ GrepFS      = (*guardFS)(nil)
+	_ SwapFS      = (*guardFS)(nil)
+	_ SymlinkFS   = (*guardLinkFS)(nil)
+)
+
+// check refuses a change to name when name, or where its links lead, is
+// protected.
+func (g *guardFS) check(ctx context.Context, op, name string) error {
+	if g.protect.Match(name) {
+		return g.refuse(op, name, name)
+	}
+	real, err := RealPath(ctx, g.inner, g.root, name)
+	if err != nil {
+		return err
+	}
+	if real != name && g.protect.Match(real) {
+		return g.refuse(op, name, real)
+	}
+	return nil
+}
+
+func (g *guardFS) refuse(op, name, matched string) error {
+	return &fs.PathError{Op: op, Path: name, Err: &ProtectedError{Name: matched, Protect: g.protect}}
+}
+
+// checkTree checks name and, when it is a directory, every entry below it;
+// with to set, each entry's name under to as well. A link below name is one
+// entry, never followed.
+func (g *guardFS) checkTree(ctx context.Context, op, name, to string) error {
+	if err := g.check(ctx, op, name); err != nil {
+		return err
+	}
+	if info, err := g.inner.Lstat(ctx, name); err != nil || !info.IsDir() {
+		return nil // the operation itself reports what is wrong
+	}
+	w, err := Walk(ctx, g.inner, WalkRequest{Dir: name})
+	if err != nil {
+		return err
+	}
+	for _, e := range w.Entries {
+		if g.protect.Match(e.Path) {
+			return g.refuse(op, name, e.Path)
+		}
+		if moved := path.Join(to, strings.TrimPrefix(e.Path, name+"/")); to != "" && g.protect.Match(moved) {
+			return g.refuse(op, name, moved)
+		}
+	}
+	return nil
+}
+
+func (g *guardFS) CheckChange(ctx context.Context, name string) error {
+	if err := g.check(ctx, "change", name); err != nil {
+		return err
+	}
+	return CheckChange(ctx, g.inner, name)
+}
+
+func (g *guardFS) Stat(ctx context.Context, name string) (fs.FileInfo, error) {
+	return g.inner.Stat(ctx, name)
+}
+
+func (g *guardFS) Lstat(ctx context.Context, name string) (fs.FileInfo, error) {
+	return g.inner.Lstat(ctx, name)
+}
+
+func (g *guardFS) ReadDir(ctx context.Context, name string) ([]fs.DirEntry, error) {
+	return g.inner.ReadDir(ctx, name)
+}
+
+func (g *guardFS) ReadFile(ctx context.Context, name string, max int64) ([]byte, error) {
+	return g.inner.ReadFile(ctx, name, max)
+}
+
+func (g *guardFS) WriteFile(ctx context.Context, name string, data []byte, perm fs.FileMode) error {
+	if err := g.check(ctx, "write", name); err != nil {
+		return err
+	}
+	return g.inner.WriteFile(ctx, name, data, perm)
+}
+
+// Swap checks the change as WriteFile does, then swaps through the inner
+// file system's SwapFS when it has one (one call on Docker), or with
+// SwapGeneric over it.
+func (g *guardFS) Swap(ctx context.Context, req SwapRequest) (SwapResult, error) {
+	if err := g.check(ctx, "write", req.Name); err != nil {
+		return SwapResult{}, err
+	}
+	return Swap(ctx, g.inner, req)
+}
+
+func (g *guardFS) Mkdir(ctx context.Context, name string, perm fs.FileMode) error {
+	if err := g.check(ctx, "mkdir", name); err != nil {
+		return err
+	}
+	return g.inner.Mkdir(ctx, name, perm)
+}
+
+func (g *guardFS) MkdirAll(ctx context.Context, name string, perm fs.FileMode) error {
+	if err := g.check(ctx, "mkdir", name); err != nil {
+		return err
+	}
+	return MkdirAll(ctx, g.inner, name, perm)
+}
+
+func (g *guardFS) Remove(ctx context.Context, name string) error {
+	if err := g.check(ctx, "remove", name); err != nil {
+		return err
+	}
+	return g.inner.Remove(ctx, name)
+}
+
+func (g *guardFS) RemoveAll(ctx context.Context, name string) error {
+	if err := g.checkTree(ctx, "removeall", name, ""); err != nil {
+		return err
+	}
+	return RemoveAll(ctx, g.inner, name)
+}
+
+func (g *guardFS) Rename(ctx context.Context, oldname, newname string) error {
+	if err := g.checkTree(ctx, "rename", oldname, newname); err != nil {
+		return err
+	}
+	if err := g.check(ctx, "rename", newname); err != nil {
+		return err
+	}
+	return g.inner.Rename(ctx, oldname, newname)
+}
+
+func (g *guardFS) Lock(ctx context.Context, name string) (func(), error) {
+	return Lock(ctx, g.inner, name)
+}
+
+func (g *guardFS) Walk(ctx context.Context, req WalkRequest) (WalkResult, error) {
+	return Walk(ctx, g.inner, req)
+}
+
+func (g *guardFS) Grep(ctx context.Context, req GrepRequest) (GrepResult, error) {
+	return Grep(ctx, g.inner, req)
+}
+
+func (g *guardLinkFS) Symlink(ctx context.Context, target, name string) error {
+	if err := g.check(ctx, "symlink", name); err != nil {
+		return err
+	}
+	return g.links.Symlink(ctx, target, name)
+}
+
+func (g *guardLinkFS) Readlink(ctx context.Context, name string) (string, error) {
+	return g.links.Readlink(ctx, name)
 }

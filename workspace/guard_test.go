@@ -1,10 +1,13 @@
 package workspace_test
 
 import (
+	"context"
 	"errors"
+	"io/fs"
 	"slices"
 	"testing"
 
+	"github.com/sandboxd/sandboxd/memfs"
 	"github.com/sandboxd/sandboxd/workspace"
 )
 
@@ -134,4 +137,117 @@ func TestKinds(t *testing.T) {
 	if workspace.KindOf(workspace.PathError("op", "p", workspace.ErrNotFound)) != workspace.ErrNotFound {
 		t.Error("KindOf")
 	}
+}
+
+// TestGuard: every change the guard's globs name — as written or through a
+// link, a tree holding one moved or removed — fails with a
+// *ProtectedError before anything changes; the rest passes through.
+func TestGuard(t *testing.T) {
+	ctx := context.Background()
+	setup := func(t *testing.T) (*memfs.FS, workspace.FileSystem) {
+		inner := memfs.New()
+		for _, d := range []string{".git/hooks", "d/sub", "free"} {
+			if err := workspace.MkdirAll(ctx, inner, d, 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, f := range []string{".git/config", "d/x", "d/sub/secret", "a"} {
+			if err := inner.WriteFile(ctx, f, []byte(f), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := inner.Symlink(ctx, ".git/hooks", "hooks"); err != nil {
+			t.Fatal(err)
+		}
+		g := workspace.Guard(inner, "/workspace", workspace.Protect{".git/**", "**/secret"})
+		if _, ok := g.(workspace.SymlinkFS); !ok {
+			t.Fatal("the guard over a SymlinkFS is no SymlinkFS")
+		}
+		return inner, g
+	}
+	sl := func(g workspace.FileSystem) workspace.SymlinkFS { return g.(workspace.SymlinkFS) }
+	refused := []struct {
+		name, matched string
+		op            func(g workspace.FileSystem) error
+	}{
+		{"write", ".git/config", func(g workspace.FileSystem) error { return g.WriteFile(ctx, ".git/config", nil, 0o644) }},
+		{"write case", ".GIT/x", func(g workspace.FileSystem) error { return g.WriteFile(ctx, ".GIT/x", nil, 0o644) }},
+		{"write through a link", ".git/hooks/pre-commit", func(g workspace.FileSystem) error {
+			return g.WriteFile(ctx, "hooks/pre-commit", nil, 0o644)
+		}},
+		{"mkdir", ".git/new", func(g workspace.FileSystem) error { return g.Mkdir(ctx, ".git/new", 0o755) }},
+		{"mkdirall", ".git/a/b", func(g workspace.FileSystem) error { return workspace.MkdirAll(ctx, g, ".git/a/b", 0o755) }},
+		{"remove", "d/sub/secret", func(g workspace.FileSystem) error { return g.Remove(ctx, "d/sub/secret") }},
+		{"removeall of a tree holding one", "d/sub/secret", func(g workspace.FileSystem) error { return workspace.RemoveAll(ctx, g, "d") }},
+		{"rename of a tree holding one", "d/sub/secret", func(g workspace.FileSystem) error { return g.Rename(ctx, "d", "e") }},
+		{"rename into", ".git/hooks/a", func(g workspace.FileSystem) error { return g.Rename(ctx, "a", ".git/hooks/a") }},
+		{"rename a tree onto names protected there", ".git/sub", func(g workspace.FileSystem) error { return g.Rename(ctx, "free", ".git") }},
+		{"symlink", ".git/l", func(g workspace.FileSystem) error { return sl(g).Symlink(ctx, "a", ".git/l") }},
+		{"check", ".git/hooks/x", func(g workspace.FileSystem) error { return workspace.CheckChange(ctx, g, "hooks/x") }},
+		{"swap", ".git/config", func(g workspace.FileSystem) error {
+			_, err := workspace.Swap(ctx, g, workspace.SwapRequest{Name: ".git/config", Root: "/workspace", Perm: 0o644})
+			return err
+		}},
+		{"swap through a link", ".git/hooks/pre-commit", func(g workspace.FileSystem) error {
+			_, err := workspace.Swap(ctx, g, workspace.SwapRequest{Name: "hooks/pre-commit", Root: "/workspace", Perm: 0o644})
+			return err
+		}},
+	}
+	for _, tc := range refused {
+		t.Run(tc.name, func(t *testing.T) {
+			inner, g := setup(t)
+			if tc.name == "rename a tree onto names protected there" {
+				inner.WriteFile(ctx, "free/sub", nil, 0o644)
+			}
+			before, _ := workspace.Walk(ctx, inner, workspace.WalkRequest{})
+			err := tc.op(g)
+			var pr *workspace.ProtectedError
+			var pe *fs.PathError
+			if !errors.As(err, &pr) || !errors.As(err, &pe) || !errors.Is(err, workspace.ErrProtected) || pr.Name != tc.matched {
+				t.Fatalf("got %v; want a *ProtectedError naming %s in an *fs.PathError", err, tc.matched)
+			}
+			if after, _ := workspace.Walk(ctx, inner, workspace.WalkRequest{}); !slices.Equal(after.Entries, before.Entries) {
+				t.Errorf("the workspace changed: %v, was %v", after.Entries, before.Entries)
+			}
+		})
+	}
+	_, g := setup(t)
+	for _, op := range []func() error{
+		func() error { return g.WriteFile(ctx, "d/y", []byte("y"), 0o644) },
+		func() error { return g.Rename(ctx, "d/x", "free/x") },
+		func() error { return workspace.RemoveAll(ctx, g, "free") },
+		func() error { return workspace.CheckChange(ctx, g, "d/z") },
+		func() error {
+			_, err := workspace.Swap(ctx, g, workspace.SwapRequest{Name: "d/x", Data: []byte("x2"), Root: "/workspace", Perm: 0o644, Max: 100})
+			return err
+		},
+	} {
+		if err := op(); err != nil {
+			t.Errorf("an unprotected change failed: %v", err)
+		}
+	}
+	if data, err := g.ReadFile(ctx, ".git/config", 100); err != nil || string(data) != ".git/config" {
+		t.Errorf("reads pass through: %q, %v", data, err)
+	}
+	// A swap the guard lets through is the inner file system's own, in
+	// one call where it has one.
+	swapper := &countingSwap{FS: memfs.New()}
+	if _, err := workspace.Swap(ctx, workspace.Guard(swapper, "/workspace", workspace.Protect{".git/**"}),
+		workspace.SwapRequest{Name: "f", Data: []byte("f"), Root: "/workspace", Perm: 0o644}); err != nil || swapper.swaps != 1 {
+		t.Errorf("a guarded swap: %v, %d swaps of the inner file system; want 1", err, swapper.swaps)
+	}
+	if inner := memfs.New(); workspace.Guard(inner, "/workspace", workspace.Protect{}) != workspace.FileSystem(inner) {
+		t.Error("an empty guard is not the file system itself")
+	}
+}
+
+// countingSwap is a memfs with a SwapFS of its own that counts its swaps.
+type countingSwap struct {
+	*memfs.FS
+	swaps int
+}
+
+func (c *countingSwap) Swap(ctx context.Context, req workspace.SwapRequest) (workspace.SwapResult, error) {
+	c.swaps++
+	return workspace.SwapGeneric(ctx, c.FS, req)
 }

@@ -2,10 +2,12 @@ package workspace
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io/fs"
 	"path"
 	"strings"
+	"time"
 
 	"github.com/bmatcuk/doublestar/v4"
 )
@@ -26,10 +28,25 @@ type WalkRequest struct {
 	// Limit stops the walk after that many entries, with Truncated set; zero
 	// means no limit.
 	Limit int
-	// Info fills each entry's Mode, Size and Link, so a caller needs no
+	// MaxDepth, when positive, lists no entry deeper than that below the
+	// start: 1 lists the start's own entries and enters none of its
+	// directories. Zero means no limit.
+	MaxDepth int
+	// Info fills each entry's Mode, Size, ModTime and Link, so a caller needs no
 	// Lstat or Readlink of its own. It costs a stat of every entry (and a
 	// readlink of every link), which a walk without it does not make.
 	Info bool
+	// ListExcluded lists the entries Exclude names all the same; an
+	// excluded directory is still not entered (as ls -R shows node_modules
+	// but not what it holds).
+	ListExcluded bool
+	// Errors reports each directory below the start that the walk could
+	// not read, as fs.WalkDir does by calling its function a second time for
+	// it: one more entry for the directory, right after its own, with Err
+	// set. Without it such a directory is skipped in silence. Error entries
+	// are not selected by Pattern or FilesOnly and do not count against
+	// Limit.
+	Errors bool
 }
 
 // WalkEntry is one entry a walk found.
@@ -39,13 +56,88 @@ type WalkEntry struct {
 	// Type is the entry's type bits (fs.ModeDir, fs.ModeSymlink, …; 0 for a
 	// regular file), as fs.DirEntry.Type reports them.
 	Type fs.FileMode
-	// Mode, Size and Link are set when the request asks for Info: the
-	// entry's mode (type and permission bits) and size as Lstat reports
-	// them, and a link's target as Readlink reports it. An entry that
-	// vanished before it could be described keeps Type alone.
-	Mode fs.FileMode `json:",omitempty"`
-	Size int64       `json:",omitempty"`
-	Link string      `json:",omitempty"`
+	// Mode, Size, ModTime and Link are set when the request asks for Info:
+	// the entry's mode (type and permission bits), size and modification
+	// time (in UTC) as Lstat reports them, and a link's target as Readlink
+	// reports it. An entry that vanished before it could be described keeps
+	// Type alone.
+	Mode    fs.FileMode `json:",omitempty"`
+	Size    int64       `json:",omitempty"`
+	ModTime time.Time   `json:",omitzero"`
+	Link    string      `json:",omitempty"`
+	// Err is set on the second entry of a directory the walk could not
+	// read, when the request asks for Errors: the *fs.PathError of its
+	// ReadDir. It crosses a process boundary as its Kind and message
+	// (see MarshalJSON), so errors.Is still matches the Kind.
+	Err error `json:"-"`
+}
+
+// FileInfo is the entry as an fs.FileInfo, from what Info described (Sys
+// is nil); ok is false when the entry was not described — the request did
+// not ask for Info, or the entry changed between its listing and its stat.
+func (e WalkEntry) FileInfo() (info fs.FileInfo, ok bool) {
+	if e.Err != nil || e.Mode.Type() != e.Type || (e.Mode == 0 && e.Size == 0 && e.ModTime.IsZero()) {
+		return nil, false
+	}
+	return walkInfo{e}, true
+}
+
+type walkInfo struct{ e WalkEntry }
+
+func (i walkInfo) Name() string       { return path.Base(i.e.Path) }
+func (i walkInfo) Size() int64        { return i.e.Size }
+func (i walkInfo) Mode() fs.FileMode  { return i.e.Mode }
+func (i walkInfo) ModTime() time.Time { return i.e.ModTime }
+func (i walkInfo) IsDir() bool        { return i.e.Type.IsDir() }
+func (i walkInfo) Sys() any           { return nil }
+
+// walkEntryJSON is a WalkEntry on the wire: Err as its Kind's name and its
+// message.
+type walkEntryJSON struct {
+	walkEntryFields
+	ErrKind string `json:",omitempty"`
+	ErrMsg  string `json:",omitempty"`
+}
+
+// walkEntryFields is WalkEntry without its methods.
+type walkEntryFields WalkEntry
+
+// MarshalJSON encodes the entry, an Err as the name of its Kind
+// (ErrUnavailable's when it has none) and its message.
+func (e WalkEntry) MarshalJSON() ([]byte, error) {
+	w := walkEntryJSON{walkEntryFields: walkEntryFields(e)}
+	if e.Err != nil {
+		k := KindOf(e.Err)
+		if k == nil {
+			k = ErrUnavailable
+		}
+		w.ErrKind, w.ErrMsg = k.Name(), e.Err.Error()
+		var pe *fs.PathError
+		if errors.As(e.Err, &pe) {
+			w.ErrMsg = pe.Err.Error()
+		}
+	}
+	return json.Marshal(w)
+}
+
+// UnmarshalJSON decodes what MarshalJSON encodes; an error becomes an
+// *fs.PathError (op "readdir", the entry's path) carrying a *Error of its
+// Kind, or of ErrUnavailable when the name is unknown.
+func (e *WalkEntry) UnmarshalJSON(data []byte) error {
+	var w walkEntryJSON
+	if err := json.Unmarshal(data, &w); err != nil {
+		return err
+	}
+	*e = WalkEntry(w.walkEntryFields)
+	e.Err = nil
+	if w.ErrKind != "" || w.ErrMsg != "" {
+		k := KindByName(w.ErrKind)
+		if k == nil {
+			k = ErrUnavailable
+		}
+		e.Err = &fs.PathError{Op: "readdir", Path: w.Path, Err: &Error{Kind: k, Msg: w.ErrMsg}}
+	}
+	return nil
 }
 
 // WalkResult is what a walk found, in walk order: depth first, each
@@ -59,7 +151,8 @@ type WalkResult struct {
 // Walk lists a tree: through the adapter's WalkFS when it has one, otherwise
 // with WalkGeneric. A walk never follows a symbolic link into a directory and
 // never enters an excluded name. Directories it cannot read below the start
-// are skipped; a start that cannot be read fails the walk.
+// are skipped (or reported, see WalkRequest.Errors); a start that cannot be
+// read fails the walk.
 func Walk(ctx context.Context, fsys FileSystem, req WalkRequest) (WalkResult, error) {
 	if w, ok := fsys.(WalkFS); ok {
 		return w.Walk(ctx, req)
@@ -86,13 +179,13 @@ func WalkGeneric(ctx context.Context, fsys FileSystem, req WalkRequest) (WalkRes
 		if info.Mode()&fs.ModeSymlink != 0 {
 			// A link named as the start is followed once, as a user would expect.
 			if ti, err := fsys.Stat(ctx, start); err == nil && ti.IsDir() {
-				return w.result(w.dir(start))
+				return w.result(w.dir(start, 1))
 			}
 		}
 		w.visit(start, info.Mode().Type(), func() (fs.FileInfo, error) { return info, nil })
 		return w.result(nil)
 	}
-	return w.result(w.dir(start))
+	return w.result(w.dir(start, 1))
 }
 
 type walker struct {
@@ -100,6 +193,7 @@ type walker struct {
 	fsys FileSystem
 	req  WalkRequest
 	out  WalkResult
+	n    int // entries found, error entries left out
 }
 
 var errWalkDone = errors.New("walk limit reached")
@@ -120,14 +214,15 @@ func (w *walker) visit(name string, typ fs.FileMode, info func() (fs.FileInfo, e
 	if w.req.Pattern != "" && !GlobMatch(w.req.Pattern, name) {
 		return nil
 	}
-	if w.req.Limit > 0 && len(w.out.Entries) >= w.req.Limit {
+	if w.req.Limit > 0 && w.n >= w.req.Limit {
 		w.out.Truncated = true
 		return errWalkDone
 	}
+	w.n++
 	e := WalkEntry{Path: name, Type: typ}
 	if w.req.Info {
 		if fi, err := info(); err == nil && fi.Mode().Type() == typ {
-			e.Mode, e.Size = fi.Mode(), fi.Size()
+			e.Mode, e.Size, e.ModTime = fi.Mode(), fi.Size(), fi.ModTime().UTC() // UTC: the same on both sides of the wire
 			if sl, ok := w.fsys.(SymlinkFS); ok && typ == fs.ModeSymlink {
 				e.Link, _ = sl.Readlink(w.ctx, name)
 			}
@@ -137,7 +232,8 @@ func (w *walker) visit(name string, typ fs.FileMode, info func() (fs.FileInfo, e
 	return nil
 }
 
-func (w *walker) dir(name string) error {
+// dir lists name, whose entries lie at depth below the start.
+func (w *walker) dir(name string, depth int) error {
 	if err := w.ctx.Err(); err != nil {
 		return err
 	}
@@ -147,18 +243,23 @@ func (w *walker) dir(name string) error {
 	}
 	for _, e := range entries {
 		child := path.Join(name, e.Name())
-		if w.req.Exclude.Skip(child) {
+		excluded := w.req.Exclude.Skip(child)
+		if excluded && !w.req.ListExcluded {
 			continue
 		}
 		if err := w.visit(child, e.Type(), e.Info); err != nil {
 			return err
 		}
-		if e.IsDir() { // a link to a directory is not IsDir: never entered
-			if err := w.dir(child); err != nil {
+		if e.IsDir() && !excluded && (w.req.MaxDepth <= 0 || depth < w.req.MaxDepth) { // a link to a directory is not IsDir: never entered
+			if err := w.dir(child, depth+1); err != nil {
 				if err == errWalkDone || w.ctx.Err() != nil {
 					return err
 				}
-				// an unreadable directory below the start is skipped
+				// An unreadable directory below the start is skipped, or
+				// reported when the request asks for errors.
+				if w.req.Errors {
+					w.out.Entries = append(w.out.Entries, WalkEntry{Path: child, Type: fs.ModeDir, Err: err})
+				}
 			}
 		}
 	}

@@ -148,12 +148,17 @@ func errText(err error) string {
 }
 
 // ownMessage returns the message of an error this package (or the journal)
-// worded itself: a *workspace.Error that no *fs.PathError carries. An
+// worded itself: a *workspace.Error that no *fs.PathError carries, or the
+// guard's *workspace.ProtectedError, which names the path itself. An
 // adapter's error names an operation and a path, and is worded from its kind.
 func ownMessage(err error) (string, bool) {
 	var e *workspace.Error
 	var pe *fs.PathError
-	if errors.As(err, &e) && !errors.As(err, &pe) {
+	var pr *workspace.ProtectedError
+	switch {
+	case errors.As(err, &pr): // the guard's, naming the path
+		return pr.Error(), true
+	case errors.As(err, &e) && !errors.As(err, &pe):
 		return e.Msg, true
 	}
 	return "", false
@@ -309,11 +314,40 @@ func (o lsOpts) sort(es []lsEntry) {
 	})
 }
 
-// lsDir lists one directory (and, with -R, those below it).
+// lsDir lists one directory (and, with -R, those below it, an excluded
+// name listed but not entered), all described by one workspace.Walk.
 func (c *call) lsDir(d lsEntry, o lsOpts) int {
-	fsys := c.r.env.FS
-	entries, err := fsys.ReadDir(c.ctx, d.ws)
+	req := workspace.WalkRequest{Dir: d.ws, Info: true, Errors: true, MaxDepth: 1}
+	if o.recursive {
+		req.MaxDepth, req.Exclude, req.ListExcluded = 0, c.r.env.exclude(), true
+	}
+	w, err := workspace.Walk(c.ctx, c.r.env.FS, req)
 	if err != nil {
+		c.errorf("cannot open directory '%s': %s", d.name, errText(err))
+		return 2
+	}
+	t := lsTree{entries: map[string][]workspace.WalkEntry{}, failed: map[string]error{}}
+	for _, e := range w.Entries {
+		if e.Err != nil {
+			t.failed[e.Path] = e.Err
+			continue
+		}
+		t.entries[path.Dir(e.Path)] = append(t.entries[path.Dir(e.Path)], e)
+	}
+	return c.lsList(d, o, t)
+}
+
+// lsTree is what a walk found: the entries of each directory, and the
+// directories that could not be read.
+type lsTree struct {
+	entries map[string][]workspace.WalkEntry
+	failed  map[string]error
+}
+
+// lsList prints the directory d from t (and, with -R, those below it).
+func (c *call) lsList(d lsEntry, o lsOpts, t lsTree) int {
+	fsys := c.r.env.FS
+	if err := t.failed[d.ws]; err != nil {
 		c.errorf("cannot open directory '%s': %s", d.name, errText(err))
 		return 2
 	}
@@ -332,18 +366,21 @@ func (c *call) lsDir(d lsEntry, o lsOpts) int {
 		}
 	}
 	status := 0
-	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), ".") && !o.all && !o.almost {
+	for _, e := range t.entries[d.ws] {
+		name := path.Base(e.Path)
+		if strings.HasPrefix(name, ".") && !o.all && !o.almost {
 			continue
 		}
-		ws := path.Join(d.ws, e.Name())
-		info, err := fsys.Lstat(c.ctx, ws)
-		if err != nil {
-			c.errorf("cannot access '%s': %s", display(d.name, e.Name()), errText(err))
-			status = 1
-			continue
+		info, ok := e.FileInfo()
+		if !ok { // changed since the listing
+			var err error
+			if info, err = fsys.Lstat(c.ctx, e.Path); err != nil {
+				c.errorf("cannot access '%s': %s", display(d.name, name), errText(err))
+				status = 1
+				continue
+			}
 		}
-		list = append(list, lsEntry{name: e.Name(), ws: ws, info: info})
+		list = append(list, lsEntry{name: name, ws: e.Path, info: info})
 	}
 	o.sort(list)
 	c.lsPrint(list, o)
@@ -356,7 +393,7 @@ func (c *call) lsDir(d lsEntry, o lsOpts) int {
 		}
 		sub := lsEntry{name: display(d.name, e.name), ws: e.ws, info: e.info}
 		c.print("\n" + sub.name + ":\n")
-		if s := c.lsDir(sub, o); s > status {
+		if s := c.lsList(sub, o, t); s > status {
 			status = s
 		}
 	}
@@ -782,37 +819,6 @@ func cmdFind(c *call) int {
 		return 2
 	}
 	status := 0
-	var visit func(e *findEntry)
-	visit = func(e *findEntry) {
-		if c.stopped() {
-			return
-		}
-		eval := func() {
-			if e.depth >= p.minDepth && expr(e) && !p.hasAction {
-				c.print(e.disp + "\n")
-			}
-		}
-		if !p.depthLast {
-			eval()
-		}
-		if e.typ == fs.ModeDir && !e.prune && (p.maxDepth < 0 || e.depth < p.maxDepth) {
-			entries, err := c.r.env.FS.ReadDir(c.ctx, e.ws)
-			if err != nil {
-				c.errorf("'%s': %s", e.disp, errText(err))
-				status = 1
-			}
-			for _, d := range entries {
-				ws := path.Join(e.ws, d.Name())
-				if c.r.env.exclude().Skip(ws) {
-					continue
-				}
-				visit(&findEntry{c: c, ws: ws, disp: display(e.disp, d.Name()), depth: e.depth + 1, typ: d.Type()})
-			}
-		}
-		if p.depthLast {
-			eval()
-		}
-	}
 	for _, s := range starts {
 		name, err := c.resolve(s)
 		var info fs.FileInfo
@@ -824,9 +830,86 @@ func cmdFind(c *call) int {
 			status = 1
 			continue
 		}
-		visit(&findEntry{c: c, ws: name, disp: s, typ: info.Mode().Type(), info: info})
+		status = max(status, c.findTree(&findEntry{c: c, ws: name, disp: s, typ: info.Mode().Type(), info: info}, p, expr))
 	}
 	return status
+}
+
+// findTree evaluates expr on start and, when it is a directory, on the tree
+// below it, listed by one workspace.Walk: each directory before its entries,
+// or after them with -depth. A directory that cannot be read is named on
+// stderr, and the status is then 1.
+func (c *call) findTree(start *findEntry, p *findParser, expr findExpr) int {
+	eval := func(e *findEntry) {
+		if e.depth >= p.minDepth && expr(e) && !p.hasAction {
+			c.print(e.disp + "\n")
+		}
+	}
+	// entered says whether the walk goes below the directory e: with -depth
+	// it is evaluated later, when the walk leaves it; else now, and -prune
+	// keeps the walk out.
+	var open []*findEntry // with -depth: directories entered, outermost first
+	entered := func(e *findEntry) bool {
+		if e.typ != fs.ModeDir || (p.maxDepth >= 0 && e.depth >= p.maxDepth) {
+			eval(e)
+			return false
+		}
+		if p.depthLast {
+			open = append(open, e)
+			return true
+		}
+		eval(e)
+		return !e.prune
+	}
+	leave := func(ws string) { // evaluates the open directories ws is not below
+		for len(open) > 0 && !isBelow(ws, open[len(open)-1].ws) {
+			eval(open[len(open)-1])
+			open = open[:len(open)-1]
+		}
+	}
+	if !entered(start) {
+		return 0
+	}
+	status := 0
+	w, err := workspace.Walk(c.ctx, c.r.env.FS, workspace.WalkRequest{Dir: start.ws, Exclude: c.r.env.exclude(), Errors: true, MaxDepth: max(p.maxDepth, 0)})
+	if err != nil {
+		c.errorf("'%s': %s", start.disp, errText(err))
+		status = 1
+	}
+	pruned := "" // a directory the walk is kept out of, with a trailing "/"
+	for _, we := range w.Entries {
+		if c.stopped() {
+			return status
+		}
+		rel := strings.TrimPrefix(we.Path, start.ws+"/")
+		if start.ws == "." {
+			rel = we.Path
+		}
+		if pruned != "" && strings.HasPrefix(rel+"/", pruned) {
+			continue // below a pruned directory, or its error
+		}
+		pruned = ""
+		if we.Err != nil {
+			c.errorf("'%s': %s", display(start.disp, rel), errText(we.Err))
+			status = 1
+			continue
+		}
+		e := &findEntry{c: c, ws: we.Path, disp: display(start.disp, rel), depth: strings.Count(rel, "/") + 1, typ: we.Type}
+		leave(e.ws)
+		if !entered(e) && e.typ == fs.ModeDir {
+			pruned = rel + "/"
+		}
+	}
+	leave("")
+	return status
+}
+
+// isBelow says whether the workspace name lies below the directory dir.
+func isBelow(name, dir string) bool {
+	if dir == "." {
+		return name != "." && name != ""
+	}
+	return strings.HasPrefix(name, dir+"/")
 }
 
 // ---- cat

@@ -21,9 +21,12 @@ import (
 //     link, fails with workspace.ErrOutsideWorkspace (the FileSystem port
 //     enforces it at the moment of use);
 //   - protect globs: a path matching Env.Protect, as written or with its links
-//     resolved, fails with workspace.ErrProtected, and so does a copy, move
-//     or delete of a directory with a protected path anywhere below it — the
-//     whole tree is checked before anything changes;
+//     resolved, fails with workspace.ErrProtected (a *workspace.ProtectedError),
+//     and so does a move or delete of a directory with a protected path
+//     anywhere below it — the whole tree is checked before anything changes.
+//     The check is workspace.Guard's, the one every tool changes files
+//     through; the operations ask it (workspace.CheckChange) before they
+//     start, so a refused path is named as the argument that led to it;
 //   - no half-written files: files are written with FileSystem.WriteFile,
 //     which replaces a file atomically, and appends hold workspace.Lock.
 //
@@ -111,8 +114,8 @@ func MakeDir(ctx context.Context, env Env, req MakeDirRequest) (MakeDirResult, e
 	if err != nil {
 		return MakeDirResult{}, err
 	}
-	_, statErr := env.FS.Stat(ctx, name)
-	if err := workspace.MkdirAll(ctx, env.FS, name, 0o755); err != nil {
+	_, statErr := m.fs.Stat(ctx, name)
+	if err := workspace.MkdirAll(ctx, m.fs, name, 0o755); err != nil {
 		return MakeDirResult{}, err
 	}
 	return MakeDirResult{Path: name, Created: errors.Is(statErr, workspace.ErrNotFound)}, nil
@@ -229,28 +232,21 @@ func DeletePath(ctx context.Context, env Env, req DeletePathRequest) (DeletePath
 // mutator applies the guardrails shared by the structured operations and the
 // shell's write commands and redirections.
 type mutator struct {
-	fs      workspace.FileSystem
+	fs      workspace.FileSystem // guarded
 	root    string
-	protect workspace.Protect
 	maxFile int64
 }
 
 func newMutator(env Env) mutator {
-	return mutator{fs: env.FS, root: env.root(), protect: env.protect(), maxFile: env.maxFileBytes()}
+	env = env.guarded()
+	return mutator{fs: env.FS, root: env.root(), maxFile: env.maxFileBytes()}
 }
 
 func (r *runner) mutator() mutator { return newMutator(r.env) }
 
-func (m mutator) protected(name string) error {
-	if m.protect.Match(name) {
-		return workspace.Errorf(workspace.ErrProtected, "%s is protected: changes to paths matching %s are refused", name, strings.Join(m.protect, ", "))
-	}
-	return nil
-}
-
 // target resolves a path an agent wrote to the workspace name to change,
-// refusing the workspace root and protected paths, as written and with links
-// resolved.
+// refusing the workspace root and what the guard refuses (protected paths,
+// as written and with links resolved).
 func (m mutator) target(ctx context.Context, arg string) (string, error) {
 	if m.fs == nil {
 		return "", workspace.Errorf(workspace.ErrInvalidArgument, "no workspace file system")
@@ -262,42 +258,7 @@ func (m mutator) target(ctx context.Context, arg string) (string, error) {
 	if name == "." {
 		return "", workspace.Errorf(workspace.ErrInvalidArgument, "%s is the workspace root, which cannot be replaced, moved or deleted", arg)
 	}
-	if err := m.protected(name); err != nil {
-		return "", err
-	}
-	real, err := workspace.RealPath(ctx, m.fs, m.root, name)
-	if err != nil {
-		return "", err
-	}
-	return name, m.protected(real)
-}
-
-// checkTree refuses a change to every entry below name when one of them is
-// protected; with to set, the entries' new names under to are checked too.
-// A link is one entry: it is never followed.
-func (m mutator) checkTree(ctx context.Context, name, to string) (int, error) {
-	info, err := m.fs.Lstat(ctx, name)
-	if err != nil {
-		return 0, err
-	}
-	if !info.IsDir() {
-		return 1, nil
-	}
-	walk, err := workspace.Walk(ctx, m.fs, workspace.WalkRequest{Dir: name})
-	if err != nil {
-		return 0, err
-	}
-	for _, e := range walk.Entries {
-		if err := m.protected(e.Path); err != nil {
-			return 0, err
-		}
-		if to != "" {
-			if err := m.protected(path.Join(to, strings.TrimPrefix(e.Path, name+"/"))); err != nil {
-				return 0, err
-			}
-		}
-	}
-	return len(walk.Entries) + 1, nil
+	return name, workspace.CheckChange(ctx, m.fs, name)
 }
 
 // destination readies to for a copy or move of from: checkClobber, then
@@ -413,60 +374,72 @@ func (m mutator) prepare(ctx context.Context, name string, mkParents bool) (crea
 }
 
 // copy copies from to to, which the caller checked; follow says whether a
-// link named as from is followed. It returns the entries created. The
-// destination tree is checked against the protect globs before anything is
-// written.
+// link named as from is followed. It returns the entries created. A
+// directory's tree is listed by one workspace.Walk before anything is
+// written. Each entry is written through the guard, so a protected name
+// below to stops the copy there (in the tool set, the journal then puts back
+// what the call wrote).
 func (m mutator) copy(ctx context.Context, from, to string, follow bool) (int, error) {
 	info, err := m.lstatOrStat(ctx, from, follow)
 	if err != nil {
 		return 0, err
 	}
-	if info.IsDir() {
-		if _, err := m.checkTree(ctx, from, to); err != nil {
-			return 0, err
+	n, err := m.copyEntry(ctx, from, to, info.Mode(), "")
+	if err != nil || !info.IsDir() {
+		return n, err
+	}
+	w, err := workspace.Walk(ctx, m.fs, workspace.WalkRequest{Dir: from, Info: true, Errors: true})
+	if err != nil {
+		return n, err
+	}
+	for _, e := range w.Entries {
+		if e.Err != nil {
+			return n, e.Err
+		}
+		mode := e.Mode
+		if _, ok := e.FileInfo(); !ok { // not described: changed since it was listed
+			info, err := m.fs.Lstat(ctx, e.Path)
+			if err != nil {
+				return n, err
+			}
+			mode, e.Link = info.Mode(), ""
+		}
+		k, err := m.copyEntry(ctx, e.Path, path.Join(to, strings.TrimPrefix(e.Path, from+"/")), mode, e.Link)
+		n += k
+		if err != nil {
+			return n, err
 		}
 	}
-	return m.copyEntry(ctx, from, to, info)
+	return n, nil
 }
 
-func (m mutator) copyEntry(ctx context.Context, from, to string, info fs.FileInfo) (int, error) {
+// copyEntry copies the one entry from, of the mode given, to to (a
+// directory without its entries); link is a link's target, or "" to read it.
+func (m mutator) copyEntry(ctx context.Context, from, to string, mode fs.FileMode, link string) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
-	switch typ := info.Mode().Type(); {
+	switch typ := mode.Type(); {
 	case typ == fs.ModeDir:
-		n := 0
-		if err := m.fs.Mkdir(ctx, to, info.Mode().Perm()|0o700); err == nil {
-			n++
+		if err := m.fs.Mkdir(ctx, to, mode.Perm()|0o700); err == nil {
+			return 1, nil
 		} else if !errors.Is(err, workspace.ErrExists) {
 			return 0, err
 		} else if ti, serr := m.fs.Stat(ctx, to); serr != nil || !ti.IsDir() {
 			return 0, workspace.Errorf(workspace.ErrNotADirectory, "cannot copy the directory %s onto the file %s", from, to)
 		}
-		entries, err := m.fs.ReadDir(ctx, from)
-		if err != nil {
-			return n, err
-		}
-		for _, e := range entries {
-			ei, err := e.Info()
-			if err != nil {
-				return n, err
-			}
-			k, err := m.copyEntry(ctx, path.Join(from, e.Name()), path.Join(to, e.Name()), ei)
-			n += k
-			if err != nil {
-				return n, err
-			}
-		}
-		return n, nil
+		return 0, nil
 	case typ == fs.ModeSymlink:
 		sl, ok := m.fs.(workspace.SymlinkFS)
 		if !ok {
 			return 0, workspace.Errorf(workspace.ErrInvalidArgument, "%s is a link, and this workspace cannot make links", from)
 		}
-		target, err := sl.Readlink(ctx, from)
-		if err != nil {
-			return 0, err
+		target := link
+		if target == "" {
+			var err error
+			if target, err = sl.Readlink(ctx, from); err != nil {
+				return 0, err
+			}
 		}
 		if err := m.fs.Remove(ctx, to); err != nil && !errors.Is(err, workspace.ErrNotFound) {
 			return 0, err
@@ -477,7 +450,7 @@ func (m mutator) copyEntry(ctx context.Context, from, to string, info fs.FileInf
 		if err != nil {
 			return 0, err
 		}
-		if err := m.fs.WriteFile(ctx, to, data, info.Mode().Perm()); err != nil {
+		if err := m.fs.WriteFile(ctx, to, data, mode.Perm()); err != nil {
 			return 0, err
 		}
 		return 1, nil
@@ -485,14 +458,11 @@ func (m mutator) copyEntry(ctx context.Context, from, to string, info fs.FileInf
 	return 0, workspace.Errorf(workspace.ErrNotAFile, "%s is a special file, which is not copied", from)
 }
 
-// move renames from to to after checking both trees against the protect
-// globs.
+// move renames from to to; the guard refuses it when either tree holds a
+// protected name.
 func (m mutator) move(ctx context.Context, from, to string) error {
 	if to == from || strings.HasPrefix(to, from+"/") {
 		return workspace.Errorf(workspace.ErrInvalidArgument, "cannot move %s into itself (%s)", from, to)
-	}
-	if _, err := m.checkTree(ctx, from, to); err != nil {
-		return err
 	}
 	return m.fs.Rename(ctx, from, to)
 }
@@ -513,11 +483,15 @@ func (m mutator) remove(ctx context.Context, name string, recursive bool) (int, 
 		}
 		return 1, nil
 	}
-	n, err := m.checkTree(ctx, name, "")
+	walk, err := workspace.Walk(ctx, m.fs, workspace.WalkRequest{Dir: name})
 	if err != nil {
 		return 0, err
 	}
-	return n, workspace.RemoveAll(ctx, m.fs, name)
+	// The guard refuses the whole tree when it holds a protected name.
+	if err := workspace.RemoveAll(ctx, m.fs, name); err != nil {
+		return 0, err
+	}
+	return len(walk.Entries) + 1, nil
 }
 
 // ---- the shell's write commands: front ends of the operations above with

@@ -44,8 +44,11 @@ type Env struct {
 	// commands see it (pwd prints it; absolute paths under it are accepted);
 	// DefaultRoot when empty. Session.Vars are visible as shell variables.
 	Session workspace.Session
-	// Protect are the globs every mutation refuses; nil means
-	// workspace.DefaultProtect (an empty, non-nil list protects nothing).
+	// Protect are the globs every mutation refuses: the shell and the
+	// mutation operations change files through workspace.Guard(FS, root,
+	// Protect). nil means workspace.DefaultProtect; an empty, non-nil list
+	// adds no guard (the tool set gives that, its FS being its guarded view
+	// of the workspace already).
 	Protect workspace.Protect
 	// Exclude are the names recursive walks (find, grep -r, rg, ls -R) never
 	// enter; nil means workspace.DefaultExclude.
@@ -79,11 +82,15 @@ func (e Env) root() string {
 	return e.Session.Root
 }
 
-func (e Env) protect() workspace.Protect {
-	if e.Protect == nil {
-		return workspace.DefaultProtect
+// guarded is e with FS behind the guard of its protect globs, which it
+// then has no more to apply.
+func (e Env) guarded() Env {
+	p := e.Protect
+	if p == nil {
+		p = workspace.DefaultProtect
 	}
-	return e.Protect
+	e.FS, e.Protect = workspace.Guard(e.FS, e.root(), p), workspace.Protect{}
+	return e
 }
 
 func (e Env) exclude() workspace.Exclude {
@@ -221,6 +228,7 @@ func Run(ctx context.Context, env Env, line string, mode Mode) (Result, error) {
 	if env.FS == nil {
 		return Result{}, workspace.Errorf(workspace.ErrInvalidArgument, "shell: no workspace file system")
 	}
+	env = env.guarded()
 	mode = mode.orRead()
 	if mode != Read && mode != Write {
 		return Result{}, workspace.Errorf(workspace.ErrInvalidArgument, "shell: %q is not a mode", string(mode))

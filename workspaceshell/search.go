@@ -416,11 +416,11 @@ type treeFile struct {
 // workspace.Walk, depth first and sorted, skipping the workspace's exclude
 // names. skipDir prunes directories and keep selects files (rel is the path
 // below ws, depth 1 for ws's entries); links are listed only with follow,
-// and then only links to files. A start that cannot be listed is reported
-// with onErr; directories below it that cannot be read are skipped.
+// and then only links to files. A start that cannot be listed, and each
+// directory below it that cannot be read, is reported with onErr.
 func (c *call) treeFiles(ws, disp string, follow bool, maxDepth int,
 	skipDir func(rel string) bool, keep func(rel string) bool, onErr func(disp string, err error)) []treeFile {
-	w, err := workspace.Walk(c.ctx, c.r.env.FS, workspace.WalkRequest{Dir: ws, Exclude: c.r.env.exclude(), Info: true})
+	w, err := workspace.Walk(c.ctx, c.r.env.FS, workspace.WalkRequest{Dir: ws, Exclude: c.r.env.exclude(), Info: true, Errors: true})
 	if err != nil {
 		onErr(disp, err)
 		return nil
@@ -436,6 +436,12 @@ func (c *call) treeFiles(ws, disp string, follow bool, maxDepth int,
 			break
 		}
 		rel, ok := strings.CutPrefix(e.Path, prefix)
+		if e.Err != nil { // a directory below the start that could not be read
+			if ok && rel+"/" != pruned && (pruned == "" || !strings.HasPrefix(rel, pruned)) {
+				onErr(display(disp, rel), e.Err)
+			}
+			continue
+		}
 		if !ok || (pruned != "" && strings.HasPrefix(rel, pruned)) {
 			continue
 		}

@@ -268,3 +268,55 @@ func TestSyntaxError(t *testing.T) {
 		t.Fatalf("err = %v, want a syntax error", err)
 	}
 }
+
+// unreadable is a FileSystem whose ReadDir of one directory fails, as a
+// directory the daemon may not read does.
+type unreadable struct {
+	workspace.FileSystem
+	name string
+}
+
+func (u unreadable) ReadDir(ctx context.Context, name string) ([]fs.DirEntry, error) {
+	if name == u.name {
+		return nil, workspace.PathError("readdir", name, workspace.ErrForbidden)
+	}
+	return u.FileSystem.ReadDir(ctx, name)
+}
+
+// TestUnreadableDirectory: the recursive commands name a directory below
+// their start that they cannot read, and fail, as they did when each walked
+// with ReadDir itself: grep -r and rg with status 2, find and ls -R with 1
+// and 2, the rest of the tree listed.
+func TestUnreadableDirectory(t *testing.T) {
+	cases := []struct {
+		line, stdout, stderr string
+		exit                 int
+	}{
+		{"grep -rn TODO .", "./a.txt:1:TODO a\n./docs/x.md:1:TODO x\n./src/main.go:1:TODO\n", "grep: ./docs/sub: Operation not permitted\n", 2},
+		{"rg -n TODO", "a.txt:1:TODO a\ndocs/x.md:1:TODO x\nsrc/main.go:1:TODO\n", "rg: docs/sub: Operation not permitted\n", 2},
+		{"grep -rn --exclude-dir=sub TODO docs", "docs/x.md:1:TODO x\n", "", 0},
+		{"find . -name '*.go'", "./src/main.go\n", "find: './docs/sub': Operation not permitted\n", 1},
+		{"find docs -maxdepth 1", "docs\ndocs/sub\ndocs/x.md\n", "", 0},
+		{"find src", "src\nsrc/main.go\n", "", 0},
+		{"find . -depth", "./.hid\n./a.txt\n./docs/sub\n./docs/x.md\n./docs\n./src/main.go\n./src\n.\n", "find: './docs/sub': Operation not permitted\n", 1},
+		{"find docs -name sub -prune -o -print", "docs\ndocs/x.md\n", "", 0},
+		{"find . -path ./docs -prune -o -type f -print", "./.hid\n./a.txt\n./src/main.go\n", "", 0},
+		{"find . -depth -maxdepth 2 -type d", "./docs/sub\n./docs\n./src\n.\n", "", 0},
+		{"find . -mindepth 2 -maxdepth 2", "./docs/sub\n./docs/x.md\n./src/main.go\n", "", 0},
+		{"ls -R docs", "docs:\nsub\nx.md\n\ndocs/sub:\n", "ls: cannot open directory 'docs/sub': Operation not permitted\n", 2},
+		{"ls -R", ".:\na.txt\ndocs\nnode_modules\nsrc\n\n./docs:\nsub\nx.md\n\n./docs/sub:\n\n./src:\nmain.go\n", "ls: cannot open directory './docs/sub': Operation not permitted\n", 2},
+		{"ls -AR src node_modules", "node_modules:\nm\n\nnode_modules/m:\nx.js\n\nsrc:\nmain.go\n", "", 0},
+		{"ls -aFr docs", "x.md\nsub/\n../\n./\n", "", 0},
+		{"ls -1p . src", ".:\na.txt\ndocs/\nnode_modules/\nsrc/\n\nsrc:\nmain.go\n", "", 0},
+	}
+	for _, b := range backends {
+		env := setup(t, b, tree{"a.txt": "TODO a\n", ".hid": "h", "node_modules/m/x.js": "x", "src/main.go": "TODO\n", "docs/x.md": "TODO x\n", "docs/sub/y.md": "TODO y\n", "docs/sub/deep/z.md": "z\n"})
+		env.FS = unreadable{env.FS, "docs/sub"}
+		for _, tc := range cases {
+			res, err := run(t, env, tc.line, workspaceshell.Read)
+			if err != nil || res.Stdout != tc.stdout || res.Stderr != tc.stderr || res.ExitCode != tc.exit {
+				t.Errorf("%q: stdout %q stderr %q exit %d, %v\nwant stdout %q stderr %q exit %d", tc.line, res.Stdout, res.Stderr, res.ExitCode, err, tc.stdout, tc.stderr, tc.exit)
+			}
+		}
+	}
+}

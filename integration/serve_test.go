@@ -446,6 +446,14 @@ func testMCP(t *testing.T, d *daemon) {
 	if out := res.StructuredContent.(map[string]any)["output"]; out != "over mcp\n" {
 		t.Fatalf("output %q", out)
 	}
+	// An MCP client has no turn to finish: without maxCallsPerRun in the
+	// daemon's configuration, a session takes calls past the contract's 64.
+	for i := range 100 {
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "read", Arguments: map[string]any{"path": "m.txt"}})
+		if err != nil || res.IsError {
+			t.Fatalf("call %d over MCP: %v %+v", i+2, err, res)
+		}
+	}
 	var list struct{ Sessions []runner.Info }
 	d.do(acmeToken, "GET", "/v1/sessions", nil, http.StatusOK, &list)
 	if len(list.Sessions) != 1 {

@@ -274,6 +274,12 @@ func serve(ctx context.Context, sio stdio, cfg serveConfig, dev bool) error {
 			return fmt.Errorf("tools: %w", err)
 		}
 	}
+	// No call cap unless the operator sets one, as for sandboxd mcp: an MCP
+	// client (the daemon's /mcp) has no turn to finish, and a platform whose
+	// agents have turns sets maxCallsPerRun here or narrows it per session.
+	if !jsonSets(cfg.Tools, "maxCallsPerRun") {
+		toolCfg.MaxCallsPerRun = 0
+	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("%w (choose another address with --listen or \"listen\" in the configuration)", err)

@@ -138,8 +138,13 @@ func configSets(file, option string) bool {
 		return false
 	}
 	data, err := os.ReadFile(file)
+	return err == nil && jsonSets(data, option)
+}
+
+// jsonSets reports whether the JSON object data names option.
+func jsonSets(data []byte, option string) bool {
 	var keys map[string]json.RawMessage
-	if err != nil || json.Unmarshal(data, &keys) != nil {
+	if json.Unmarshal(data, &keys) != nil {
 		return false
 	}
 	_, ok := keys[option]

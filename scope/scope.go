@@ -420,15 +420,15 @@ func (s *scopedFS) Lock(ctx context.Context, name string) (func(), error) {
 }
 
 // CheckChange asks the inner workspace's rules (a protect guard below the
-// scope) about a name that is shown; the commit scope itself is applied by
-// each change.
-func (s *scopedFS) CheckChange(ctx context.Context, name string) error {
+// scope) about a name that is shown, and where it leads; the commit scope
+// itself is applied by each change.
+func (s *scopedFS) CheckChange(ctx context.Context, name string) (string, error) {
 	if !s.readsAll() {
 		if _, err := s.prepare(ctx, "check", name, true, false, look); err != nil {
-			return err
+			return "", err
 		}
 	}
-	return workspace.CheckChange(ctx, s.inner, name)
+	return workspace.CheckChange(ctx, s.inner, s.root, name)
 }
 
 func (s *linkFS) Symlink(ctx context.Context, dest, name string) error {

@@ -85,10 +85,7 @@ func (s *Set) lockForChange(ctx context.Context, c *call, p string) (name string
 	if name == "." {
 		return "", nil, newError(workspace.ErrNotAFile, "the workspace root is a directory, not a file")
 	}
-	if err := workspace.CheckChange(ctx, c.fsys, name); err != nil {
-		return "", nil, err
-	}
-	real, err := workspace.RealPath(ctx, c.fsys, s.root, name)
+	real, err := workspace.CheckChange(ctx, c.fsys, s.root, name)
 	if err != nil {
 		return "", nil, err
 	}

@@ -116,10 +116,12 @@ type WalkFS interface {
 type CheckFS interface {
 	FileSystem
 	// CheckChange returns the error a change to name (writing, creating,
-	// removing or renaming it) would fail with by the file system's rules,
-	// or nil. It changes nothing. nil is no promise that the change will
-	// succeed: the entry may be missing, a directory, or read-only.
-	CheckChange(ctx context.Context, name string) error
+	// removing or renaming it) would fail with by the file system's rules;
+	// or, when there is none, where name leads with its links resolved (as
+	// RealPath: what a writer locks). It changes nothing. No error is no
+	// promise that the change will succeed: the entry may be missing, a
+	// directory, or read-only.
+	CheckChange(ctx context.Context, name string) (real string, err error)
 }
 
 // GrepFS is a FileSystem that searches file contents itself.

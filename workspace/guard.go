@@ -6,6 +6,7 @@ import (
 	"path"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/bmatcuk/doublestar/v4"
 )
@@ -218,12 +219,14 @@ func Guard(fsys FileSystem, root string, p Protect) FileSystem {
 }
 
 // CheckChange asks fsys whether it would refuse a change to name by its
-// rules (see CheckFS); a FileSystem that is no CheckFS refuses none.
-func CheckChange(ctx context.Context, fsys FileSystem, name string) error {
+// rules (see CheckFS) and, if not, where name leads. A FileSystem that is no
+// CheckFS refuses none, and the name leads where RealPath says (root is the
+// workspace root, as for RealPath).
+func CheckChange(ctx context.Context, fsys FileSystem, root, name string) (string, error) {
 	if c, ok := fsys.(CheckFS); ok {
 		return c.CheckChange(ctx, name)
 	}
-	return nil
+	return RealPath(ctx, fsys, root, name)
 }
 
 type guardFS struct {
@@ -231,6 +234,16 @@ type guardFS struct {
 	links   SymlinkFS // inner, when it is one
 	root    string
 	protect Protect
+
+	// checked is the last name CheckChange let through and where it led,
+	// for the change of that name the same call (ctx) makes next: the
+	// caller resolved it just before, as a writer that locks the file does,
+	// so the change need not resolve it again. Any other change forgets it.
+	mu      sync.Mutex
+	checked struct {
+		ctx        context.Context
+		name, real string
+	}
 }
 
 type guardLinkFS struct{ *guardFS }
@@ -247,19 +260,33 @@ var (
 )
 
 // check refuses a change to name when name, or where its links lead, is
-// protected.
-func (g *guardFS) check(ctx context.Context, op, name string) error {
+// protected, and returns where it leads. A name CheckChange let through for
+// this ctx just before is not resolved again (see checked).
+func (g *guardFS) check(ctx context.Context, op, name string) (string, error) {
 	if g.protect.Match(name) {
-		return g.refuse(op, name, name)
+		return "", g.refuse(op, name, name)
 	}
-	real, err := RealPath(ctx, g.inner, g.root, name)
-	if err != nil {
-		return err
+	g.mu.Lock()
+	c := g.checked
+	g.checked.ctx = nil
+	g.mu.Unlock()
+	real := c.real
+	if c.ctx != ctx || c.name != name {
+		var err error
+		if real, err = RealPath(ctx, g.inner, g.root, name); err != nil {
+			return "", err
+		}
 	}
 	if real != name && g.protect.Match(real) {
-		return g.refuse(op, name, real)
+		return "", g.refuse(op, name, real)
 	}
-	return nil
+	return real, nil
+}
+
+// checkOnly is check for a change whose real name is not needed.
+func (g *guardFS) checkOnly(ctx context.Context, op, name string) error {
+	_, err := g.check(ctx, op, name)
+	return err
 }
 
 func (g *guardFS) refuse(op, name, matched string) error {
@@ -270,7 +297,7 @@ func (g *guardFS) refuse(op, name, matched string) error {
 // with to set, each entry's name under to as well. A link below name is one
 // entry, never followed.
 func (g *guardFS) checkTree(ctx context.Context, op, name, to string) error {
-	if err := g.check(ctx, op, name); err != nil {
+	if err := g.checkOnly(ctx, op, name); err != nil {
 		return err
 	}
 	if info, err := g.inner.Lstat(ctx, name); err != nil || !info.IsDir() {
@@ -291,11 +318,20 @@ func (g *guardFS) checkTree(ctx context.Context, op, name, to string) error {
 	return nil
 }
 
-func (g *guardFS) CheckChange(ctx context.Context, name string) error {
-	if err := g.check(ctx, "change", name); err != nil {
-		return err
+func (g *guardFS) CheckChange(ctx context.Context, name string) (string, error) {
+	real, err := g.check(ctx, "change", name)
+	if err != nil {
+		return "", err
 	}
-	return CheckChange(ctx, g.inner, name)
+	if c, ok := g.inner.(CheckFS); ok { // rules below this guard
+		if real, err = c.CheckChange(ctx, name); err != nil {
+			return "", err
+		}
+	}
+	g.mu.Lock()
+	g.checked.ctx, g.checked.name, g.checked.real = ctx, name, real
+	g.mu.Unlock()
+	return real, nil
 }
 
 func (g *guardFS) Stat(ctx context.Context, name string) (fs.FileInfo, error) {
@@ -315,7 +351,7 @@ func (g *guardFS) ReadFile(ctx context.Context, name string, max int64) ([]byte,
 }
 
 func (g *guardFS) WriteFile(ctx context.Context, name string, data []byte, perm fs.FileMode) error {
-	if err := g.check(ctx, "write", name); err != nil {
+	if err := g.checkOnly(ctx, "write", name); err != nil {
 		return err
 	}
 	return g.inner.WriteFile(ctx, name, data, perm)
@@ -325,28 +361,28 @@ func (g *guardFS) WriteFile(ctx context.Context, name string, data []byte, perm 
 // file system's SwapFS when it has one (one call on Docker), or with
 // SwapGeneric over it.
 func (g *guardFS) Swap(ctx context.Context, req SwapRequest) (SwapResult, error) {
-	if err := g.check(ctx, "write", req.Name); err != nil {
+	if err := g.checkOnly(ctx, "write", req.Name); err != nil {
 		return SwapResult{}, err
 	}
 	return Swap(ctx, g.inner, req)
 }
 
 func (g *guardFS) Mkdir(ctx context.Context, name string, perm fs.FileMode) error {
-	if err := g.check(ctx, "mkdir", name); err != nil {
+	if err := g.checkOnly(ctx, "mkdir", name); err != nil {
 		return err
 	}
 	return g.inner.Mkdir(ctx, name, perm)
 }
 
 func (g *guardFS) MkdirAll(ctx context.Context, name string, perm fs.FileMode) error {
-	if err := g.check(ctx, "mkdir", name); err != nil {
+	if err := g.checkOnly(ctx, "mkdir", name); err != nil {
 		return err
 	}
 	return MkdirAll(ctx, g.inner, name, perm)
 }
 
 func (g *guardFS) Remove(ctx context.Context, name string) error {
-	if err := g.check(ctx, "remove", name); err != nil {
+	if err := g.checkOnly(ctx, "remove", name); err != nil {
 		return err
 	}
 	return g.inner.Remove(ctx, name)
@@ -363,7 +399,7 @@ func (g *guardFS) Rename(ctx context.Context, oldname, newname string) error {
 	if err := g.checkTree(ctx, "rename", oldname, newname); err != nil {
 		return err
 	}
-	if err := g.check(ctx, "rename", newname); err != nil {
+	if err := g.checkOnly(ctx, "rename", newname); err != nil {
 		return err
 	}
 	return g.inner.Rename(ctx, oldname, newname)
@@ -382,7 +418,7 @@ func (g *guardFS) Grep(ctx context.Context, req GrepRequest) (GrepResult, error)
 }
 
 func (g *guardLinkFS) Symlink(ctx context.Context, target, name string) error {
-	if err := g.check(ctx, "symlink", name); err != nil {
+	if err := g.checkOnly(ctx, "symlink", name); err != nil {
 		return err
 	}
 	return g.links.Symlink(ctx, target, name)

@@ -3,6 +3,7 @@ package workspace_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"slices"
 	"testing"
@@ -183,7 +184,10 @@ func TestGuard(t *testing.T) {
 		{"rename into", ".git/hooks/a", func(g workspace.FileSystem) error { return g.Rename(ctx, "a", ".git/hooks/a") }},
 		{"rename a tree onto names protected there", ".git/sub", func(g workspace.FileSystem) error { return g.Rename(ctx, "free", ".git") }},
 		{"symlink", ".git/l", func(g workspace.FileSystem) error { return sl(g).Symlink(ctx, "a", ".git/l") }},
-		{"check", ".git/hooks/x", func(g workspace.FileSystem) error { return workspace.CheckChange(ctx, g, "hooks/x") }},
+		{"check", ".git/hooks/x", func(g workspace.FileSystem) error {
+			_, err := workspace.CheckChange(ctx, g, "/workspace", "hooks/x")
+			return err
+		}},
 		{"swap", ".git/config", func(g workspace.FileSystem) error {
 			_, err := workspace.Swap(ctx, g, workspace.SwapRequest{Name: ".git/config", Root: "/workspace", Perm: 0o644})
 			return err
@@ -216,7 +220,15 @@ func TestGuard(t *testing.T) {
 		func() error { return g.WriteFile(ctx, "d/y", []byte("y"), 0o644) },
 		func() error { return g.Rename(ctx, "d/x", "free/x") },
 		func() error { return workspace.RemoveAll(ctx, g, "free") },
-		func() error { return workspace.CheckChange(ctx, g, "d/z") },
+		func() error {
+			if err := sl(g).Symlink(ctx, "d", "dl"); err != nil {
+				return err
+			}
+			if real, err := workspace.CheckChange(ctx, g, "/workspace", "dl/z"); err != nil || real != "d/z" {
+				return fmt.Errorf("CheckChange(dl/z) = %q, %v; want d/z", real, err)
+			}
+			return nil
+		},
 		func() error {
 			_, err := workspace.Swap(ctx, g, workspace.SwapRequest{Name: "d/x", Data: []byte("x2"), Root: "/workspace", Perm: 0o644, Max: 100})
 			return err
@@ -250,4 +262,42 @@ type countingSwap struct {
 func (c *countingSwap) Swap(ctx context.Context, req workspace.SwapRequest) (workspace.SwapResult, error) {
 	c.swaps++
 	return workspace.SwapGeneric(ctx, c.FS, req)
+}
+
+// TestGuardCheckedOnce: a name CheckChange let through is not resolved again
+// for the change the same call makes next, and only for that one: another
+// call, or a second change, resolves it afresh (a link swapped meanwhile to
+// lead into .git is then refused).
+func TestGuardCheckedOnce(t *testing.T) {
+	bg := context.Background()
+	inner := memfs.New()
+	for _, d := range []string{".git", "d"} {
+		if err := inner.Mkdir(bg, d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := inner.Symlink(bg, "d", "l"); err != nil {
+		t.Fatal(err)
+	}
+	g := workspace.Guard(inner, "/workspace", workspace.Protect{".git/**"})
+	type callKey struct{}
+	call, other := context.WithValue(bg, callKey{}, 1), context.WithValue(bg, callKey{}, 2)
+	swap := func() {
+		if err := inner.Remove(bg, "l"); err != nil {
+			t.Fatal(err)
+		}
+		if err := inner.Symlink(bg, ".git", "l"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if real, err := workspace.CheckChange(call, g, "/workspace", "l/x"); err != nil || real != "d/x" {
+		t.Fatalf("CheckChange = %q, %v", real, err)
+	}
+	swap()
+	if err := g.WriteFile(other, "l/x", nil, 0o644); !errors.Is(err, workspace.ErrProtected) {
+		t.Errorf("another call's write through the swapped link: %v, want it refused", err)
+	}
+	if err := g.WriteFile(call, "l/x", nil, 0o644); !errors.Is(err, workspace.ErrProtected) {
+		t.Errorf("a change after another change: %v, want it resolved again and refused", err)
+	}
 }

@@ -258,7 +258,8 @@ func (m mutator) target(ctx context.Context, arg string) (string, error) {
 	if name == "." {
 		return "", workspace.Errorf(workspace.ErrInvalidArgument, "%s is the workspace root, which cannot be replaced, moved or deleted", arg)
 	}
-	return name, workspace.CheckChange(ctx, m.fs, name)
+	_, err = workspace.CheckChange(ctx, m.fs, m.root, name)
+	return name, err
 }
 
 // destination readies to for a copy or move of from: checkClobber, then

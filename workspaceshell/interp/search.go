@@ -241,30 +241,40 @@ var grepFlags = flagSpec{
 	},
 }
 
-func cmdGrep(c *call) int {
+// grepOptions are grep's arguments, parsed.
+type grepOptions struct {
+	s                                   *searcher // the output options; its matcher is set from the rest
+	patterns                            []string
+	syntax                              byte // 'G', 'E', 'F' or 'P'
+	recursive, follow                   bool
+	ignoreCase, word, whole, noMessages bool
+	nameMode                            int // -1 -h, 1 -H
+	include, exclude, excludeDir        []string
+	operands                            []string
+}
+
+// parseGrep parses grep's arguments (reading -f's file); after an error,
+// reported, it returns ok false and the status.
+func parseGrep(c *call) (o grepOptions, status int, ok bool) {
 	opts, ops, ok := c.parseFlags(grepFlags)
 	if !ok {
-		return 2
+		return o, 2, false
 	}
-	s := &searcher{maxCount: -1, binary: 'r'}
-	var patterns []string
+	o = grepOptions{s: &searcher{maxCount: -1, binary: 'r'}, syntax: 'G'}
+	s := o.s
 	havePatterns := false
-	syntax := byte('G')
-	var recursive, follow, ignoreCase, word, whole, noMessages bool
-	nameMode := 0 // -1 -h, 1 -H
-	var include, exclude, excludeDir []string
 	for _, f := range opts {
 		switch f.name {
 		case "r":
-			recursive = true
+			o.recursive = true
 		case "R":
-			recursive, follow = true, true
+			o.recursive, o.follow = true, true
 		case "n":
 			s.lineNumbers = true
 		case "i", "y":
-			ignoreCase = true
+			o.ignoreCase = true
 		case "no-ignore-case":
-			ignoreCase = false
+			o.ignoreCase = false
 		case "v":
 			s.invert = true
 		case "l":
@@ -274,51 +284,51 @@ func cmdGrep(c *call) int {
 		case "c":
 			s.count = true
 		case "E", "F", "G", "P":
-			syntax = f.name[0]
+			o.syntax = f.name[0]
 		case "w":
-			word = true
+			o.word = true
 		case "x":
-			whole = true
+			o.whole = true
 		case "h":
-			nameMode = -1
+			o.nameMode = -1
 		case "H":
-			nameMode = 1
+			o.nameMode = 1
 		case "o":
 			s.only = true
 		case "q":
 			s.quiet = true
 		case "s":
-			noMessages = true
+			o.noMessages = true
 		case "a":
 			s.binary = 't'
 		case "I":
 			s.binary = 's'
 		case "e":
-			patterns, havePatterns = append(patterns, strings.Split(f.val, "\n")...), true
+			o.patterns, havePatterns = append(o.patterns, strings.Split(f.val, "\n")...), true
 		case "f":
 			data, err := c.readInput(f.val)
 			if err != nil {
 				c.fail(f.val, err)
-				return 2
+				return o, 2, false
 			}
 			havePatterns = true
 			for _, l := range strings.Split(strings.TrimSuffix(string(data), "\n"), "\n") {
 				if len(data) > 0 {
-					patterns = append(patterns, l)
+					o.patterns = append(o.patterns, l)
 				}
 			}
 		case "A", "B", "C", "m":
 			n, err := strconv.ParseInt(f.val, 10, 64)
 			if err != nil || n < 0 {
-				return c.usage("invalid argument '%s' to -%s", f.val, f.name)
+				return o, c.usage("invalid argument '%s' to -%s", f.val, f.name), false
 			}
 			s.setCount(f.name, n)
 		case "include":
-			include = append(include, f.val)
+			o.include = append(o.include, f.val)
 		case "exclude":
-			exclude = append(exclude, f.val)
+			o.exclude = append(o.exclude, f.val)
 		case "exclude-dir":
-			excludeDir = append(excludeDir, f.val)
+			o.excludeDir = append(o.excludeDir, f.val)
 		case "binary-files":
 			switch f.val {
 			case "binary":
@@ -328,52 +338,50 @@ func cmdGrep(c *call) int {
 			case "without-match":
 				s.binary = 's'
 			default:
-				return c.usage("invalid argument '%s' for '--binary-files'", f.val)
+				return o, c.usage("invalid argument '%s' for '--binary-files'", f.val), false
 			}
 		case "d":
 			switch f.val {
 			case "recurse":
-				recursive = true
+				o.recursive = true
 			case "read", "skip":
 			default:
-				return c.usage("invalid argument '%s' for '--directories'", f.val)
+				return o, c.usage("invalid argument '%s' for '--directories'", f.val), false
 			}
 		case "Z", "z", "U":
-			return c.usage("-%s is not supported", f.name)
+			return o, c.usage("-%s is not supported", f.name), false
 		}
 	}
 	if !havePatterns {
 		if len(ops) == 0 {
-			return c.usage("no pattern given (usage: grep [OPTION]... PATTERNS [FILE]...)")
+			return o, c.usage("no pattern given (usage: grep [OPTION]... PATTERNS [FILE]...)"), false
 		}
-		patterns, ops = strings.Split(ops[0], "\n"), ops[1:]
+		o.patterns, ops = strings.Split(ops[0], "\n"), ops[1:]
 	}
-	m, err := newLineMatcher(patterns, syntax, ignoreCase, word, whole)
+	o.operands = ops
+	return o, 0, true
+}
+
+func cmdGrep(c *call) int {
+	o, status, ok := parseGrep(c)
+	if !ok {
+		return status
+	}
+	s, ops := o.s, o.operands
+	m, err := newLineMatcher(o.patterns, o.syntax, o.ignoreCase, o.word, o.whole)
 	if err != nil {
 		return c.usage("%v", err)
 	}
 	s.m = m
-	bareRecursive := recursive && len(ops) == 0
+	bareRecursive := o.recursive && len(ops) == 0
 	if len(ops) == 0 {
 		ops = []string{"-"}
-		if recursive {
+		if o.recursive {
 			ops = []string{"."}
 		}
 	}
-	s.withName = nameMode == 1 || (nameMode == 0 && (recursive || len(ops) > 1))
-	globs := func(list []string, name string) bool {
-		for _, g := range list {
-			if fnmatch(g, name) {
-				return true
-			}
-		}
-		return false
-	}
-	keep := func(rel string) bool {
-		base := path.Base(rel)
-		return (len(include) == 0 || globs(include, base)) && !globs(exclude, base)
-	}
-	run := &searchRun{c: c, s: s, noMessages: noMessages}
+	s.withName = o.nameMode == 1 || (o.nameMode == 0 && (o.recursive || len(ops) > 1))
+	run := &searchRun{c: c, s: s, noMessages: o.noMessages}
 	for _, a := range ops {
 		if c.stopped() || (s.quiet && run.matched) {
 			break
@@ -386,20 +394,40 @@ func cmdGrep(c *call) int {
 		switch {
 		case !ok:
 		case !info.IsDir():
-			if keep(a) {
+			if o.keep(a) {
 				run.file(ws, a)
 			}
-		case !recursive:
+		case !o.recursive:
 			run.report(a, workspace.Errorf(workspace.ErrNotAFile, "%s: Is a directory", a))
 		default:
 			disp := a
 			if bareRecursive {
 				disp = ""
 			}
-			run.tree(ws, disp, follow, -1, func(rel string) bool { return globs(excludeDir, path.Base(rel)) }, keep)
+			run.tree(ws, disp, o.follow, -1, o.skipDir, o.keep)
 		}
 	}
 	return run.status()
+}
+
+// keep says whether grep -r searches the file rel: its base name matches an
+// --include glob (when there is one) and no --exclude glob.
+func (o *grepOptions) keep(rel string) bool {
+	base := path.Base(rel)
+	return (len(o.include) == 0 || anyGlob(o.include, base)) && !anyGlob(o.exclude, base)
+}
+
+// skipDir says whether grep -r leaves out the directory rel (--exclude-dir).
+func (o *grepOptions) skipDir(rel string) bool { return anyGlob(o.excludeDir, path.Base(rel)) }
+
+// anyGlob says whether name matches one of the shell patterns in list.
+func anyGlob(list []string, name string) bool {
+	for _, g := range list {
+		if fnmatch(g, name) {
+			return true
+		}
+	}
+	return false
 }
 
 // searchRun is one grep or rg: the searcher and what happened so far.
@@ -570,26 +598,40 @@ var rgTypes = map[string][]string{
 	"xml": {"*.xml"}, "lua": {"*.lua"}, "zig": {"*.zig"}, "svelte": {"*.svelte"},
 }
 
-func cmdRg(c *call) int {
+// rgOptions are rg's arguments, parsed.
+type rgOptions struct {
+	s                                    *searcher // the output options; its matcher is set from the rest
+	patterns                             []string
+	ignoreCase, smart, word, whole       bool
+	fixed, hidden, listFiles, noMessages bool
+	nameMode                             int // -1 -I, 1 -H
+	maxDepth                             int // -1: no limit
+	// globs are -g's and --iglob's globs, in order; a "!" negates one, and
+	// an --iglob's is lower-cased and marked with a "\x00i" suffix.
+	globs           []string
+	types, notTypes []string
+	operands        []string
+}
+
+// parseRg parses rg's arguments; after a usage error, reported, it returns
+// ok false and the status.
+func parseRg(c *call) (o rgOptions, status int, ok bool) {
 	opts, ops, ok := c.parseFlags(rgFlags)
 	if !ok {
-		return 2
+		return o, 2, false
 	}
-	s := &searcher{maxCount: -1, binary: 's'}
-	var patterns []string
-	havePatterns, ignoreCase, smart, word, whole, fixed, hidden, listFiles, noMessages := false, false, false, false, false, false, false, false, false
-	nameMode, unrestricted, maxDepth := 0, 0, -1
-	var globs []string
+	o = rgOptions{s: &searcher{maxCount: -1, binary: 's'}, maxDepth: -1}
+	s := o.s
+	havePatterns, unrestricted := false, 0
 	var iglobs []string
-	var types, notTypes []string
 	for _, f := range opts {
 		switch f.name {
 		case "i":
-			ignoreCase, smart = true, false
+			o.ignoreCase, o.smart = true, false
 		case "s":
-			ignoreCase, smart = false, false
+			o.ignoreCase, o.smart = false, false
 		case "S":
-			smart = true
+			o.smart = true
 		case "n":
 			s.lineNumbers = true
 		case "N":
@@ -603,15 +645,15 @@ func cmdRg(c *call) int {
 		case "v":
 			s.invert = true
 		case "w":
-			word = true
+			o.word = true
 		case "x":
-			whole = true
+			o.whole = true
 		case "F":
-			fixed = true
+			o.fixed = true
 		case "H":
-			nameMode = 1
+			o.nameMode = 1
 		case "I":
-			nameMode = -1
+			o.nameMode = -1
 		case "o":
 			s.only = true
 		case "q":
@@ -619,31 +661,31 @@ func cmdRg(c *call) int {
 		case "a":
 			s.binary = 't'
 		case ".":
-			hidden = true
+			o.hidden = true
 		case "u":
 			unrestricted++
 		case "e":
-			patterns, havePatterns = append(patterns, f.val), true
+			o.patterns, havePatterns = append(o.patterns, f.val), true
 		case "g":
-			globs = append(globs, f.val)
+			o.globs = append(o.globs, f.val)
 		case "iglob":
 			iglobs = append(iglobs, f.val)
 		case "t", "T":
 			if _, known := rgTypes[f.val]; !known {
-				return c.usage("unrecognized file type: %s", f.val)
+				return o, c.usage("unrecognized file type: %s", f.val), false
 			}
 			if f.name == "t" {
-				types = append(types, f.val)
+				o.types = append(o.types, f.val)
 			} else {
-				notTypes = append(notTypes, f.val)
+				o.notTypes = append(o.notTypes, f.val)
 			}
 		case "A", "B", "C", "m", "d":
 			n, err := strconv.ParseInt(f.val, 10, 64)
 			if err != nil || n < 0 {
-				return c.usage("invalid value '%s' for -%s", f.val, f.name)
+				return o, c.usage("invalid value '%s' for -%s", f.val, f.name), false
 			}
 			if f.name == "d" {
-				maxDepth = int(n)
+				o.maxDepth = int(n)
 			} else {
 				s.setCount(f.name, n)
 			}
@@ -651,104 +693,57 @@ func cmdRg(c *call) int {
 			v := f.val
 			s.replace = &v
 		case "files":
-			listFiles = true
+			o.listFiles = true
 		case "no-messages":
-			noMessages = true
+			o.noMessages = true
 		case "L", "U", "0":
-			return c.usage("-%s is not supported", f.name)
+			return o, c.usage("-%s is not supported", f.name), false
 		}
 	}
 	if unrestricted >= 2 {
-		hidden = true
+		o.hidden = true
 	}
 	if unrestricted >= 3 {
 		s.binary = 't'
 	}
-	if !havePatterns && !listFiles {
+	if !havePatterns && !o.listFiles {
 		if len(ops) == 0 {
-			return c.usage("no pattern given (usage: rg [OPTIONS] PATTERN [PATH ...])")
+			return o, c.usage("no pattern given (usage: rg [OPTIONS] PATTERN [PATH ...])"), false
 		}
-		patterns, ops = []string{ops[0]}, ops[1:]
+		o.patterns, ops = []string{ops[0]}, ops[1:]
 	}
-	if smart && !ignoreCase {
-		ignoreCase = !slices.ContainsFunc(patterns, func(p string) bool { return strings.ContainsFunc(p, unicode.IsUpper) })
+	if o.smart && !o.ignoreCase {
+		o.ignoreCase = !slices.ContainsFunc(o.patterns, func(p string) bool { return strings.ContainsFunc(p, unicode.IsUpper) })
 	}
+	for _, g := range iglobs {
+		o.globs = append(o.globs, strings.ToLower(g)+"\x00i")
+	}
+	o.operands = ops
+	return o, 0, true
+}
+
+func cmdRg(c *call) int {
+	o, status, ok := parseRg(c)
+	if !ok {
+		return status
+	}
+	s, ops := o.s, o.operands
 	syntax := byte('P')
-	if fixed {
+	if o.fixed {
 		syntax = 'F'
 	}
-	m, err := newLineMatcher(patterns, syntax, ignoreCase, word, whole)
+	m, err := newLineMatcher(o.patterns, syntax, o.ignoreCase, o.word, o.whole)
 	if err != nil {
 		return c.usage("regex parse error: %v", err)
 	}
 	s.m = m
-	useStdin := len(ops) == 0 && !listFiles && c.in != c.r.noInput
+	useStdin := len(ops) == 0 && !o.listFiles && c.in != c.r.noInput
 	bare := len(ops) == 0
 	if bare && !useStdin {
 		ops = []string{"."}
 	}
-	if len(globs)+len(iglobs) > 0 {
-		for _, g := range iglobs {
-			globs = append(globs, strings.ToLower(g)+"\x00i")
-		}
-	}
-	globMatch := func(g, rel string, dir bool) (matched, negated bool) {
-		g, fold := strings.CutSuffix(g, "\x00i")
-		g, negated = strings.CutPrefix(g, "!")
-		if fold {
-			rel = strings.ToLower(rel)
-		}
-		g = strings.TrimPrefix(g, "/")
-		name := rel
-		if !strings.Contains(g, "/") {
-			name = path.Base(rel)
-		}
-		ok, _ := doublestar.Match(g, name)
-		if !ok && dir && strings.HasSuffix(g, "/**") {
-			ok, _ = doublestar.Match(strings.TrimSuffix(g, "/**"), name)
-		}
-		return ok, negated
-	}
-	hasWhitelist := slices.ContainsFunc(globs, func(g string) bool { return !strings.HasPrefix(g, "!") })
-	skipDir := func(rel string) bool {
-		if !hidden && strings.HasPrefix(path.Base(rel), ".") {
-			return true
-		}
-		for _, g := range globs {
-			if ok, neg := globMatch(g, rel, true); ok && neg {
-				return true
-			}
-		}
-		return false
-	}
-	typeMatch := func(list []string, base string) bool {
-		for _, t := range list {
-			for _, g := range rgTypes[t] {
-				if ok, _ := doublestar.Match(g, base); ok {
-					return true
-				}
-			}
-		}
-		return false
-	}
-	keep := func(rel string) bool {
-		base := path.Base(rel)
-		if !hidden && strings.HasPrefix(base, ".") {
-			return false
-		}
-		if (len(types) > 0 && !typeMatch(types, base)) || typeMatch(notTypes, base) {
-			return false
-		}
-		in := !hasWhitelist
-		for _, g := range globs {
-			if ok, neg := globMatch(g, rel, false); ok {
-				in = !neg
-			}
-		}
-		return in
-	}
-	s.withName = nameMode == 1 || (nameMode == 0 && !useStdin)
-	run := &searchRun{c: c, s: s, noMessages: noMessages, listing: listFiles}
+	s.withName = o.nameMode == 1 || (o.nameMode == 0 && !useStdin)
+	run := &searchRun{c: c, s: s, noMessages: o.noMessages, listing: o.listFiles}
 	if useStdin {
 		run.stdin("<stdin>")
 	}
@@ -760,7 +755,7 @@ func cmdRg(c *call) int {
 		switch {
 		case !ok:
 		case !info.IsDir():
-			if len(ops) == 1 && nameMode == 0 {
+			if len(ops) == 1 && o.nameMode == 0 {
 				s.withName = false
 			}
 			run.file(ws, a)
@@ -769,10 +764,76 @@ func cmdRg(c *call) int {
 			if bare {
 				disp = ""
 			}
-			run.tree(ws, disp, false, maxDepth, skipDir, keep)
+			run.tree(ws, disp, false, o.maxDepth, o.skipDir, o.keep)
 		}
 	}
 	return run.status()
+}
+
+// skipDir says whether rg leaves out the directory rel: a hidden one
+// without --hidden, or one a negated glob names.
+func (o *rgOptions) skipDir(rel string) bool {
+	if !o.hidden && strings.HasPrefix(path.Base(rel), ".") {
+		return true
+	}
+	for _, g := range o.globs {
+		if ok, neg := rgGlobMatch(g, rel, true); ok && neg {
+			return true
+		}
+	}
+	return false
+}
+
+// keep says whether rg searches the file rel: not hidden (without
+// --hidden), of the types asked, and selected by the last glob that
+// matches it (or by none, when every glob is negated).
+func (o *rgOptions) keep(rel string) bool {
+	base := path.Base(rel)
+	if !o.hidden && strings.HasPrefix(base, ".") {
+		return false
+	}
+	if (len(o.types) > 0 && !rgTypeMatch(o.types, base)) || rgTypeMatch(o.notTypes, base) {
+		return false
+	}
+	in := !slices.ContainsFunc(o.globs, func(g string) bool { return !strings.HasPrefix(g, "!") })
+	for _, g := range o.globs {
+		if ok, neg := rgGlobMatch(g, rel, false); ok {
+			in = !neg
+		}
+	}
+	return in
+}
+
+// rgGlobMatch matches an rg glob (see rgOptions.globs) against rel, a
+// directory's when dir is set.
+func rgGlobMatch(g, rel string, dir bool) (matched, negated bool) {
+	g, fold := strings.CutSuffix(g, "\x00i")
+	g, negated = strings.CutPrefix(g, "!")
+	if fold {
+		rel = strings.ToLower(rel)
+	}
+	g = strings.TrimPrefix(g, "/")
+	name := rel
+	if !strings.Contains(g, "/") {
+		name = path.Base(rel)
+	}
+	ok, _ := doublestar.Match(g, name)
+	if !ok && dir && strings.HasSuffix(g, "/**") {
+		ok, _ = doublestar.Match(strings.TrimSuffix(g, "/**"), name)
+	}
+	return ok, negated
+}
+
+// rgTypeMatch says whether base is of one of the rg types in list.
+func rgTypeMatch(list []string, base string) bool {
+	for _, t := range list {
+		for _, g := range rgTypes[t] {
+			if ok, _ := doublestar.Match(g, base); ok {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // ---- find

@@ -17,8 +17,10 @@
 //     implementation, which checks the allowlist again on the expanded
 //     arguments.
 //
-// The commands live in one file per family, each parsing its flags into an
-// options struct before it does any work: listing.go (pwd, ls), text.go
+// The commands live in one file per family. Each parses its arguments before
+// it does any work — into an options struct (lsOptions, catOptions,
+// grepOptions, rgOptions, cpOptions …), find's into an expression —
+// and reports a usage error there: listing.go (pwd, ls), text.go
 // (cat, head, tail, wc), search.go (grep, rg, find, over [workspace.Walk]
 // and [workspace.Grep], with pattern.go translating grep's regular
 // expressions), write.go (mkdir, touch, cp, mv, rm in write mode, over the

@@ -28,7 +28,7 @@ var lsFlags = flagSpec{
 		"human-readable": "h", "reverse": "r", "color": "color?", "group-directories-first": "gdf"},
 }
 
-type lsOpts struct {
+type lsOptions struct {
 	all, almost, long, recursive, dirOnly, classify, slash, human, reverse, byTime, bySize, unsorted, dirsFirst bool
 }
 
@@ -43,7 +43,7 @@ func cmdLs(c *call) int {
 	if !ok {
 		return 2
 	}
-	var o lsOpts
+	var o lsOptions
 	for _, f := range opts {
 		switch f.name {
 		case "a":
@@ -122,7 +122,7 @@ func cmdLs(c *call) int {
 	return status
 }
 
-func (o lsOpts) sort(es []lsEntry) {
+func (o lsOptions) sort(es []lsEntry) {
 	if o.unsorted {
 		return
 	}
@@ -153,7 +153,7 @@ func (o lsOpts) sort(es []lsEntry) {
 
 // lsDir lists one directory (and, with -R, those below it, an excluded
 // name listed but not entered), all described by one workspace.Walk.
-func (c *call) lsDir(d lsEntry, o lsOpts) int {
+func (c *call) lsDir(d lsEntry, o lsOptions) int {
 	req := workspace.WalkRequest{Dir: d.ws, Info: true, Errors: true, MaxDepth: 1}
 	if o.recursive {
 		req.MaxDepth, req.Exclude, req.ListExcluded = 0, c.r.env.exclude(), true
@@ -182,7 +182,7 @@ type lsTree struct {
 }
 
 // lsList prints the directory d from t (and, with -R, those below it).
-func (c *call) lsList(d lsEntry, o lsOpts, t lsTree) int {
+func (c *call) lsList(d lsEntry, o lsOptions, t lsTree) int {
 	fsys := c.r.env.FS
 	if err := t.failed[d.ws]; err != nil {
 		c.errorf("cannot open directory '%s': %s", d.name, ErrorText(err))
@@ -237,7 +237,7 @@ func (c *call) lsList(d lsEntry, o lsOpts, t lsTree) int {
 	return status
 }
 
-func (c *call) lsPrint(list []lsEntry, o lsOpts) {
+func (c *call) lsPrint(list []lsEntry, o lsOptions) {
 	if !o.long {
 		for _, e := range list {
 			if !c.print(e.name + lsSuffix(e.info, o) + "\n") {
@@ -278,7 +278,7 @@ func (c *call) lsPrint(list []lsEntry, o lsOpts) {
 	}
 }
 
-func lsSuffix(info fs.FileInfo, o lsOpts) string {
+func lsSuffix(info fs.FileInfo, o lsOptions) string {
 	m := info.Mode()
 	switch {
 	case m.IsDir() && (o.classify || o.slash):

@@ -17,35 +17,45 @@ import (
 var catFlags = flagSpec{bools: "nbsETAvet", long: map[string]string{"number": "n", "number-nonblank": "b",
 	"squeeze-blank": "s", "show-ends": "E", "show-tabs": "T", "show-all": "A", "show-nonprinting": "v"}}
 
+// catOptions are cat's options: -n, -b, -s, -E, -T, -v (-A, -e, -t set several).
+type catOptions struct {
+	number   bool
+	nonblank bool
+	squeeze  bool
+	ends     bool
+	tabs     bool
+	nonprint bool
+}
+
 func cmdCat(c *call) int {
 	opts, ops, ok := c.parseFlags(catFlags)
 	if !ok {
 		return 2
 	}
-	var number, nonblank, squeeze, ends, tabs, nonprint bool
+	var o catOptions
 	for _, f := range opts {
 		switch f.name {
 		case "n":
-			number = true
+			o.number = true
 		case "b":
-			nonblank = true
+			o.nonblank = true
 		case "s":
-			squeeze = true
+			o.squeeze = true
 		case "E":
-			ends = true
+			o.ends = true
 		case "T":
-			tabs = true
+			o.tabs = true
 		case "v":
-			nonprint = true
+			o.nonprint = true
 		case "A":
-			nonprint, ends, tabs = true, true, true
+			o.nonprint, o.ends, o.tabs = true, true, true
 		case "e":
-			nonprint, ends = true, true
+			o.nonprint, o.ends = true, true
 		case "t":
-			nonprint, tabs = true, true
+			o.nonprint, o.tabs = true, true
 		}
 	}
-	plain := !number && !nonblank && !squeeze && !ends && !tabs && !nonprint
+	plain := !o.number && !o.nonblank && !o.squeeze && !o.ends && !o.tabs && !o.nonprint
 	if len(ops) == 0 {
 		ops = []string{"-"}
 	}
@@ -78,26 +88,26 @@ func cmdCat(c *call) int {
 			}
 			body, nl := bytes.CutSuffix(line, []byte("\n"))
 			blank := len(body) == 0
-			if squeeze && blank && prevBlank {
+			if o.squeeze && blank && prevBlank {
 				continue
 			}
 			prevBlank = blank
 			var b strings.Builder
-			if (number && !nonblank) || (nonblank && !blank) {
+			if (o.number && !o.nonblank) || (o.nonblank && !blank) {
 				lineNo++
 				fmt.Fprintf(&b, "%6d\t", lineNo)
 			}
 			for _, ch := range body {
 				switch {
-				case ch == '\t' && tabs:
+				case ch == '\t' && o.tabs:
 					b.WriteString("^I")
 				case ch == '\t':
 					b.WriteByte(ch)
-				case nonprint && ch >= 128:
+				case o.nonprint && ch >= 128:
 					b.WriteString("M-")
 					ch -= 128
 					fallthrough
-				case nonprint && (ch < 32 || ch == 127):
+				case o.nonprint && (ch < 32 || ch == 127):
 					if ch < 32 {
 						b.WriteByte('^')
 						b.WriteByte(ch + 64)
@@ -111,7 +121,7 @@ func cmdCat(c *call) int {
 				}
 			}
 			if nl {
-				if ends {
+				if o.ends {
 					b.WriteByte('$')
 				}
 				b.WriteByte('\n')

@@ -15,24 +15,31 @@ import (
 
 var mkdirFlags = flagSpec{bools: "pv", values: "m", long: map[string]string{"parents": "p", "verbose": "v", "mode": "m="}}
 
+// mkdirOptions are mkdir's options: -p, -v, -m.
+type mkdirOptions struct {
+	parents bool
+	verbose bool
+	perm    fs.FileMode
+}
+
 func cmdMkdir(c *call) int {
 	opts, ops, ok := c.parseFlags(mkdirFlags)
 	if !ok {
 		return 2
 	}
-	parents, verbose, perm := false, false, fs.FileMode(0o755)
+	o := mkdirOptions{perm: 0o755}
 	for _, f := range opts {
 		switch f.name {
 		case "p":
-			parents = true
+			o.parents = true
 		case "v":
-			verbose = true
+			o.verbose = true
 		case "m":
 			n, err := strconv.ParseUint(f.val, 8, 32)
 			if err != nil || n > 0o7777 {
 				return c.usage("invalid mode '%s' (an octal mode is expected)", f.val)
 			}
-			perm = fs.FileMode(n).Perm()
+			o.perm = fs.FileMode(n).Perm()
 		}
 	}
 	if len(ops) == 0 {
@@ -43,10 +50,10 @@ func cmdMkdir(c *call) int {
 	for _, a := range ops {
 		name, err := m.Target(c.ctx, a)
 		if err == nil {
-			if parents {
-				err = workspace.MkdirAll(c.ctx, m.fs, name, perm)
+			if o.parents {
+				err = workspace.MkdirAll(c.ctx, m.fs, name, o.perm)
 			} else {
-				err = m.fs.Mkdir(c.ctx, name, perm)
+				err = m.fs.Mkdir(c.ctx, name, o.perm)
 			}
 		}
 		if err != nil {
@@ -54,7 +61,7 @@ func cmdMkdir(c *call) int {
 			status = 1
 			continue
 		}
-		if verbose {
+		if o.verbose {
 			c.printf("mkdir: created directory '%s'\n", a)
 		}
 	}
@@ -136,29 +143,38 @@ func (c *call) copyMoveArgs(ops []string, noTarget bool) (srcs []string, dest fu
 	}, true
 }
 
+// cpOptions are cp's options: -r, -n, -v, -T, -P (-a sets -r and -P).
+type cpOptions struct {
+	recursive bool
+	noClobber bool
+	verbose   bool
+	noTarget  bool
+	noDeref   bool
+}
+
 func cmdCp(c *call) int {
 	opts, ops, ok := c.parseFlags(cpFlags)
 	if !ok {
 		return 2
 	}
-	var recursive, noClobber, verbose, noTarget, noDeref bool
+	var o cpOptions
 	for _, f := range opts {
 		switch f.name {
 		case "r", "R":
-			recursive = true
+			o.recursive = true
 		case "a":
-			recursive, noDeref = true, true
+			o.recursive, o.noDeref = true, true
 		case "n":
-			noClobber = true
+			o.noClobber = true
 		case "v":
-			verbose = true
+			o.verbose = true
 		case "T":
-			noTarget = true
+			o.noTarget = true
 		case "P", "d":
-			noDeref = true
+			o.noDeref = true
 		}
 	}
-	srcs, dest, ok := c.copyMoveArgs(ops, noTarget)
+	srcs, dest, ok := c.copyMoveArgs(ops, o.noTarget)
 	if !ok {
 		return 1
 	}
@@ -168,7 +184,7 @@ func cmdCp(c *call) int {
 		if c.stopped() {
 			break
 		}
-		follow := !recursive && !noDeref
+		follow := !o.recursive && !o.noDeref
 		from, err := workspace.Resolve(m.root, src)
 		var info fs.FileInfo
 		if err == nil {
@@ -179,7 +195,7 @@ func cmdCp(c *call) int {
 			status = 1
 			continue
 		}
-		if info.IsDir() && !recursive {
+		if info.IsDir() && !o.recursive {
 			c.errorf("-r not specified; omitting directory '%s'", src)
 			status = 1
 			continue
@@ -196,7 +212,7 @@ func cmdCp(c *call) int {
 			continue
 		}
 		if ti, err := m.fs.Stat(c.ctx, to); err == nil {
-			if noClobber {
+			if o.noClobber {
 				continue
 			}
 			if ti.IsDir() && !info.IsDir() {
@@ -210,11 +226,18 @@ func cmdCp(c *call) int {
 			status = 1
 			continue
 		}
-		if verbose {
+		if o.verbose {
 			c.printf("'%s' -> '%s'\n", src, toArg)
 		}
 	}
 	return status
+}
+
+// mvOptions are mv's options: -n, -v, -T.
+type mvOptions struct {
+	noClobber bool
+	verbose   bool
+	noTarget  bool
 }
 
 func cmdMv(c *call) int {
@@ -222,18 +245,18 @@ func cmdMv(c *call) int {
 	if !ok {
 		return 2
 	}
-	var noClobber, verbose, noTarget bool
+	var o mvOptions
 	for _, f := range opts {
 		switch f.name {
 		case "n":
-			noClobber = true
+			o.noClobber = true
 		case "v":
-			verbose = true
+			o.verbose = true
 		case "T":
-			noTarget = true
+			o.noTarget = true
 		}
 	}
-	srcs, dest, ok := c.copyMoveArgs(ops, noTarget)
+	srcs, dest, ok := c.copyMoveArgs(ops, o.noTarget)
 	if !ok {
 		return 1
 	}
@@ -255,7 +278,7 @@ func cmdMv(c *call) int {
 		}
 		to, toArg, err := dest(src)
 		if err == nil {
-			err = c.mvClear(info, to, toArg, noClobber)
+			err = c.mvClear(info, to, toArg, o.noClobber)
 		}
 		if err == errSkip {
 			continue
@@ -268,7 +291,7 @@ func cmdMv(c *call) int {
 			status = 1
 			continue
 		}
-		if verbose {
+		if o.verbose {
 			c.printf("renamed '%s' -> '%s'\n", src, toArg)
 		}
 	}
@@ -303,26 +326,34 @@ func (c *call) mvClear(src fs.FileInfo, to, toArg string, noClobber bool) error 
 
 var rmFlags = flagSpec{bools: "rRfdvI", long: map[string]string{"recursive": "r", "force": "f", "dir": "d", "verbose": "v"}}
 
+// rmOptions are rm's options: -r, -f, -d, -v.
+type rmOptions struct {
+	recursive bool
+	force     bool
+	emptyDirs bool
+	verbose   bool
+}
+
 func cmdRm(c *call) int {
 	opts, ops, ok := c.parseFlags(rmFlags)
 	if !ok {
 		return 2
 	}
-	var recursive, force, emptyDirs, verbose bool
+	var o rmOptions
 	for _, f := range opts {
 		switch f.name {
 		case "r", "R":
-			recursive = true
+			o.recursive = true
 		case "f":
-			force = true
+			o.force = true
 		case "d":
-			emptyDirs = true
+			o.emptyDirs = true
 		case "v":
-			verbose = true
+			o.verbose = true
 		}
 	}
 	if len(ops) == 0 {
-		if force {
+		if o.force {
 			return 0
 		}
 		c.errorf("missing operand")
@@ -344,14 +375,14 @@ func cmdRm(c *call) int {
 		if err == nil {
 			info, err = m.fs.Lstat(c.ctx, name)
 		}
-		if errors.Is(err, workspace.ErrNotFound) && force {
+		if errors.Is(err, workspace.ErrNotFound) && o.force {
 			continue
 		}
-		if err == nil && info.IsDir() && !recursive && !emptyDirs {
+		if err == nil && info.IsDir() && !o.recursive && !o.emptyDirs {
 			err = workspace.Errorf(workspace.ErrNotAFile, "cannot remove '%s': Is a directory", a)
 		}
 		if err == nil {
-			_, err = m.Remove(c.ctx, name, recursive)
+			_, err = m.Remove(c.ctx, name, o.recursive)
 		}
 		if err != nil {
 			if msg, ok := ownMessage(err); ok && strings.HasPrefix(msg, "cannot remove") {
@@ -362,7 +393,7 @@ func cmdRm(c *call) int {
 			status = 1
 			continue
 		}
-		if verbose {
+		if o.verbose {
 			what := "removed"
 			if info.IsDir() {
 				what = "removed directory"

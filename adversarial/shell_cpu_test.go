@@ -9,6 +9,7 @@ import (
 	"github.com/sandboxd/sandboxd/memfs"
 	"github.com/sandboxd/sandboxd/workspace"
 	"github.com/sandboxd/sandboxd/workspaceshell"
+	"github.com/sandboxd/sandboxd/workspaceshell/interp"
 )
 
 // blockingFS holds every ReadFile of a name starting with "block" until
@@ -38,7 +39,7 @@ func TestShellInterpreterBounded(t *testing.T) {
 			fsys := memfs.New()
 			fsys.WriteFile(context.Background(), "a", []byte("a\n"), 0o644)
 			fsys.WriteFile(context.Background(), "b", []byte("b\n"), 0o644)
-			res, err := workspaceshell.Run(context.Background(), workspaceshell.Env{FS: fsys}, line, workspaceshell.Read)
+			res, err := interp.Run(context.Background(), workspaceshell.Env{FS: fsys}, line, workspaceshell.Read)
 			if err != nil || res.ExitCode != 124 || res.TimedOut || !strings.Contains(res.Stderr, "CPU budget") {
 				t.Errorf("%q = %+v, %v; want it stopped by its budget, not its timeout", line, res, err)
 			}
@@ -54,8 +55,8 @@ func TestShellInterpreterBounded(t *testing.T) {
 			return workspaceshell.Env{FS: fsys, Session: workspace.Session{ID: session, Tenant: tenant}, Timeout: timeout,
 				SessionLines: 1, TenantLines: 2}
 		}
-		run := func(e workspaceshell.Env, line string) workspaceshell.Result {
-			res, err := workspaceshell.Run(context.Background(), e, line, workspaceshell.Read)
+		run := func(e workspaceshell.Env, line string) interp.Result {
+			res, err := interp.Run(context.Background(), e, line, workspaceshell.Read)
 			if err != nil {
 				t.Errorf("%q: %v", line, err)
 			}
@@ -63,7 +64,7 @@ func TestShellInterpreterBounded(t *testing.T) {
 		}
 		// Two sessions of tenant t each hold a line, which takes both of
 		// the tenant's slots.
-		held := make(chan workspaceshell.Result, 2)
+		held := make(chan interp.Result, 2)
 		go func() { held <- run(env("a", "t", time.Minute), "cat block1") }()
 		go func() { held <- run(env("b", "t", time.Minute), "cat block2") }()
 		for range 2 {

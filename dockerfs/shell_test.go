@@ -15,6 +15,7 @@ import (
 	"github.com/sandboxd/sandboxd/tools"
 	"github.com/sandboxd/sandboxd/workspace"
 	"github.com/sandboxd/sandboxd/workspaceshell"
+	"github.com/sandboxd/sandboxd/workspaceshell/interp"
 )
 
 // counted is a FileSystem that counts the calls made of it, each one a round
@@ -119,7 +120,7 @@ func TestShellGrepRoundTrips(t *testing.T) {
 		for _, line := range []string{"grep -rn needle .", "grep -rn -C1 needle pkg000", "rg -n needle",
 			"find . -name '*.go'", "ls -R", "ls -l pkg000"} {
 			fsys.calls.Store(0)
-			res, err := workspaceshell.Run(context.Background(), env, line, workspaceshell.Read)
+			res, err := interp.Run(context.Background(), env, line, workspaceshell.Read)
 			if err != nil || res.ExitCode != 0 {
 				t.Fatalf("%s: %v, exit %d, stderr %q", line, err, res.ExitCode, res.Stderr)
 			}
@@ -151,7 +152,7 @@ func BenchmarkShellGrep(b *testing.B) {
 		env := workspaceshell.Env{FS: fsys, Session: sess}
 		fsys.calls.Store(0)
 		for b.Loop() {
-			if res, err := workspaceshell.Run(context.Background(), env, "grep -rn needle .", workspaceshell.Read); err != nil || res.ExitCode != 0 {
+			if res, err := interp.Run(context.Background(), env, "grep -rn needle .", workspaceshell.Read); err != nil || res.ExitCode != 0 {
 				b.Fatalf("grep -rn: %v, exit %d, %s", err, res.ExitCode, res.Stderr)
 			}
 		}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/sources"
 	"github.com/sandboxd/sandboxd/workspaceshell"
+	"github.com/sandboxd/sandboxd/workspaceshell/interp"
 )
 
 // ShellResult is the structured content of shell.
@@ -28,7 +29,7 @@ var shellTool = newTool(spec[shellArgs, *ShellResult]{
 	describe: func(s *Set) string {
 		c := s.cfg
 		mode := s.shellMode()
-		cmds := strings.Join(workspaceshell.ShellCommands(mode), ", ")
+		cmds := strings.Join(interp.ShellCommands(mode), ", ")
 		if c.Sources.HTTP() {
 			cmds += ", and curl for the API-backed sources: only the requests their descriptors in " + path.Join(s.root, sources.SnapshotDir) +
 				"/<source>/" + sources.DescriptorFile + " declare (materialize_sources writes them); sandboxd sends them and adds the credential"
@@ -58,7 +59,7 @@ func (s *Set) runShell(ctx context.Context, p shellArgs, c *call) (Result, error
 	if strings.TrimSpace(p.Command) == "" {
 		return Result{}, invalid("command is required")
 	}
-	res, err := workspaceshell.Run(ctx, s.shellEnv(c), p.Command, s.shell.Mode)
+	res, err := interp.Run(ctx, s.shellEnv(c), p.Command, s.shell.Mode)
 	if err != nil {
 		return Result{}, err
 	}

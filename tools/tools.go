@@ -46,6 +46,7 @@ import (
 	"github.com/sandboxd/sandboxd/sources"
 	"github.com/sandboxd/sandboxd/workspace"
 	"github.com/sandboxd/sandboxd/workspaceshell"
+	"github.com/sandboxd/sandboxd/workspaceshell/interp"
 )
 
 // Env is what a tool set works on.
@@ -63,7 +64,7 @@ type Env struct {
 	// the shell tool's curl. When nil and the configuration declares http
 	// sources, New builds a sources.Gateway (auditing to slog's default
 	// logger); the daemon passes its own, auditing to its log.
-	Sources workspaceshell.SourceClient
+	Sources interp.SourceClient
 	// Scope is the actor's scope: rules of what this agent may see and
 	// commit, applied on top of Config's visible and commit rules (it can
 	// only narrow them). Zero: Config's rules alone.

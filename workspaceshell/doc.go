@@ -1,6 +1,6 @@
-// Package workspaceshell is the engine of the workspace-shell capability: a
-// second tool profile over the workspace ports (workspace.FileSystem and
-// workspace.Bash), for hosts that want an inspection-first agent and for
+// Package workspaceshell is the workspace-shell profile: a second tool
+// profile over the workspace ports ([workspace.FileSystem] and
+// [workspace.Bash]), for hosts that want an inspection-first agent and for
 // coding agents that bring their own tools and only need to run a few allowed
 // programs. It knows nothing of MCP; the tool layer registers its operations.
 //
@@ -8,18 +8,17 @@
 //     "timeout", the driver and the session's write access) with every
 //     definition-time diagnostic of the contract; Catalogue gives the
 //     profile's entry in the tool catalogue.
-//   - Run: the shell tool. A command line is parsed as Bash
-//     (mvdan.cc/sh/v3/syntax), every command in the whole syntax tree is
-//     checked against the mode's allowlist (Check), and the line is then
-//     interpreted in this process, its commands (pwd, ls, find, cat, head,
-//     tail, wc, grep, rg; mkdir, touch, cp, mv, rm in write mode) implemented
-//     over the FileSystem port — so it starts no process and behaves the same
-//     on the memory, local and Docker backends.
+//   - The shell tool is the line interpreter of package
+//     [github.com/sandboxd/sandboxd/workspaceshell/interp]: a line is
+//     parsed as Bash, checked against the mode's allowlist before anything
+//     runs, and interpreted in this process over the FileSystem port. Mode
+//     and Env are that package's, named here for the profile's callers.
 //   - WriteFile, AppendFile, MakeDir, CopyPath, MovePath, DeletePath: the
 //     structured mutations of write mode, under the guardrails of write and
-//     edit.
-//   - ExecCommand and Exec: workspace_exec, one allowlisted executable run
-//     through the Bash port without a shell.
+//     edit (the interpreter's [interp.Mutator], which the shell's write
+//     commands use too).
+//   - ExecCommand: workspace_exec, one allowlisted executable run through
+//     the Bash port without a shell.
 //
 // Commit and rollback of the changes a call makes belong to the workspace
 // session around it, not to this package.

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/workspace"
+	"github.com/sandboxd/sandboxd/workspaceshell/interp"
 )
 
 // ExecRequest is one workspace_exec call.
@@ -123,7 +124,7 @@ func (s Settings) ExecCommand(root string, req ExecRequest) (workspace.Command, 
 		}
 	}
 	if root == "" {
-		root = DefaultRoot
+		root = interp.DefaultRoot
 	}
 	dir, err := workspace.Resolve(root, req.Cwd)
 	if err != nil {
@@ -131,7 +132,7 @@ func (s Settings) ExecCommand(root string, req ExecRequest) (workspace.Command, 
 		if kind == nil {
 			kind = workspace.ErrInvalidArgument
 		}
-		return workspace.Command{}, workspace.Errorf(kind, "cwd %q: %s; it must stay inside the workspace (%s)", req.Cwd, errText(err), root)
+		return workspace.Command{}, workspace.Errorf(kind, "cwd %q: %s; it must stay inside the workspace (%s)", req.Cwd, interp.ErrorText(err), root)
 	}
 	keys := make([]string, 0, len(req.Env))
 	for k := range req.Env {

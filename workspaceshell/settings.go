@@ -10,28 +10,18 @@ import (
 	"unicode"
 
 	"github.com/sandboxd/sandboxd/workspace"
+	"github.com/sandboxd/sandboxd/workspaceshell/interp"
 )
 
 // Mode selects the tools of the profile: inspection only, or inspection plus
-// the structured mutations.
-type Mode string
+// the structured mutations. It is the shell's mode ([interp.Mode]).
+type Mode = interp.Mode
 
+// The modes.
 const (
-	// Read gives the shell tool with the inspection commands. It is the
-	// default, and needs only read access to the workspace.
-	Read Mode = "read"
-	// Write adds mkdir, touch, cp, mv and rm to the shell tool, output
-	// redirections, and the structured mutation tools. It needs write access.
-	Write Mode = "write"
+	Read  = interp.Read
+	Write = interp.Write
 )
-
-// orRead returns m, or Read when m is empty.
-func (m Mode) orRead() Mode {
-	if m == "" {
-		return Read
-	}
-	return m
-}
 
 // Driver is the kind of agent driving the session, as the contract names them.
 type Driver string
@@ -168,7 +158,7 @@ func (s Settings) Validate() error {
 	bad := func(setting, format string, args ...any) {
 		errs = append(errs, &SettingError{Setting: "workspaceShell." + setting, Message: fmt.Sprintf(format, args...)})
 	}
-	mode := s.Mode.orRead()
+	mode := s.Mode.OrRead()
 	switch mode {
 	case Read, Write:
 	default:
@@ -253,21 +243,6 @@ func checkExecutable(name string) string {
 	return ""
 }
 
-// The shell tool's commands, in catalogue order.
-var (
-	readCommands  = []string{"pwd", "ls", "find", "rg", "grep", "cat", "head", "tail", "wc"}
-	writeCommands = []string{"mkdir", "touch", "cp", "mv", "rm"}
-)
-
-// ShellCommands returns the commands the shell tool runs in mode, in the
-// order the catalogue lists them.
-func ShellCommands(mode Mode) []string {
-	if mode.orRead() == Write {
-		return slices.Concat(readCommands, writeCommands)
-	}
-	return slices.Clone(readCommands)
-}
-
 // Tool names of the profile.
 const (
 	ToolShell              = "shell"
@@ -303,7 +278,7 @@ func (s Settings) Catalogue() (*CatalogueEntry, error) {
 	if err := s.Validate(); err != nil {
 		return nil, err
 	}
-	mode := s.Mode.orRead()
+	mode := s.Mode.OrRead()
 	e := &CatalogueEntry{Name: "workspaceShell", Mode: mode}
 	if s.driver() == DriverProvider {
 		if !s.Commands.Set() {
@@ -322,6 +297,6 @@ func (s Settings) Catalogue() (*CatalogueEntry, error) {
 	if mode == Write {
 		e.Tools = append(e.Tools, ToolWriteFile, ToolAppendFile, ToolMakeDir, ToolCopyPath, ToolMovePath, ToolDeletePath)
 	}
-	e.Commands = ShellCommands(mode)
+	e.Commands = interp.ShellCommands(mode)
 	return e, nil
 }

@@ -1,4 +1,4 @@
-package workspaceshell
+package interp
 
 import (
 	"fmt"
@@ -9,6 +9,41 @@ import (
 
 	"github.com/sandboxd/sandboxd/workspace"
 )
+
+// Mode selects what a line may do: inspect only, or inspect and change files.
+type Mode string
+
+const (
+	// Read gives the shell tool with the inspection commands. It is the
+	// default, and needs only read access to the workspace.
+	Read Mode = "read"
+	// Write adds mkdir, touch, cp, mv and rm and output redirections (and,
+	// in the profile, the structured mutation tools). It needs write access.
+	Write Mode = "write"
+)
+
+// OrRead returns m, or Read when m is empty.
+func (m Mode) OrRead() Mode {
+	if m == "" {
+		return Read
+	}
+	return m
+}
+
+// The shell tool's commands, in catalogue order.
+var (
+	readCommands  = []string{"pwd", "ls", "find", "rg", "grep", "cat", "head", "tail", "wc"}
+	writeCommands = []string{"mkdir", "touch", "cp", "mv", "rm"}
+)
+
+// ShellCommands returns the commands the shell tool runs in mode, in the
+// order the catalogue lists them.
+func ShellCommands(mode Mode) []string {
+	if mode.OrRead() == Write {
+		return slices.Concat(readCommands, writeCommands)
+	}
+	return slices.Clone(readCommands)
+}
 
 // Refusal is one thing in a command line the shell tool will not run.
 type Refusal struct {
@@ -69,7 +104,7 @@ func Check(line string, mode Mode) error {
 	if err != nil {
 		return err
 	}
-	return check(f, mode.orRead(), false)
+	return check(f, mode.OrRead(), false)
 }
 
 // check walks the whole syntax tree and refuses, by default, every kind of

@@ -1,4 +1,4 @@
-package workspaceshell
+package interp
 
 import (
 	"bufio"
@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"path"
 	"strconv"
 	"strings"
 	"sync"
@@ -229,7 +228,7 @@ func Run(ctx context.Context, env Env, line string, mode Mode) (Result, error) {
 		return Result{}, workspace.Errorf(workspace.ErrInvalidArgument, "shell: no workspace file system")
 	}
 	env = env.guarded()
-	mode = mode.orRead()
+	mode = mode.OrRead()
 	if mode != Read && mode != Write {
 		return Result{}, workspace.Errorf(workspace.ErrInvalidArgument, "shell: %q is not a mode", string(mode))
 	}
@@ -671,10 +670,10 @@ func (s *sink) commit(ctx context.Context, r *runner) error {
 	}
 	m := r.mutator()
 	if s.append {
-		_, err := m.appendFile(ctx, s.name, s.buf.Bytes(), false)
+		_, _, err := m.AppendFile(ctx, s.name, s.buf.Bytes(), false)
 		return err
 	}
-	_, err := m.writeFile(ctx, s.name, s.buf.Bytes(), false)
+	_, err := m.WriteFile(ctx, s.name, s.buf.Bytes(), false)
 	return err
 }
 
@@ -757,7 +756,7 @@ func (r *runner) redirect(ctx context.Context, sh *shell, rds []*syntax.Redirect
 				if r.mode != Write {
 					return sio, nil, r.refuse(rd.Op.String()+" "+arg, "output redirection writes a file, and read mode changes no file")
 				}
-				name, err := r.mutator().target(ctx, arg)
+				name, err := r.mutator().Target(ctx, arg)
 				if err != nil {
 					return fail("%s", describeErr(arg, err))
 				}
@@ -861,145 +860,4 @@ func (r *runner) dispatch(ctx context.Context, args []string, sio stdio) int {
 	status := commands[name](c)
 	c.out.Flush()
 	return status
-}
-
-// call is one running command.
-type call struct {
-	r    *runner
-	ctx  context.Context
-	name string
-	args []string
-	in   io.Reader
-	out  *bufio.Writer
-	errw io.Writer
-	werr error
-}
-
-// print writes to stdout; it reports false once stdout is gone (the reader
-// of a pipe finished, or the output limit was reached).
-func (c *call) print(s string) bool {
-	if c.werr != nil {
-		return false
-	}
-	_, c.werr = c.out.WriteString(s)
-	return c.werr == nil
-}
-
-func (c *call) printf(format string, args ...any) bool {
-	return c.print(fmt.Sprintf(format, args...))
-}
-
-func (c *call) write(p []byte) bool {
-	if c.werr != nil {
-		return false
-	}
-	_, c.werr = c.out.Write(p)
-	return c.werr == nil
-}
-
-// stopped reports whether the command should stop: stdout is gone or the
-// line is over.
-func (c *call) stopped() bool { return c.werr != nil || c.ctx.Err() != nil }
-
-// errorf writes "name: message" to stderr, after what stdout holds so far.
-func (c *call) errorf(format string, args ...any) {
-	c.out.Flush()
-	fmt.Fprintf(c.errw, c.name+": "+format+"\n", args...)
-}
-
-// fail reports an error about a path the way coreutils does
-// ("cat: x: No such file or directory").
-func (c *call) fail(arg string, err error) {
-	c.errorf("%s", describeErr(arg, err))
-}
-
-// usage reports a usage error; commands return status 2 for it.
-func (c *call) usage(format string, args ...any) int {
-	c.errorf(format, args...)
-	return 2
-}
-
-// resolve turns an argument into a workspace name.
-func (c *call) resolve(arg string) (string, error) {
-	return workspace.Resolve(c.r.root, arg)
-}
-
-// readInput reads a file operand, or stdin for "-".
-func (c *call) readInput(arg string) ([]byte, error) {
-	if arg == "-" {
-		return readAll(c.ctx, c.in, c.r.env.maxFileBytes())
-	}
-	name, err := c.resolve(arg)
-	if err != nil {
-		return nil, err
-	}
-	return c.r.env.FS.ReadFile(c.ctx, name, c.r.env.maxFileBytes())
-}
-
-func readAll(ctx context.Context, r io.Reader, max int64) ([]byte, error) {
-	var b bytes.Buffer
-	n, err := copyCtx(ctx, &b, io.LimitReader(r, max+1))
-	if err != nil {
-		return nil, err
-	}
-	if n > max {
-		return nil, workspace.Errorf(workspace.ErrFileTooLarge, "input over %d bytes", max)
-	}
-	return b.Bytes(), nil
-}
-
-func copyCtx(ctx context.Context, w io.Writer, r io.Reader) (int64, error) {
-	buf := make([]byte, 32<<10)
-	var total int64
-	for {
-		if err := ctx.Err(); err != nil {
-			return total, err
-		}
-		n, err := r.Read(buf)
-		if n > 0 {
-			if _, werr := w.Write(buf[:n]); werr != nil {
-				return total, werr
-			}
-			total += int64(n)
-		}
-		if err == io.EOF {
-			return total, nil
-		}
-		if err != nil {
-			return total, err
-		}
-	}
-}
-
-// describeErr words an error about arg the way coreutils does: the kind's
-// text with a capital, "x: No such file or directory"; messages of this
-// package are passed as they are.
-func describeErr(arg string, err error) string {
-	if msg, ok := ownMessage(err); ok {
-		return msg
-	}
-	return arg + ": " + errText(err)
-}
-
-// display joins a path as the user wrote it with a name below it.
-func display(base, rel string) string {
-	if rel == "" || rel == "." {
-		return base
-	}
-	if base == "" {
-		return rel
-	}
-	if strings.HasSuffix(base, "/") {
-		return base + rel
-	}
-	return base + "/" + rel
-}
-
-// baseName is the last element of a path as written ("." for ".", "/" for "/").
-func baseName(p string) string {
-	t := strings.TrimRight(p, "/")
-	if t == "" {
-		return "/"
-	}
-	return path.Base(t)
 }

@@ -1,4 +1,4 @@
-package workspaceshell
+package interp
 
 import (
 	"context"

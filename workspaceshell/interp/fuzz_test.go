@@ -1,4 +1,4 @@
-package workspaceshell_test
+package interp_test
 
 import (
 	"context"
@@ -8,11 +8,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxd/sandboxd/workspaceshell/internal/shelltest"
+	"github.com/sandboxd/sandboxd/workspaceshell/interp"
+
 	"mvdan.cc/sh/v3/expand"
 	"mvdan.cc/sh/v3/syntax"
 
 	"github.com/sandboxd/sandboxd/workspace"
-	"github.com/sandboxd/sandboxd/workspaceshell"
 )
 
 // FuzzCheck checks the allowlist checker against an oracle of its own: in
@@ -41,11 +43,11 @@ func FuzzCheck(f *testing.F) {
 		f.Add(s, true)
 	}
 	f.Fuzz(func(t *testing.T, line string, write bool) {
-		mode := workspaceshell.Read
+		mode := interp.Read
 		if write {
-			mode = workspaceshell.Write
+			mode = interp.Write
 		}
-		err := workspaceshell.Check(line, mode)
+		err := interp.Check(line, mode)
 		if err != nil {
 			if !errors.Is(err, workspace.ErrForbidden) && !errors.Is(err, workspace.ErrInvalidArgument) {
 				t.Fatalf("%q: error %v is neither Forbidden nor InvalidArgument", line, err)
@@ -56,7 +58,7 @@ func FuzzCheck(f *testing.F) {
 		if perr != nil {
 			t.Fatalf("%q: accepted, but it does not parse: %v", line, perr)
 		}
-		allowed := workspaceshell.ShellCommands(mode)
+		allowed := interp.ShellCommands(mode)
 		cfg := &expand.Config{Env: expand.ListEnviron()}
 		syntax.Walk(file, func(n syntax.Node) bool {
 			switch n := n.(type) {
@@ -76,30 +78,30 @@ func FuzzCheck(f *testing.F) {
 			case *syntax.Redirect:
 				switch n.Op {
 				case syntax.RdrOut, syntax.AppOut, syntax.RdrClob, syntax.RdrAll, syntax.AppAll:
-					if target, err := expand.Fields(cfg, n.Word); mode == workspaceshell.Read && (err != nil || len(target) != 1 || target[0] != "/dev/null") {
+					if target, err := expand.Fields(cfg, n.Word); mode == interp.Read && (err != nil || len(target) != 1 || target[0] != "/dev/null") {
 						t.Fatalf("%q: accepted a redirection to %q in read mode", line, target)
 					}
 				}
 			}
 			return true
 		})
-		if mode != workspaceshell.Read {
+		if mode != interp.Read {
 			return
 		}
-		env := workspaceshell.Env{FS: fuzzTree(t), MaxOutput: 64 << 10, Timeout: 200 * time.Millisecond}
-		before := snapshot(t, env)
+		env := interp.Env{FS: fuzzTree(t), MaxOutput: 64 << 10, Timeout: 200 * time.Millisecond}
+		before := shelltest.Snapshot(t, env)
 		start := time.Now()
-		if _, err := workspaceshell.Run(context.Background(), env, line, mode); err != nil && !errors.Is(err, workspace.ErrForbidden) {
+		if _, err := interp.Run(context.Background(), env, line, mode); err != nil && !errors.Is(err, workspace.ErrForbidden) {
 			t.Fatalf("%q: Run: %v", line, err)
 		}
 		if d := time.Since(start); d > 2*time.Second {
 			t.Fatalf("%q: ran %v past its 200ms timeout", line, d)
 		}
-		sameTree(t, snapshot(t, env), before)
+		shelltest.SameTree(t, shelltest.Snapshot(t, env), before)
 	})
 }
 
 func fuzzTree(t *testing.T) workspace.FileSystem {
-	env := setup(t, backends[0], tree{"a.txt": "hello\nworld\n", "src/x.go": "package x\n", "x -> a.txt": ""})
+	env := shelltest.Setup(t, shelltest.Backends[0], shelltest.Tree{"a.txt": "hello\nworld\n", "src/x.go": "package x\n", "x -> a.txt": ""})
 	return env.FS
 }

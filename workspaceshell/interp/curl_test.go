@@ -1,4 +1,4 @@
-package workspaceshell_test
+package interp_test
 
 import (
 	"context"
@@ -10,15 +10,17 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sandboxd/sandboxd/workspaceshell/internal/shelltest"
+	"github.com/sandboxd/sandboxd/workspaceshell/interp"
+
 	"github.com/sandboxd/sandboxd/sources"
 	"github.com/sandboxd/sandboxd/workspace"
-	"github.com/sandboxd/sandboxd/workspaceshell"
 )
 
 const curlSecret = "tok-8d0c1f7e22"
 
 // curlEnv is a workspace with one API-backed source served on loopback.
-func curlEnv(t *testing.T) (workspaceshell.Env, string) {
+func curlEnv(t *testing.T) (interp.Env, string) {
 	t.Helper()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("X-Api-Key") != curlSecret {
@@ -53,7 +55,7 @@ func curlEnv(t *testing.T) (workspaceshell.Env, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	env := setup(t, backends[0], tree{"query.txt": "term=go\nlang\n"})
+	env := shelltest.Setup(t, shelltest.Backends[0], shelltest.Tree{"query.txt": "term=go\nlang\n"})
 	env.Sources = g
 	return env, srv.URL
 }
@@ -77,7 +79,7 @@ func TestCurl(t *testing.T) {
 		{"curl -o out " + url, "", "invalid option -- 'o'", 2},
 	} {
 		t.Run(tc.line, func(t *testing.T) {
-			res, err := workspaceshell.Run(context.Background(), env, tc.line, workspaceshell.Read)
+			res, err := interp.Run(context.Background(), env, tc.line, interp.Read)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -90,7 +92,7 @@ func TestCurl(t *testing.T) {
 		})
 	}
 
-	res, err := workspaceshell.Run(context.Background(), env, "curl -si "+url+"/repos/acme/app", workspaceshell.Read)
+	res, err := interp.Run(context.Background(), env, "curl -si "+url+"/repos/acme/app", interp.Read)
 	if err != nil || !strings.HasPrefix(res.Stdout, "HTTP/1.1 200 OK\r\n") || !strings.Contains(res.Stdout, "Content-Type: application/json\r\n") {
 		t.Fatalf("curl -i: %v %q", err, res.Stdout)
 	}
@@ -107,8 +109,8 @@ func TestCurlRefusals(t *testing.T) {
 		{"pwd; curl " + url + "/repos/a/b/c", "not a declared request"},
 	} {
 		t.Run(tc.line, func(t *testing.T) {
-			_, err := workspaceshell.Run(context.Background(), env, tc.line, workspaceshell.Read)
-			var re *workspaceshell.RefusedError
+			_, err := interp.Run(context.Background(), env, tc.line, interp.Read)
+			var re *interp.RefusedError
 			if !errors.As(err, &re) || !errors.Is(err, workspace.ErrForbidden) || !strings.Contains(err.Error(), tc.why) {
 				t.Fatalf("err = %v, want a refusal saying %q", err, tc.why)
 			}
@@ -120,7 +122,7 @@ func TestCurlRefusals(t *testing.T) {
 
 	// Without API-backed sources there is no curl.
 	env.Sources = nil
-	_, err := workspaceshell.Run(context.Background(), env, "curl "+url+"/repos/acme/app", workspaceshell.Read)
+	_, err := interp.Run(context.Background(), env, "curl "+url+"/repos/acme/app", interp.Read)
 	if !errors.Is(err, workspace.ErrForbidden) || !strings.Contains(err.Error(), "no API-backed sources") {
 		t.Fatalf("err = %v", err)
 	}

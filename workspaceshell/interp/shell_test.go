@@ -1,148 +1,21 @@
-package workspaceshell_test
+package interp_test
 
 import (
 	"context"
 	"errors"
 	"io/fs"
-	"maps"
-	"path"
 	"strings"
 	"testing"
 
-	"github.com/sandboxd/sandboxd/localfs"
-	"github.com/sandboxd/sandboxd/memfs"
+	"github.com/sandboxd/sandboxd/workspaceshell/internal/shelltest"
+	"github.com/sandboxd/sandboxd/workspaceshell/interp"
+
 	"github.com/sandboxd/sandboxd/workspace"
-	"github.com/sandboxd/sandboxd/workspaceshell"
 )
 
-// tree is a workspace's contents: file name → contents; a name ending in "/"
-// is an empty directory, "name -> target" a link.
-type tree map[string]string
-
-var sample = tree{
-	"a.txt":                    "hello\nworld\n",
-	"src/main.go":              "package main\n\nfunc main() {}\n",
-	"src/util.go":              "package main\n// TODO fix\n",
-	"docs/readme.md":           "# Title\nTODO: write\n",
-	".hidden":                  "secret TODO\n",
-	"node_modules/x/index.js":  "TODO\n",
-	".git/config":              "[core]\n",
-	"empty/":                   "",
-	"link.txt -> a.txt":        "",
-	"data.bin":                 "bin\x00TODO\n",
-	"dir with space/file name": "spaced\n",
-}
-
-// backend is a workspace a test runs on.
-type backend struct {
-	name string
-	new  func(t testing.TB) (workspace.FileSystem, string)
-}
-
-var backends = []backend{
-	{"memfs", func(t testing.TB) (workspace.FileSystem, string) { return memfs.New(), memfs.DefaultRoot }},
-	{"localfs", func(t testing.TB) (workspace.FileSystem, string) {
-		dir := t.TempDir()
-		f, err := localfs.New(dir, localfs.WithSync(false))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { f.Close() })
-		return f, dir
-	}},
-}
-
-// setup builds tr on a new workspace of backend b.
-func setup(t testing.TB, b backend, tr tree) workspaceshell.Env {
+func run(t *testing.T, env interp.Env, line string, mode interp.Mode) (interp.Result, error) {
 	t.Helper()
-	ctx := context.Background()
-	fsys, root := b.new(t)
-	for name, content := range tr {
-		var err error
-		switch {
-		case strings.HasSuffix(name, "/"):
-			err = workspace.MkdirAll(ctx, fsys, strings.TrimSuffix(name, "/"), 0o755)
-		case strings.Contains(name, " -> "):
-			link, target, _ := strings.Cut(name, " -> ")
-			if err = workspace.MkdirAll(ctx, fsys, path.Dir(link), 0o755); err == nil {
-				err = fsys.(workspace.SymlinkFS).Symlink(ctx, target, link)
-			}
-		default:
-			if err = workspace.MkdirAll(ctx, fsys, path.Dir(name), 0o755); err == nil {
-				err = fsys.WriteFile(ctx, name, []byte(content), 0o644)
-			}
-		}
-		if err != nil {
-			t.Fatalf("setup %s: %v", name, err)
-		}
-	}
-	return workspaceshell.Env{FS: fsys, Session: workspace.Session{Root: root}}
-}
-
-// snapshot reads a whole workspace back as a tree.
-func snapshot(t testing.TB, env workspaceshell.Env) tree {
-	t.Helper()
-	ctx := context.Background()
-	walk, err := workspace.WalkGeneric(ctx, env.FS, workspace.WalkRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := tree{}
-	for _, e := range walk.Entries {
-		switch {
-		case e.Type == fs.ModeDir:
-			out[e.Path+"/"] = ""
-		case e.Type == fs.ModeSymlink:
-			target, err := env.FS.(workspace.SymlinkFS).Readlink(ctx, e.Path)
-			if err != nil {
-				t.Fatal(err)
-			}
-			out[e.Path+" -> "+target] = ""
-		default:
-			data, err := env.FS.ReadFile(ctx, e.Path, 1<<20)
-			if err != nil {
-				t.Fatal(err)
-			}
-			out[e.Path] = string(data)
-		}
-	}
-	return out
-}
-
-// normalize makes a tree comparable with a snapshot: parents are listed.
-func normalize(tr tree) tree {
-	out := maps.Clone(tr)
-	for name := range tr {
-		name, _, _ = strings.Cut(name, " -> ")
-		for d := path.Dir(strings.TrimSuffix(name, "/")); d != "."; d = path.Dir(d) {
-			out[d+"/"] = ""
-		}
-		if strings.HasSuffix(name, "/") {
-			out[name] = ""
-		}
-	}
-	return out
-}
-
-func sameTree(t *testing.T, got, want tree) {
-	t.Helper()
-	for k, v := range want {
-		if g, ok := got[k]; !ok {
-			t.Errorf("missing %q", k)
-		} else if g != v {
-			t.Errorf("%s = %q, want %q", k, g, v)
-		}
-	}
-	for k := range got {
-		if _, ok := want[k]; !ok {
-			t.Errorf("unexpected %q", k)
-		}
-	}
-}
-
-func run(t *testing.T, env workspaceshell.Env, line string, mode workspaceshell.Mode) (workspaceshell.Result, error) {
-	t.Helper()
-	return workspaceshell.Run(context.Background(), env, line, mode)
+	return interp.Run(context.Background(), env, line, mode)
 }
 
 // refusedCases are lines read mode refuses, with what the error must say.
@@ -212,12 +85,12 @@ var refusedCases = []struct {
 
 func TestReadModeRefuses(t *testing.T) {
 	cases := refusedCases
-	for _, b := range backends {
-		t.Run(b.name, func(t *testing.T) {
+	for _, b := range shelltest.Backends {
+		t.Run(b.Name, func(t *testing.T) {
 			for _, tc := range cases {
-				env := setup(t, b, sample)
-				before := snapshot(t, env)
-				res, err := run(t, env, tc.line, workspaceshell.Read)
+				env := shelltest.Setup(t, b, shelltest.Sample)
+				before := shelltest.Snapshot(t, env)
+				res, err := run(t, env, tc.line, interp.Read)
 				if err == nil {
 					t.Errorf("%q ran (%+v); want it refused", tc.line, res)
 					continue
@@ -225,7 +98,7 @@ func TestReadModeRefuses(t *testing.T) {
 				if !errors.Is(err, workspace.ErrForbidden) {
 					t.Errorf("%q: error %v is not Forbidden", tc.line, err)
 				}
-				var re *workspaceshell.RefusedError
+				var re *interp.RefusedError
 				if !errors.As(err, &re) {
 					t.Errorf("%q: error %T is not a *RefusedError", tc.line, err)
 				}
@@ -234,10 +107,10 @@ func TestReadModeRefuses(t *testing.T) {
 						t.Errorf("%q: error %q does not say %q", tc.line, err, w)
 					}
 				}
-				if res != (workspaceshell.Result{}) {
+				if res != (interp.Result{}) {
 					t.Errorf("%q: a refused line produced %+v", tc.line, res)
 				}
-				sameTree(t, snapshot(t, env), before)
+				shelltest.SameTree(t, shelltest.Snapshot(t, env), before)
 			}
 		})
 	}
@@ -251,19 +124,19 @@ func TestRefusedWhileRunning(t *testing.T) {
 		"find . -{delete,print}",
 		"rg --{pre,x}=cat TODO",
 	} {
-		env := setup(t, backends[0], sample)
-		before := snapshot(t, env)
-		_, err := run(t, env, line, workspaceshell.Write)
+		env := shelltest.Setup(t, shelltest.Backends[0], shelltest.Sample)
+		before := shelltest.Snapshot(t, env)
+		_, err := run(t, env, line, interp.Write)
 		if !errors.Is(err, workspace.ErrForbidden) {
 			t.Errorf("%q: err = %v, want Forbidden", line, err)
 		}
-		sameTree(t, snapshot(t, env), before)
+		shelltest.SameTree(t, shelltest.Snapshot(t, env), before)
 	}
 }
 
 func TestSyntaxError(t *testing.T) {
-	env := setup(t, backends[0], nil)
-	_, err := run(t, env, "ls (", workspaceshell.Read)
+	env := shelltest.Setup(t, shelltest.Backends[0], nil)
+	_, err := run(t, env, "ls (", interp.Read)
 	if !errors.Is(err, workspace.ErrInvalidArgument) || !strings.Contains(err.Error(), "syntax error") {
 		t.Fatalf("err = %v, want a syntax error", err)
 	}
@@ -309,11 +182,11 @@ func TestUnreadableDirectory(t *testing.T) {
 		{"ls -aFr docs", "x.md\nsub/\n../\n./\n", "", 0},
 		{"ls -1p . src", ".:\na.txt\ndocs/\nnode_modules/\nsrc/\n\nsrc:\nmain.go\n", "", 0},
 	}
-	for _, b := range backends {
-		env := setup(t, b, tree{"a.txt": "TODO a\n", ".hid": "h", "node_modules/m/x.js": "x", "src/main.go": "TODO\n", "docs/x.md": "TODO x\n", "docs/sub/y.md": "TODO y\n", "docs/sub/deep/z.md": "z\n"})
+	for _, b := range shelltest.Backends {
+		env := shelltest.Setup(t, b, shelltest.Tree{"a.txt": "TODO a\n", ".hid": "h", "node_modules/m/x.js": "x", "src/main.go": "TODO\n", "docs/x.md": "TODO x\n", "docs/sub/y.md": "TODO y\n", "docs/sub/deep/z.md": "z\n"})
 		env.FS = unreadable{env.FS, "docs/sub"}
 		for _, tc := range cases {
-			res, err := run(t, env, tc.line, workspaceshell.Read)
+			res, err := run(t, env, tc.line, interp.Read)
 			if err != nil || res.Stdout != tc.stdout || res.Stderr != tc.stderr || res.ExitCode != tc.exit {
 				t.Errorf("%q: stdout %q stderr %q exit %d, %v\nwant stdout %q stderr %q exit %d", tc.line, res.Stdout, res.Stderr, res.ExitCode, err, tc.stdout, tc.stderr, tc.exit)
 			}

@@ -1,4 +1,4 @@
-package workspaceshell_test
+package interp_test
 
 import (
 	"context"
@@ -7,7 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/workspaceshell"
+	"github.com/sandboxd/sandboxd/workspaceshell/internal/shelltest"
+	"github.com/sandboxd/sandboxd/workspaceshell/interp"
 )
 
 // readCases are lines of read mode with their output; "$ROOT" stands for the
@@ -133,13 +134,13 @@ var readCases = []struct {
 // TestReadLines runs every read case on every backend: the same tree gives
 // the same output.
 func TestReadLines(t *testing.T) {
-	for _, b := range backends {
-		t.Run(b.name, func(t *testing.T) {
-			env := setup(t, b, sample)
-			before := snapshot(t, env)
+	for _, b := range shelltest.Backends {
+		t.Run(b.Name, func(t *testing.T) {
+			env := shelltest.Setup(t, b, shelltest.Sample)
+			before := shelltest.Snapshot(t, env)
 			root := env.Session.Root
 			for _, tc := range readCases {
-				res, err := run(t, env, tc.line, workspaceshell.Read)
+				res, err := run(t, env, tc.line, interp.Read)
 				if err != nil {
 					t.Errorf("%q: %v", tc.line, err)
 					continue
@@ -150,7 +151,7 @@ func TestReadLines(t *testing.T) {
 						tc.line, res.Stdout, res.Stderr, res.ExitCode, want, tc.stderr, tc.exit)
 				}
 			}
-			sameTree(t, snapshot(t, env), before)
+			shelltest.SameTree(t, shelltest.Snapshot(t, env), before)
 		})
 	}
 }
@@ -158,29 +159,29 @@ func TestReadLines(t *testing.T) {
 // TestLimits: a line that runs away is stopped by the output limit, the
 // timeout or its context, and a brace expansion cannot fill the memory.
 func TestLimits(t *testing.T) {
-	b := backends[0]
-	env := setup(t, b, sample)
+	b := shelltest.Backends[0]
+	env := shelltest.Setup(t, b, shelltest.Sample)
 	env.MaxOutput = 1000
-	res, err := run(t, env, "while cat a.txt; do cat a.txt; done", workspaceshell.Read)
+	res, err := run(t, env, "while cat a.txt; do cat a.txt; done", interp.Read)
 	if err != nil || !res.Truncated || len(res.Stdout) != 1000 || !strings.Contains(res.Stderr, "output stopped after 1000 bytes") {
 		t.Errorf("output limit: %d bytes, %+v, %v", len(res.Stdout), res.Truncated, err)
 	}
 
-	env = setup(t, b, sample)
+	env = shelltest.Setup(t, b, shelltest.Sample)
 	env.Timeout = 50 * time.Millisecond
-	res, err = run(t, env, "while ls >/dev/null; do cat a.txt > /dev/null; done", workspaceshell.Read)
+	res, err = run(t, env, "while ls >/dev/null; do cat a.txt > /dev/null; done", interp.Read)
 	if err != nil || !res.TimedOut || res.ExitCode != 124 { // the loop has no end of its own
 		t.Errorf("timeout: %+v, %v", res, err)
 	}
 
 	ctx, cancel := context.WithCancel(context.Background())
 	time.AfterFunc(20*time.Millisecond, cancel)
-	_, err = workspaceshell.Run(ctx, setup(t, b, sample), "while ls >/dev/null; do ls | cat | cat >/dev/null; done", workspaceshell.Read)
+	_, err = interp.Run(ctx, shelltest.Setup(t, b, shelltest.Sample), "while ls >/dev/null; do ls | cat | cat >/dev/null; done", interp.Read)
 	if !errors.Is(err, context.Canceled) {
 		t.Errorf("cancelled: %v", err)
 	}
 
-	res, err = run(t, setup(t, b, sample), "ls {1..3000000000}", workspaceshell.Read)
+	res, err = run(t, shelltest.Setup(t, b, shelltest.Sample), "ls {1..3000000000}", interp.Read)
 	if err != nil || res.ExitCode != 1 || !strings.Contains(res.Stderr, "brace expansion would exceed") {
 		t.Errorf("brace bomb: %+v, %v", res, err)
 	}

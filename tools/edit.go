@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
-	"path"
 	"slices"
 	"sort"
 	"strconv"
@@ -16,13 +14,6 @@ import (
 	"github.com/pmezard/go-difflib/difflib"
 	"github.com/sandboxd/sandboxd/workspace"
 )
-
-// WriteResult is the structured content of write.
-type WriteResult struct {
-	Path    string `json:"path"`
-	Bytes   int    `json:"bytes"`
-	Created bool   `json:"created"`
-}
 
 // EditResult is the structured content of edit.
 type EditResult struct {
@@ -37,21 +28,6 @@ type Replacement struct {
 	OldText string `json:"oldText" jsonschema:"text that appears exactly once in the file"`
 	NewText string `json:"newText" jsonschema:"its replacement"`
 }
-
-type writeArgs struct {
-	Path    string  `json:"path" jsonschema:"the file to write"`
-	Content *string `json:"content" jsonschema:"the whole new content"`
-}
-
-var writeTool = newTool(spec[writeArgs, *WriteResult]{
-	name: "write", skill: "workspace.edit",
-	describe: func(s *Set) string {
-		return fmt.Sprintf("Create or replace a file with content, creating missing parent directories. Readers never see half a file. Refuses to empty a file that has content, and paths matching %s.",
-			strings.Join(s.cfg.Protect, ", "))
-	},
-	handle:    (*Set).write,
-	journaled: yes,
-})
 
 type editArgs struct {
 	Path  string        `json:"path" jsonschema:"the file to edit"`
@@ -72,71 +48,6 @@ var editTool = newTool(spec[editArgs, *EditResult]{
 	handle:    (*Set).edit,
 	journaled: yes,
 })
-
-// lockForChange resolves a path write or edit is to change, asks the view
-// whether it refuses the change (the guard refuses protected paths, as
-// written and with their links resolved: a link into .git is refused; the
-// rules refuse what is outside the commit scope), and takes the write lock
-// of the file the path leads to.
-func (s *Set) lockForChange(ctx context.Context, c *call, p string) (name string, unlock func(), err error) {
-	if name, err = s.resolve(p); err != nil {
-		return "", nil, err
-	}
-	if name == "." {
-		return "", nil, newError(workspace.ErrNotAFile, "the workspace root is a directory, not a file")
-	}
-	real, err := workspace.CheckChange(ctx, c.fsys, s.root, name)
-	if err != nil {
-		return "", nil, err
-	}
-	unlock, err = workspace.Lock(ctx, c.fsys, real)
-	return name, unlock, err
-}
-
-func (s *Set) write(ctx context.Context, p writeArgs, c *call) (Result, error) {
-	if p.Path == "" || p.Content == nil {
-		return Result{}, invalid("path and content are required")
-	}
-	name, unlock, err := s.lockForChange(ctx, c, p.Path)
-	if err != nil {
-		return Result{}, err
-	}
-	defer unlock()
-	created := false
-	info, err := c.fsys.Stat(ctx, name)
-	switch {
-	case errors.Is(err, workspace.ErrNotFound):
-		created = true
-		if err := workspace.MkdirAll(ctx, c.fsys, path.Dir(name), 0o755); err != nil {
-			return Result{}, err
-		}
-	case err != nil:
-		return Result{}, err
-	case !info.Mode().IsRegular():
-		return Result{}, newError(workspace.ErrNotAFile, "%s is a %s; write replaces regular files only", name, describeMode(info.Mode()))
-	case info.Size() > 0 && *p.Content == "":
-		return Result{}, invalid("refusing to empty %s, which has %s of content; to delete it use bash (rm), or write the content it should keep", name, kb(info.Size()))
-	}
-	if err := c.fsys.WriteFile(ctx, name, []byte(*p.Content), 0o644); err != nil {
-		return Result{}, err
-	}
-	verb := "Replaced"
-	if created {
-		verb = "Created"
-	}
-	n := len(*p.Content)
-	return Result{
-		Text:       fmt.Sprintf("%s %s (%d bytes).", verb, name, n),
-		Structured: &WriteResult{Path: name, Bytes: n, Created: created},
-	}, nil
-}
-
-func describeMode(m fs.FileMode) string {
-	if m.IsDir() {
-		return "directory"
-	}
-	return fileKind(m)
-}
 
 func (s *Set) edit(ctx context.Context, p editArgs, c *call) (Result, error) {
 	if p.Path == "" || len(p.Edits) == 0 {

@@ -258,17 +258,26 @@ func (c *Container) kill() string {
 }
 
 // endState is how the container ended, for the errors of an agent stream
-// that broke: the engine may take a moment to see the exit, so it asks a few
-// times while the container still looks alive.
+// that broke: the engine may take a moment to see the exit (seconds, on a
+// loaded host), so while the container still looks alive it waits for the
+// engine's word that it stopped, up to endStateWait; a container that runs
+// on (a stream broken by garbage, not by an exit) is then said to run.
 func (c *Container) endState() string {
-	for range 5 {
-		if st := c.state(context.Background()); st != "" {
-			return st
-		}
-		time.Sleep(100 * time.Millisecond)
+	if st := c.state(context.Background()); st != "" {
+		return st
 	}
-	return ""
+	ctx, cancel := context.WithTimeout(context.Background(), endStateWait)
+	defer cancel()
+	wait := c.cli.ContainerWait(ctx, c.id, client.ContainerWaitOptions{Condition: container.WaitConditionNotRunning})
+	select {
+	case <-wait.Result:
+	case <-wait.Error:
+	}
+	return c.state(context.Background())
 }
+
+// endStateWait bounds endState's wait for the engine to see an exit.
+const endStateWait = 5 * time.Second
 
 // state describes how the container stands, for error messages: "" when
 // it runs, else its status, exit code, OOM kill and the engine's error.

@@ -241,3 +241,31 @@ func (h hostFS) ReadFile(_ context.Context, name string, max int64) ([]byte, err
 	}
 	return data[:min(int64(len(data)), max)], nil
 }
+
+func TestBuild(t *testing.T) {
+	fsys := memfs.New()
+	conformance.Build(t, fsys, "a/b: text", "x*: run", "l => a/b", "p|", "s=", "e/")
+	for _, tt := range []struct {
+		name string
+		mode fs.FileMode
+	}{
+		{"a", fs.ModeDir | 0o755},
+		{"a/b", 0o644},
+		{"x", 0o755},
+		{"l", fs.ModeSymlink},
+		{"p", fs.ModeNamedPipe | 0o644},
+		{"s", fs.ModeSocket | 0o644},
+		{"e", fs.ModeDir | 0o755},
+	} {
+		fi, err := fsys.Lstat(t.Context(), tt.name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := fi.Mode(); got != tt.mode && !(tt.mode == fs.ModeSymlink && got.Type() == fs.ModeSymlink) {
+			t.Errorf("%s: mode %v, want %v", tt.name, got, tt.mode)
+		}
+	}
+	if data, err := fsys.ReadFile(t.Context(), "l", 100); err != nil || string(data) != "text" {
+		t.Errorf("ReadFile(l) = %q, %v; want text", data, err)
+	}
+}

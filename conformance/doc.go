@@ -45,11 +45,14 @@
 //	"f"             an empty file
 //	"f: text"       a file holding text (a Go-quoted string after ": " for
 //	                anything with newlines or binary)
+//	"x*", "x*: t"   an executable file (0o755; other files are 0o644)
 //	"l => target"   a symbolic link; $ROOT is the workspace root, $OUTSIDE
 //	                the outside's root, $OUT the relative path between them
 //	"p|", "s="      a named pipe, a Unix socket
 //
-// Parents are implied. Outside.Build and Outside.Dump speak the same language.
+// Parents are implied. Outside.Build and Outside.Dump speak the same
+// language, and Build writes it into any FileSystem: it is how the module's
+// other tests make their trees.
 //
 // # What TestFileSystem checks
 //

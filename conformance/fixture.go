@@ -89,8 +89,27 @@ func (x *fixture) build(layout ...string) {
 	buildLayout(x.t, x.ctx, x.FS, x.MakeSpecial, x.vars, layout)
 }
 
+// Build creates the entries of a layout (see the package doc) in fsys, in
+// order, failing t at the first line it cannot parse or create. It is the
+// one way tests across the module write a tree: "d/", "f", "f: text",
+// "x*: text" (mode 0o755), "l => target", "p|", "s=". Parents are implied
+// and made 0o755; files are 0o644. No variables are expanded: a link's
+// target is written as given. Named pipes and sockets need a FileSystem with
+// a method Mknod(name string, mode fs.FileMode) error, as memfs has (it is
+// given the type and 0o644); without one such a line fails the test.
+func Build(t testing.TB, fsys workspace.FileSystem, layout ...string) {
+	t.Helper()
+	var special func(string, fs.FileMode) error
+	if m, ok := fsys.(interface {
+		Mknod(name string, mode fs.FileMode) error
+	}); ok {
+		special = func(name string, typ fs.FileMode) error { return m.Mknod(name, typ|0o644) }
+	}
+	buildLayout(t, t.Context(), fsys, special, nil, layout)
+}
+
 // buildLayout creates a layout in a workspace or fails the test.
-func buildLayout(t *testing.T, ctx context.Context, fsys workspace.FileSystem, special func(string, fs.FileMode) error, vars map[string]string, layout []string) {
+func buildLayout(t testing.TB, ctx context.Context, fsys workspace.FileSystem, special func(string, fs.FileMode) error, vars map[string]string, layout []string) {
 	t.Helper()
 	entries, err := parseLayout(layout, vars)
 	if err == nil {

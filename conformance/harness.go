@@ -191,7 +191,7 @@ func (d HostDir) Build(layout ...string) error {
 		case fs.ModeSymlink:
 			err = os.Symlink(e.data, p)
 		case 0:
-			err = os.WriteFile(p, []byte(e.data), 0o644)
+			err = os.WriteFile(p, []byte(e.data), e.perm())
 		default:
 			err = d.MakeSpecial(e.name, e.typ)
 		}

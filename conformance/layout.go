@@ -20,6 +20,7 @@ import (
 //	"d/"          a directory
 //	"f"           an empty regular file
 //	"f: text"     a regular file holding text ("f: \"a\\nb\"" for a Go-quoted string)
+//	"x*", "x*: t" an executable file (mode 0o755; files are otherwise 0o644)
 //	"l => target" a symbolic link; $ROOT, $OUTSIDE and $OUT in target become the
 //	              workspace root, the outside root and the relative path from
 //	              the first to the second
@@ -31,6 +32,7 @@ type entry struct {
 	name string
 	typ  fs.FileMode // 0, fs.ModeDir, fs.ModeSymlink, fs.ModeNamedPipe or fs.ModeSocket
 	data string      // a file's contents or a link's target
+	exec bool        // a regular file made executable ("x*")
 }
 
 func parseLayout(lines []string, vars map[string]string) ([]entry, error) {
@@ -68,7 +70,7 @@ func parseLine(line string) (entry, error) {
 		if !fs.ValidPath(name) || name == "." || target == "" {
 			return bad()
 		}
-		return entry{name, fs.ModeSymlink, target}, nil
+		return entry{name: name, typ: fs.ModeSymlink, data: target}, nil
 	}
 	if name, data, ok := strings.Cut(line, ": "); ok {
 		if strings.HasPrefix(data, `"`) {
@@ -78,17 +80,21 @@ func parseLine(line string) (entry, error) {
 			}
 			data = s
 		}
+		name, exec := strings.CutSuffix(name, "*")
 		if !fs.ValidPath(name) || name == "." {
 			return bad()
 		}
-		return entry{name, 0, data}, nil
+		return entry{name: name, data: data, exec: exec}, nil
 	}
 	e := entry{name: line}
-	for _, k := range []entry{{"/", fs.ModeDir, ""}, {"|", fs.ModeNamedPipe, ""}, {"=", fs.ModeSocket, ""}, {":", 0, ""}} {
+	for _, k := range []entry{{name: "/", typ: fs.ModeDir}, {name: "|", typ: fs.ModeNamedPipe}, {name: "=", typ: fs.ModeSocket}, {name: ":"}} {
 		if n, ok := strings.CutSuffix(line, k.name); ok {
-			e = entry{n, k.typ, ""}
+			e = entry{name: n, typ: k.typ}
 			break
 		}
+	}
+	if e.typ == 0 {
+		e.name, e.exec = strings.CutSuffix(e.name, "*")
 	}
 	if !fs.ValidPath(e.name) || e.name == "." {
 		return bad()
@@ -108,15 +114,27 @@ func (e entry) String() string {
 	case fs.ModeSocket:
 		return e.name + "="
 	case 0:
+		name := e.name
+		if e.exec {
+			name += "*"
+		}
 		if e.data == "" {
-			return e.name
+			return name
 		}
 		if plain(e.data) {
-			return e.name + ": " + e.data
+			return name + ": " + e.data
 		}
-		return e.name + ": " + strconv.Quote(e.data)
+		return name + ": " + strconv.Quote(e.data)
 	}
 	return fmt.Sprintf("%s ?%v", e.name, e.typ)
+}
+
+// perm is the permission bits a regular file is made with.
+func (e entry) perm() fs.FileMode {
+	if e.exec {
+		return 0o755
+	}
+	return 0o644
 }
 
 // plain reports whether s reads back unchanged after "name: ".
@@ -175,7 +193,8 @@ type treeReader interface {
 }
 
 // dumpTree describes a tree as canonical layout lines, never following links
-// and never opening anything but regular files.
+// and never opening anything but regular files. It reads no permission bits,
+// so it never reports a file as executable ("x*").
 func dumpTree(r treeReader) ([]string, error) {
 	var lines []string
 	var walk func(dir string) error
@@ -252,7 +271,7 @@ func buildTree(ctx context.Context, fsys workspace.FileSystem, special func(stri
 		case fs.ModeDir:
 			err = workspace.MkdirAll(ctx, fsys, e.name, 0o755)
 		case 0:
-			err = fsys.WriteFile(ctx, e.name, []byte(e.data), 0o644)
+			err = fsys.WriteFile(ctx, e.name, []byte(e.data), e.perm())
 		case fs.ModeSymlink:
 			sl, ok := fsys.(workspace.SymlinkFS)
 			if !ok {

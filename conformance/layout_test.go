@@ -8,13 +8,14 @@ import (
 func TestLayoutRoundTrip(t *testing.T) {
 	layout := []string{
 		"z", "a/b/c: text", "a/l => $OUTSIDE/x", "q: \"two\\nlines\\x00\"", "d/", "p|", "s=", "e:", "sp: \" padded \"",
+		"x*: run", "y*", "w*:",
 	}
 	entries, err := parseLayout(layout, map[string]string{"$OUT": "../o", "$OUTSIDE": "/o"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	got := canonical(entries)
-	want := []string{"a/", "a/b/", "a/b/c: text", "a/l => /o/x", "d/", "e", "p|", "q: \"two\\nlines\\x00\"", "s=", "sp: \" padded \"", "z"}
+	want := []string{"a/", "a/b/", "a/b/c: text", "a/l => /o/x", "d/", "e", "p|", "q: \"two\\nlines\\x00\"", "s=", "sp: \" padded \"", "w*", "x*: run", "y*", "z"}
 	if !slices.Equal(got, want) {
 		t.Fatalf("canonical = %q\nwant        %q", got, want)
 	}

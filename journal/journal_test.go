@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/sandboxd/sandboxd/agent"
+	"github.com/sandboxd/sandboxd/conformance"
 	"github.com/sandboxd/sandboxd/journal"
 	"github.com/sandboxd/sandboxd/localfs"
 	"github.com/sandboxd/sandboxd/memfs"
@@ -116,17 +117,12 @@ func agentClient(t *testing.T, fsys workspace.FileSystem) *agent.Client {
 	return c
 }
 
-// seed fills a workspace with a small tree of every kind.
+// seed fills a workspace with a small tree of every kind, through the port
+// (no journal is open yet).
 func seed(t *testing.T, b backend) {
 	t.Helper()
-	b.behind(t, "mkdir", "src/pkg")
-	b.behind(t, "write", "src/a.go", "package a\n\nfunc A() {}\n")
-	b.behind(t, "write", "src/pkg/b.go", "package pkg\n")
-	b.behind(t, "write", "run.sh", "#!/bin/sh\necho hi\n")
-	b.behind(t, "chmod", "run.sh", "755")
-	b.behind(t, "write", "bin.dat", "\x00\x01\x02")
-	b.behind(t, "symlink", "link", "src/a.go")
-	b.behind(t, "mkdir", "empty")
+	conformance.Build(t, b.fs, "src/pkg/", "src/a.go: package a\n\nfunc A() {}\n", "src/pkg/b.go: package pkg\n",
+		"run.sh*: #!/bin/sh\necho hi\n", "bin.dat: \x00\x01\x02", "link => src/a.go", "empty/")
 }
 
 // dump is the whole tree, outside .sandboxd/: path, type, mode, contents.

@@ -12,7 +12,7 @@ import (
 // stay below it, in one call, and refuses every way out (the caller then
 // asks ReadFile, which decides).
 func TestOpenBeneath(t *testing.T) {
-	_, top := newFS(t, "d/", "d/f:x", "ld => d", "up => ..", "abs => $TOP/ws/d", "lo => ../out")
+	_, top := newFS(t, "d/", "d/f: x", "ld => d", "up => ..", "abs => $ROOT/d", "lo => ../out")
 	root, err := os.Open(filepath.Join(top, "ws"))
 	if err != nil {
 		t.Fatal(err)

@@ -18,50 +18,40 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxd/sandboxd/conformance"
 	"github.com/sandboxd/sandboxd/workspace"
 )
 
-// A layout lists entries to create, one a string, relative to the workspace
-// ("../out/x" lands in the directory beside it, which is outside):
-//
-//	"d/"          a directory
-//	"f"           a file holding its own name
-//	"f:text"      a file holding text
-//	"p|"          a named pipe
-//	"a => b"      a link a with target b; "$TOP" in b is the absolute
-//	              directory holding the workspace ("ws") and "out"
-func makeTree(t testing.TB, top string, layout []string) {
-	t.Helper()
-	ws := filepath.Join(top, "ws")
-	for _, e := range append([]string{"./", "../out/"}, layout...) {
-		var err error
-		switch {
-		case strings.Contains(e, " => "):
-			name, target, _ := strings.Cut(e, " => ")
-			err = os.Symlink(strings.ReplaceAll(target, "$TOP", top), filepath.Join(ws, name))
-		case strings.HasSuffix(e, "/"):
-			err = os.MkdirAll(filepath.Join(ws, e), 0o755)
-		case strings.HasSuffix(e, "|"):
-			err = syscall.Mkfifo(filepath.Join(ws, strings.TrimSuffix(e, "|")), 0o644)
-		default:
-			name, text, ok := strings.Cut(e, ":")
-			if !ok {
-				text = name
-			}
-			err = os.WriteFile(filepath.Join(ws, name), []byte(text), 0o644)
-		}
-		if err != nil {
-			t.Fatalf("layout %q: %v", e, err)
-		}
-	}
-}
-
-// newFS builds layout in a new directory and opens its "ws" as a workspace.
+// newFS builds a layout (conformance.Build's language) in a new directory's
+// "ws" and opens that as a workspace. Entries under "../out/" are built in
+// the directory "out" beside it, which is outside; "$ROOT" and "$OUTSIDE" in
+// a link's target are the absolute paths of the two. It returns the
+// directory holding both.
 func newFS(t testing.TB, layout ...string) (*FS, string) {
 	t.Helper()
 	top := t.TempDir()
-	makeTree(t, top, layout)
-	fsys, err := New(filepath.Join(top, "ws"), WithLockDir(filepath.Join(top, "locks")))
+	ws, out := filepath.Join(top, "ws"), filepath.Join(top, "out")
+	var in, outside []string
+	for _, e := range layout {
+		e = strings.ReplaceAll(e, "$OUTSIDE", filepath.ToSlash(out))
+		if rest, ok := strings.CutPrefix(e, "../out/"); ok {
+			outside = append(outside, rest)
+		} else {
+			in = append(in, e)
+		}
+	}
+	for _, b := range []struct {
+		dir    string
+		layout []string
+	}{{ws, in}, {out, outside}} {
+		if err := os.Mkdir(b.dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := conformance.HostDir(b.dir).Build(b.layout...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fsys, err := New(ws, WithLockDir(filepath.Join(top, "locks")))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,11 +129,11 @@ func runOp(ctx context.Context, fsys *FS, op, name string) error {
 func TestOperations(t *testing.T) {
 	const (
 		linkOut      = "l => ../out/secret"
-		linkOutAbs   = "l => $TOP/out/secret"
+		linkOutAbs   = "l => $OUTSIDE/secret"
 		dirLinkOut   = "ld => ../out"
-		dirLinkOutAb = "ld => $TOP/out"
+		dirLinkOutAb = "ld => $OUTSIDE"
 	)
-	outside := []string{"../out/secret:s3cret", "../out/sub/", "../out/p|"}
+	outside := []string{"../out/secret: s3cret", "../out/sub/", "../out/p|"}
 	tests := []struct {
 		name   string
 		layout []string
@@ -176,7 +166,7 @@ func TestOperations(t *testing.T) {
 		// A chain of links that ends outside.
 		{"chain out read", []string{"a => b", "b => c", "c => ../out/secret"}, "read", "a", workspace.ErrOutsideWorkspace},
 		{"chain out write", []string{"a => b", "b => d/c", "d/", "d/c => ../../out/secret"}, "write", "a", workspace.ErrOutsideWorkspace},
-		{"chain out abs write", []string{"a => b", "b => $TOP/ws/c", "c => $TOP/out/secret"}, "write", "a", workspace.ErrOutsideWorkspace},
+		{"chain out abs write", []string{"a => b", "b => $ROOT/c", "c => $OUTSIDE/secret"}, "write", "a", workspace.ErrOutsideWorkspace},
 
 		// New entries under a linked directory that is outside.
 		{"linked dir write", []string{dirLinkOut}, "write", "ld/new", workspace.ErrOutsideWorkspace},
@@ -199,10 +189,10 @@ func TestOperations(t *testing.T) {
 		{"dangling link in write", []string{"l => new"}, "write", "l", nil},
 		{"linked dir in write", []string{"d/", "ld => d"}, "write", "ld/new", nil},
 		{"link up inside", []string{"f", "d/", "d/up => ../f"}, "read", "d/up", nil},
-		{"abs link in read", []string{"f", "l => $TOP/ws/f"}, "read", "l", nil},
-		{"abs link in write", []string{"f", "l => $TOP/ws/f"}, "write", "l", nil},
-		{"abs dir link in write", []string{"d/", "ld => $TOP/ws/d"}, "write", "ld/new", nil},
-		{"abs dir link in mkdir", []string{"d/", "ld => $TOP/ws/d"}, "mkdir", "ld/new", nil},
+		{"abs link in read", []string{"f", "l => $ROOT/f"}, "read", "l", nil},
+		{"abs link in write", []string{"f", "l => $ROOT/f"}, "write", "l", nil},
+		{"abs dir link in write", []string{"d/", "ld => $ROOT/d"}, "write", "ld/new", nil},
+		{"abs dir link in mkdir", []string{"d/", "ld => $ROOT/d"}, "mkdir", "ld/new", nil},
 		{"long chain in", []string{"f", "l1 => l2", "l2 => l3", "l3 => l4", "l4 => l5", "l5 => l6",
 			"l6 => l7", "l7 => l8", "l8 => l9", "l9 => l10", "l10 => f"}, "read", "l1", nil},
 		{"link loop", []string{"a => b", "b => a"}, "read", "a", workspace.ErrInvalidArgument},
@@ -299,7 +289,7 @@ func TestLoopErrorSaysWhy(t *testing.T) {
 
 func TestReadFile(t *testing.T) {
 	ctx := context.Background()
-	fsys, _ := newFS(t, "f:hello", "empty:")
+	fsys, _ := newFS(t, "f: hello", "empty:")
 	tests := []struct {
 		name string
 		max  int64
@@ -329,7 +319,7 @@ func TestReadFile(t *testing.T) {
 
 func TestMetadata(t *testing.T) {
 	ctx := context.Background()
-	fsys, top := newFS(t, "b/", "b/x", "a:abc", "l => a", "ld => b", "p|")
+	fsys, top := newFS(t, "b/", "b/x", "a: abc", "l => a", "ld => b", "p|")
 	entries, err := fsys.ReadDir(ctx, ".")
 	if err != nil {
 		t.Fatal(err)
@@ -369,7 +359,7 @@ func TestMetadata(t *testing.T) {
 
 func TestWriteFileThroughLinkKeepsLink(t *testing.T) {
 	ctx := context.Background()
-	fsys, top := newFS(t, "d/", "d/f:old", "l => d/f", "abs => $TOP/ws/d/f", "ld => d", "ld/l2 => ../l")
+	fsys, top := newFS(t, "d/", "d/f: old", "l => d/f", "abs => $ROOT/d/f", "ld => d", "ld/l2 => ../l")
 	for _, name := range []string{"l", "abs", "ld/l2"} {
 		data := []byte("via " + name)
 		if err := fsys.WriteFile(ctx, name, data, 0o644); err != nil {
@@ -386,7 +376,7 @@ func TestWriteFileThroughLinkKeepsLink(t *testing.T) {
 }
 
 func TestWriteFileHardLinkNotWrittenThrough(t *testing.T) {
-	fsys, top := newFS(t, "../out/secret:outside")
+	fsys, top := newFS(t, "../out/secret: outside")
 	if err := os.Link(filepath.Join(top, "out/secret"), filepath.Join(top, "ws/h")); err != nil {
 		t.Fatal(err)
 	}
@@ -726,7 +716,9 @@ func TestClosedAndCancelled(t *testing.T) {
 
 func TestNew(t *testing.T) {
 	top := t.TempDir()
-	makeTree(t, top, []string{"f", "link => ."})
+	if err := conformance.HostDir(filepath.Join(top, "ws")).Build("f", "link => ."); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := New(filepath.Join(top, "missing")); !errors.Is(err, workspace.ErrNotFound) {
 		t.Errorf("New of a missing directory: %v", err)
 	}
@@ -755,7 +747,7 @@ func TestNew(t *testing.T) {
 }
 
 func BenchmarkReadFile(b *testing.B) {
-	fsys, _ := newFS(b, "d/", "d/e/", "d/e/f:"+strings.Repeat("x", 4096))
+	fsys, _ := newFS(b, "d/", "d/e/", "d/e/f: "+strings.Repeat("x", 4096))
 	ctx := context.Background()
 	for b.Loop() {
 		if _, err := fsys.ReadFile(ctx, "d/e/f", 1<<20); err != nil {

@@ -26,16 +26,16 @@ func TestSearchEqualsGeneric(t *testing.T) {
 		for n := range rng.IntN(300) {
 			fmt.Fprintf(&b, "line %d of %d%s\n", n, i, strings.Repeat("x", rng.IntN(60)))
 		}
-		many = append(many, fmt.Sprintf("many/%03d.txt:%s", i, b.String()))
+		many = append(many, fmt.Sprintf("many/%03d.txt: %s", i, b.String()))
 	}
-	big := "big/huge.txt:" + strings.Repeat("filler line\n", 100_000) + "line 7 at the end\n"
+	big := "big/huge.txt: " + strings.Repeat("filler line\n", 100_000) + "line 7 at the end\n"
 	deep := []string{
-		"a/b/c/d/e/f/g/h/i/j/k.go:line 7 deep\n", "a/b/c/d/e/z.go:line 7\n", "a/b/y.go:line 77\n", "a/z.go:no\n",
-		"a/b/c/d/e/f/g/h2/x.go:line 7 again\n", "a/b/c0/w.go:line 70\n", "top.go:line 7\n",
-		"ld => a/b", "abs => $TOP/ws/a/b", "lo => ../out", "out.go => ../out/secret", "p|",
+		"a/b/c/d/e/f/g/h/i/j/k.go: line 7 deep\n", "a/b/c/d/e/z.go: line 7\n", "a/b/y.go: line 77\n", "a/z.go: no\n",
+		"a/b/c/d/e/f/g/h2/x.go: line 7 again\n", "a/b/c0/w.go: line 70\n", "top.go: line 7\n",
+		"ld => a/b", "abs => $ROOT/a/b", "lo => ../out", "out.go => ../out/secret", "p|",
 	}
-	layout := append(append(append([]string{"../out/secret:line 7 outside\n", big}, deep...), many...), "empty.txt:")
-	fsys, _ := newFS(t, withParents(layout)...)
+	layout := append(append(append([]string{"../out/secret: line 7 outside\n", big}, deep...), many...), "empty.txt:")
+	fsys, _ := newFS(t, layout...)
 	ctx := context.Background()
 
 	walks := []workspace.WalkRequest{
@@ -86,7 +86,7 @@ func TestSearchEqualsGeneric(t *testing.T) {
 // The walk describes each entry with fstatat(2) on the directory it holds:
 // what that gives equals os.Lstat, modes, times and Sys included.
 func TestWalkEntryInfo(t *testing.T) {
-	fsys, top := newFS(t, withParents([]string{"d/f:abc", "d/l => f", "d/sub/g:", "d/p|"})...)
+	fsys, top := newFS(t, []string{"d/f: abc", "d/l => f", "d/sub/g:", "d/p|"}...)
 	ws := filepath.Join(top, "ws")
 	if err := os.Chmod(filepath.Join(ws, "d/f"), 0o4751); err != nil {
 		t.Fatal(err)
@@ -124,7 +124,7 @@ func TestWalkEntryInfo(t *testing.T) {
 // never lets them list or read what is outside.
 func TestSearchSwapRace(t *testing.T) {
 	ctx := context.Background()
-	fsys, top := newFS(t, withParents([]string{"d/f:needle inside\n", "d/sub/g:needle inside\n", "../out/f:needle outside\n", "../out/sub/g:needle outside\n", "../out/secret:needle outside\n"})...)
+	fsys, top := newFS(t, []string{"d/f: needle inside\n", "d/sub/g: needle inside\n", "../out/f: needle outside\n", "../out/sub/g: needle outside\n", "../out/secret: needle outside\n"}...)
 	stop := swapLoop(t, filepath.Join(top, "ws"))
 	defer stop()
 	var found, listed int
@@ -153,23 +153,6 @@ func TestSearchSwapRace(t *testing.T) {
 	if swaps == 0 || found == 0 {
 		t.Errorf("the race did not happen: %d swaps, %d lines found", swaps, found)
 	}
-}
-
-// withParents puts before each entry of a layout (see makeTree) the
-// directories that hold it.
-func withParents(layout []string) []string {
-	var out []string
-	for _, e := range layout {
-		name, _, _ := strings.Cut(e, " => ")
-		name, _, _ = strings.Cut(name, ":")
-		for i := range len(name) {
-			if name[i] == '/' && i > 0 && !strings.HasSuffix(name[:i], "..") {
-				out = append(out, name[:i+1])
-			}
-		}
-		out = append(out, e)
-	}
-	return out
 }
 
 func isKindOf(err error, kinds ...*workspace.Kind) bool {

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxd/sandboxd/conformance"
 	"github.com/sandboxd/sandboxd/localexec"
 	"github.com/sandboxd/sandboxd/memexec"
 	"github.com/sandboxd/sandboxd/memfs"
@@ -129,15 +130,11 @@ func TestCommandSeesWorkspace(t *testing.T) {
 	old := time.Date(2001, 2, 3, 4, 5, 6, 0, time.UTC)
 	fsys, b := setup(t, []memfs.Option{memfs.WithClock(func() time.Time { return old })})
 	ctx := t.Context()
-	must(t, fsys.MkdirAll(ctx, "src", 0o755))
-	must(t, fsys.Mkdir(ctx, "src/ro", 0o555)) // read-only: filled all the same
-	must(t, fsys.WriteFile(ctx, "src/main.go", []byte("package main\n"), 0o644))
-	must(t, fsys.WriteFile(ctx, "run.sh", []byte("#!/bin/sh\necho ran\n"), 0o755))
+	conformance.Build(t, fsys, "src/main.go: package main\n", "run.sh*: #!/bin/sh\necho ran\n",
+		"rel => src/main.go", "abs => /workspace/src", "out => /etc/hostname", "pipe|")
+	// Modes a layout does not say: read-only, and filled all the same.
+	must(t, fsys.Mkdir(ctx, "src/ro", 0o555))
 	must(t, fsys.WriteFile(ctx, "src/ro/secret", []byte("s"), 0o400))
-	must(t, fsys.Symlink(ctx, "src/main.go", "rel"))
-	must(t, fsys.Symlink(ctx, "/workspace/src", "abs"))
-	must(t, fsys.Symlink(ctx, "/etc/hostname", "out"))
-	must(t, fsys.Mknod("pipe", fs.ModeNamedPipe|0o644))
 
 	out := sh(t, b, `find . -path ./pipe -prune -o -print | sort | while read -r p; do
   if [ -L "$p" ]; then echo "$p -> $(readlink "$p")"; else stat -c '%n %a %Y' "$p"; fi
@@ -185,16 +182,8 @@ func replaceField(s, p string) string {
 func TestChangesCopiedBack(t *testing.T) {
 	fsys, b := setup(t, nil)
 	ctx := t.Context()
-	must(t, fsys.MkdirAll(ctx, "keep", 0o755))
-	must(t, fsys.WriteFile(ctx, "keep/same", []byte("same"), 0o644))
-	must(t, fsys.WriteFile(ctx, "edit.txt", []byte("old\n"), 0o644))
-	must(t, fsys.WriteFile(ctx, "gone.txt", []byte("x"), 0o644))
-	must(t, fsys.WriteFile(ctx, "script", []byte("echo"), 0o644))
-	must(t, fsys.WriteFile(ctx, "dirnow", []byte("file"), 0o644))
-	must(t, fsys.MkdirAll(ctx, "tree/sub", 0o755))
-	must(t, fsys.WriteFile(ctx, "tree/sub/f", []byte("f"), 0o644))
-	must(t, fsys.MkdirAll(ctx, "filenow", 0o755))
-	must(t, fsys.Symlink(ctx, "edit.txt", "relink"))
+	conformance.Build(t, fsys, "keep/same: same", "edit.txt: old\n", "gone.txt: x", "script: echo",
+		"dirnow: file", "tree/sub/f: f", "filenow/", "relink => edit.txt")
 	before, err := fsys.Lstat(ctx, "keep/same")
 	must(t, err)
 
@@ -263,9 +252,7 @@ func TestSameSizeRewriteWithOldTime(t *testing.T) {
 func TestCacheRewritesOnlyChanges(t *testing.T) {
 	fsys, b := setup(t, nil)
 	ctx := t.Context()
-	for _, n := range []string{"a", "b", "c"} {
-		must(t, fsys.WriteFile(ctx, n, []byte(n), 0o644))
-	}
+	conformance.Build(t, fsys, "a: a", "b: b", "c: c")
 	inodes := func() []string { return strings.Fields(sh(t, b, "stat -c %i a b c")) }
 	first := inodes()
 	must(t, fsys.WriteFile(ctx, "b", []byte("B"), 0o644))
@@ -293,9 +280,7 @@ func TestCacheRewritesOnlyChanges(t *testing.T) {
 func TestConflictWorkspaceWins(t *testing.T) {
 	fsys, b := setup(t, nil)
 	ctx := t.Context()
-	must(t, fsys.WriteFile(ctx, "both", []byte("original"), 0o644))
-	must(t, fsys.WriteFile(ctx, "removed", []byte("original"), 0o644))
-	must(t, fsys.WriteFile(ctx, "cmdonly", []byte("original"), 0o644))
+	conformance.Build(t, fsys, "both: original", "removed: original", "cmdonly: original")
 	var once sync.Once
 	r := runCmd(t, ctx, b, workspace.Command{
 		Script: `echo ready; while [ ! -e go ]; do sleep 0.01; done
@@ -483,16 +468,12 @@ func TestPrivateDirectory(t *testing.T) {
 func BenchmarkRun(b *testing.B) {
 	ctx := context.Background()
 	fill := func(fsys *memfs.FS) {
-		data := bytes.Repeat([]byte("x"), 4096)
-		for i := range 2000 {
-			name := fmt.Sprintf("d%02d/f%04d", i%20, i)
-			if err := fsys.MkdirAll(ctx, filepath.Dir(name), 0o755); err != nil {
-				b.Fatal(err)
-			}
-			if err := fsys.WriteFile(ctx, name, data, 0o644); err != nil {
-				b.Fatal(err)
-			}
+		data := strings.Repeat("x", 4096)
+		layout := make([]string, 2000)
+		for i := range layout {
+			layout[i] = fmt.Sprintf("d%02d/f%04d: %s", i%20, i, data)
 		}
+		conformance.Build(b, fsys, layout...)
 	}
 	run := func(b *testing.B, sh *memexec.Bash) {
 		if res, err := sh.Run(ctx, workspace.Command{Script: "true"}); err != nil || res.ExitCode != 0 {
@@ -564,16 +545,12 @@ func BenchmarkRun(b *testing.B) {
 func BenchmarkFloor(b *testing.B) {
 	ctx := context.Background()
 	fsys := memfs.New()
-	data := bytes.Repeat([]byte("x"), 1024)
-	for i := range 10000 {
-		name := fmt.Sprintf("d%02d/f%05d", i%100, i)
-		if err := fsys.MkdirAll(ctx, filepath.Dir(name), 0o755); err != nil {
-			b.Fatal(err)
-		}
-		if err := fsys.WriteFile(ctx, name, data, 0o644); err != nil {
-			b.Fatal(err)
-		}
+	data := strings.Repeat("x", 1024)
+	layout := make([]string, 10000)
+	for i := range layout {
+		layout[i] = fmt.Sprintf("d%02d/f%05d: %s", i%100, i, data)
 	}
+	conformance.Build(b, fsys, layout...)
 	sh, err := memexec.New(fsys, memexec.WithTempDir(b.TempDir()))
 	if err != nil {
 		b.Fatal(err)
@@ -650,10 +627,11 @@ func (l *listing) count() int {
 func TestOnlyChangesLooked(t *testing.T) {
 	ctx := t.Context()
 	mem := memfs.New(memfs.WithUmask(0))
+	var layout []string
 	for i := range 20 {
-		must(t, mem.MkdirAll(ctx, fmt.Sprintf("d%d", i), 0o755))
-		must(t, mem.WriteFile(ctx, fmt.Sprintf("d%d/f", i), []byte("old"), 0o644))
+		layout = append(layout, fmt.Sprintf("d%d/f: old", i))
 	}
+	conformance.Build(t, mem, layout...)
 	fsys := &listing{FS: mem}
 	b, err := memexec.New(fsys, memexec.WithTempDir(t.TempDir()))
 	must(t, err)

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxd/sandboxd/conformance"
 	"github.com/sandboxd/sandboxd/memfs"
 	"github.com/sandboxd/sandboxd/workspace"
 )
@@ -28,85 +29,54 @@ var epoch = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 
 func (c *clock) now() time.Time { return epoch.Add(time.Duration(c.n.Add(1)) * time.Second) }
 
-// build makes a workspace from a layout, one entry a line, in order:
-//
-//	dir/            a directory
-//	name: text      a file holding text
-//	name -> target  a symbolic link
-//	name |          a named pipe
-//	name =          a socket
-func build(t testing.TB, layout string, opts ...memfs.Option) *memfs.FS {
+// build makes a workspace from a layout in the conformance kit's language
+// (see conformance.Build).
+func build(t testing.TB, layout []string, opts ...memfs.Option) *memfs.FS {
 	t.Helper()
-	ctx := context.Background()
 	f := memfs.New(opts...)
-	for line := range strings.Lines(layout) {
-		line = strings.TrimSpace(line)
-		var err error
-		switch {
-		case line == "":
-			continue
-		case strings.HasSuffix(line, "/"):
-			err = f.Mkdir(ctx, strings.TrimSuffix(line, "/"), 0o755)
-		case strings.Contains(line, " -> "):
-			name, target, _ := strings.Cut(line, " -> ")
-			err = f.Symlink(ctx, target, name)
-		case strings.HasSuffix(line, " |"):
-			err = f.Mknod(strings.TrimSuffix(line, " |"), fs.ModeNamedPipe|0o644)
-		case strings.HasSuffix(line, " ="):
-			err = f.Mknod(strings.TrimSuffix(line, " ="), fs.ModeSocket|0o755)
-		default:
-			name, text, ok := strings.Cut(line, ": ")
-			if !ok {
-				t.Fatalf("bad layout line %q", line)
-			}
-			err = f.WriteFile(ctx, name, []byte(text), 0o644)
-		}
-		if err != nil {
-			t.Fatalf("layout %q: %v", line, err)
-		}
-	}
+	conformance.Build(t, f, layout...)
 	return f
 }
 
 // layout is the workspace most tests start from.
-const layout = `
-	dir/
-	dir/f.txt: hello
-	dir/sub/
-	dir/sub/g.txt: deep
-	empty/
-	top.txt: top
-	fifo |
-	sock =
-	link-file -> dir/f.txt
-	link-dir -> dir
-	link-abs -> /workspace/dir/f.txt
-	link-abs-dir -> /workspace/dir
-	link-root -> /workspace
-	dir/up -> ../top.txt
-	dir/parent -> ..
-	link-sub -> dir/sub
-	link-dot -> ./dir/sub/.
-	link-trail -> dir/sub/..
-	tricky -> link-sub/../f.txt
-	chain -> link-dir
-	chain-file -> chain/f.txt
-	link-fifo -> fifo
-	dangling -> nowhere.txt
-	dangling-dir -> nodir/x.txt
-	out-rel -> ../etc/passwd
-	out-abs -> /etc/passwd
-	out-dir -> /etc
-	out-prefix -> /workspace2/x
-	out-dotdot -> /workspace/../etc
-	dir/out-deep -> ../../x
-	out-chain -> out-dir
-	out-via-chain -> chain/../../x
-	loop1 -> loop2
-	loop2 -> loop1
-	self -> self
-	loop-dir -> loop-dir/x
-`
+var layout = []string{
+	"dir/",
+	"dir/f.txt: hello",
+	"dir/sub/",
+	"dir/sub/g.txt: deep",
+	"empty/",
+	"top.txt: top",
+	"fifo|",
+	"sock=",
+	"link-file => dir/f.txt",
+	"link-dir => dir",
+	"link-abs => /workspace/dir/f.txt",
+	"link-abs-dir => /workspace/dir",
+	"link-root => /workspace",
+	"dir/up => ../top.txt",
+	"dir/parent => ..",
+	"link-sub => dir/sub",
+	"link-dot => ./dir/sub/.",
+	"link-trail => dir/sub/..",
+	"tricky => link-sub/../f.txt",
+	"chain => link-dir",
+	"chain-file => chain/f.txt",
+	"link-fifo => fifo",
+	"dangling => nowhere.txt",
+	"dangling-dir => nodir/x.txt",
+	"out-rel => ../etc/passwd",
+	"out-abs => /etc/passwd",
+	"out-dir => /etc",
+	"out-prefix => /workspace2/x",
+	"out-dotdot => /workspace/../etc",
+	"dir/out-deep => ../../x",
+	"out-chain => out-dir",
+	"out-via-chain => chain/../../x",
+	"loop1 => loop2",
+	"loop2 => loop1",
+	"self => self",
+	"loop-dir => loop-dir/x",
+}
 
 var ctx = context.Background()
 
@@ -488,7 +458,7 @@ func checkUsed(t *testing.T, f *memfs.FS) {
 }
 
 func TestMaxBytes(t *testing.T) {
-	f := build(t, "d/\nd/sub/", memfs.WithMaxBytes(10))
+	f := build(t, []string{"d/", "d/sub/"}, memfs.WithMaxBytes(10))
 	steps := []struct {
 		desc string
 		do   func() error
@@ -537,7 +507,7 @@ func TestMaxBytes(t *testing.T) {
 }
 
 func TestWriteFileReplacesHardLinks(t *testing.T) {
-	f := build(t, "a.txt: shared")
+	f := build(t, []string{"a.txt: shared"})
 	if err := f.Link("a.txt", "b.txt"); err != nil {
 		t.Fatal(err)
 	}
@@ -566,7 +536,7 @@ func TestWriteFileReplacesHardLinks(t *testing.T) {
 
 	// A file shared with another workspace, as one outside a disk workspace
 	// may be: writing it here leaves the other alone.
-	other := build(t, "secret: s3cret")
+	other := build(t, []string{"secret: s3cret"})
 	if err := f.LinkFrom(other, "secret", "in.txt"); err != nil {
 		t.Fatal(err)
 	}
@@ -908,11 +878,7 @@ func TestSymlink(t *testing.T) {
 }
 
 func TestWithRoot(t *testing.T) {
-	f := build(t, `
-		a.txt: a
-		in -> /srv/ws/a.txt
-		old -> /workspace/a.txt
-	`, memfs.WithRoot("/srv/ws/"))
+	f := build(t, []string{"a.txt: a", "in => /srv/ws/a.txt", "old => /workspace/a.txt"}, memfs.WithRoot("/srv/ws/"))
 	if f.Root() != "/srv/ws" {
 		t.Errorf("Root() = %q", f.Root())
 	}
@@ -1041,7 +1007,7 @@ func TestLock(t *testing.T) {
 // TestConcurrent runs writers, renamers and readers at once (run with -race):
 // a reader sees one whole version of a file, never a mix.
 func TestConcurrent(t *testing.T) {
-	f := build(t, "d/\nd/f.txt: "+strings.Repeat("a", 4096))
+	f := build(t, []string{"d/", "d/f.txt: " + strings.Repeat("a", 4096)})
 	versions := [][]byte{bytes.Repeat([]byte("a"), 4096), bytes.Repeat([]byte("b"), 8192), {}}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup

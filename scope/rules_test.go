@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sandboxd/sandboxd/conformance"
 	"github.com/sandboxd/sandboxd/memfs"
 	"github.com/sandboxd/sandboxd/scope"
 	"github.com/sandboxd/sandboxd/workspace"
@@ -135,7 +136,7 @@ func TestNew(t *testing.T) {
 		t.Fatal(err)
 	}
 	visible[0] = "**"
-	build(t, inner, "b: x")
+	conformance.Build(t, inner, "b: x")
 	if _, err := fsys.Stat(context.Background(), "b"); !errors.Is(err, workspace.ErrNotFound) {
 		t.Errorf("Stat(b) after the caller changed its slice: %v", err)
 	}
@@ -147,7 +148,7 @@ func is[T any](v any) bool { _, ok := v.(T); return ok }
 // the link as leading nowhere.
 func TestLinksWithoutReadlink(t *testing.T) {
 	inner := memfs.New()
-	build(t, inner, "src/a: x", "src/l => a")
+	conformance.Build(t, inner, "src/a: x", "src/l => a")
 	fsys, err := scope.New(noLinks{inner}, inner.Root(), scope.Rules{Visible: []string{"src/**"}})
 	if err != nil {
 		t.Fatal(err)
@@ -163,7 +164,7 @@ func TestLinksWithoutReadlink(t *testing.T) {
 
 func TestProtectedMessage(t *testing.T) {
 	inner := memfs.New()
-	build(t, inner, "src/a.go: x", "src/d/f: y", "docs/x.md: z")
+	conformance.Build(t, inner, "src/a.go: x", "src/d/f: y", "docs/x.md: z")
 	fsys, err := scope.New(inner, inner.Root(), scope.Rules{Commit: []string{"src/*.go", "docs/**"}})
 	if err != nil {
 		t.Fatal(err)
@@ -187,12 +188,12 @@ func TestProtectedMessage(t *testing.T) {
 func TestWalkEqualsGeneric(t *testing.T) {
 	ctx := context.Background()
 	inner := memfs.New()
-	build(t, inner, tree...)
+	conformance.Build(t, inner, tree...)
 	var hidden []string // a hidden subtree that comes first in walk order
 	for i := range 30 {
 		hidden = append(hidden, fmt.Sprintf("a/%02d.txt: package hidden", i))
 	}
-	build(t, inner, hidden...)
+	conformance.Build(t, inner, hidden...)
 	ruleSets := []scope.Rules{
 		rules["A"], rules["B"], rules["C"],
 		{Visible: []string{"*.go"}},

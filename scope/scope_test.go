@@ -5,43 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"path"
 	"reflect"
 	"strings"
 	"testing"
 
+	"github.com/sandboxd/sandboxd/conformance"
 	"github.com/sandboxd/sandboxd/memfs"
 	"github.com/sandboxd/sandboxd/scope"
 	"github.com/sandboxd/sandboxd/workspace"
 )
-
-// build makes a workspace from a layout, one entry a line, in the language
-// of the conformance kit: "d/" a directory, "f: text" a file, "l => target"
-// a link. Parents are implied.
-func build(t testing.TB, fsys *memfs.FS, layout ...string) {
-	t.Helper()
-	ctx := context.Background()
-	for _, line := range layout {
-		var err error
-		switch {
-		case strings.HasSuffix(line, "/"):
-			err = workspace.MkdirAll(ctx, fsys, strings.TrimSuffix(line, "/"), 0o755)
-		case strings.Contains(line, " => "):
-			name, dest, _ := strings.Cut(line, " => ")
-			if err = workspace.MkdirAll(ctx, fsys, path.Dir(name), 0o755); err == nil {
-				err = fsys.Symlink(ctx, dest, name)
-			}
-		default:
-			name, text, _ := strings.Cut(line, ": ")
-			if err = workspace.MkdirAll(ctx, fsys, path.Dir(name), 0o755); err == nil {
-				err = fsys.WriteFile(ctx, name, []byte(text), 0o644)
-			}
-		}
-		if err != nil {
-			t.Fatalf("build %q: %v", line, err)
-		}
-	}
-}
 
 // dump describes a whole workspace, contents and link targets included.
 func dump(t testing.TB, fsys *memfs.FS) []string {
@@ -435,7 +407,7 @@ func TestDecisions(t *testing.T) {
 			ctx := context.Background()
 			for _, base := range bases {
 				inner := memfs.New()
-				build(t, inner, tree...)
+				conformance.Build(t, inner, tree...)
 				fsys, err := scope.New(base(inner), inner.Root(), rules[c.rules])
 				if err != nil {
 					t.Fatal(err)

@@ -60,7 +60,7 @@ func FuzzToolPaths(f *testing.F) {
 		known[k.Name()] = true
 	}
 	f.Fuzz(func(t *testing.T, p string) {
-		fx := newFixture(t, map[string]string{"a.txt": "a\n", "in": "->dir", "dir/a.txt": "x", "out": "->/etc", "gitlink": "->.git", ".git/HEAD": "ref"})
+		fx := newFixture(t, []string{"a.txt: a\n", "in => dir", "dir/a.txt: x", "out => /etc", "gitlink => .git", ".git/HEAD: ref"})
 		for _, c := range []struct {
 			tool string
 			args map[string]any

@@ -9,14 +9,13 @@ import (
 	"image/gif"
 	"image/jpeg"
 	"image/png"
-	"io/fs"
-	"path"
 	"reflect"
 	"slices"
 	"strings"
 	"testing"
 	"unicode/utf8"
 
+	"github.com/sandboxd/sandboxd/conformance"
 	"github.com/sandboxd/sandboxd/memfs"
 	"github.com/sandboxd/sandboxd/tools"
 	"github.com/sandboxd/sandboxd/workspace"
@@ -29,28 +28,13 @@ type fixture struct {
 	set *tools.Set
 }
 
-// newFixture builds a set over a memfs holding files (a value "->x" makes a
-// link to x). configure may change the default configuration, which grants
-// everything and makes every skill active.
-func newFixture(t *testing.T, files map[string]string, configure ...func(*tools.Config)) *fixture {
+// newFixture builds a set over a memfs holding layout (see
+// conformance.Build). configure may change the default configuration, which
+// grants everything and makes every skill active.
+func newFixture(t *testing.T, layout []string, configure ...func(*tools.Config)) *fixture {
 	t.Helper()
-	ctx := context.Background()
 	fsys := memfs.New()
-	for name, content := range files {
-		if err := workspace.MkdirAll(ctx, fsys, path.Dir(name), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if target, ok := strings.CutPrefix(content, "->"); ok {
-			err := fsys.Symlink(ctx, target, name)
-			if err != nil {
-				t.Fatal(err)
-			}
-			continue
-		}
-		if err := fsys.WriteFile(ctx, name, []byte(content), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	conformance.Build(t, fsys, layout...)
 	cfg := tools.DefaultConfig()
 	cfg.Grants = []string{tools.GrantFSWrite, tools.GrantShellExec}
 	cfg.Always = []string{"read", "edit"}
@@ -117,25 +101,23 @@ func pngOf(t *testing.T, w, h int) string {
 func TestRead(t *testing.T) {
 	long := numbered(5400)
 	bigLine := strings.Repeat("é", 30000) + "\nnext\n" // 60000 bytes on line 1
-	f := newFixture(t, map[string]string{
-		"a.txt":        "alpha\nbeta\ngamma\n",
-		"long.txt":     long,
-		"wide.txt":     bigLine,
-		"empty.txt":    "",
-		"latin1.txt":   "caf\xe9 ok\n",
-		"bin.dat":      "PK\x03\x04\x00\x00rest",
-		"pic.txt":      pngOf(t, 3, 2), // a PNG whatever the name says
-		"pic.jpg":      encode(t, func(b *bytes.Buffer, m image.Image) error { return jpeg.Encode(b, m, nil) }, 5, 4),
-		"pic.gif":      encode(t, func(b *bytes.Buffer, m image.Image) error { return gif.Encode(b, m, nil) }, 7, 6),
-		"wide.png":     pngOf(t, 8001, 1),
-		"headless.png": "\x89PNG\r\n\x1a\nshort",
-		"sub/link":     "->../a.txt",
-		"out":          "->/etc/passwd",
-		"dir/x":        "x",
+	f := newFixture(t, []string{
+		"a.txt: alpha\nbeta\ngamma\n",
+		"long.txt: " + long,
+		"wide.txt: " + bigLine,
+		"empty.txt",
+		"latin1.txt: caf\xe9 ok\n",
+		"bin.dat: PK\x03\x04\x00\x00rest",
+		"pic.txt: " + pngOf(t, 3, 2), // a PNG whatever the name says
+		"pic.jpg: " + encode(t, func(b *bytes.Buffer, m image.Image) error { return jpeg.Encode(b, m, nil) }, 5, 4),
+		"pic.gif: " + encode(t, func(b *bytes.Buffer, m image.Image) error { return gif.Encode(b, m, nil) }, 7, 6),
+		"wide.png: " + pngOf(t, 8001, 1),
+		"headless.png: \x89PNG\r\n\x1a\nshort",
+		"sub/link => ../a.txt",
+		"out => /etc/passwd",
+		"dir/x: x",
+		"fifo|",
 	})
-	if err := f.fs.Mknod("fifo", fs.ModeNamedPipe|0o644); err != nil {
-		t.Fatal(err)
-	}
 	tests := []struct {
 		name string
 		args map[string]any
@@ -225,7 +207,7 @@ func TestRead(t *testing.T) {
 }
 
 func TestReadLimits(t *testing.T) {
-	files := map[string]string{"big.txt": strings.Repeat("a", 2000), "pic.png": pngOf(t, 2, 2)}
+	files := []string{"big.txt: " + strings.Repeat("a", 2000), "pic.png: " + pngOf(t, 2, 2)}
 	f := newFixture(t, files, func(c *tools.Config) { c.MaxFileBytes = 1000; c.ReadImages = false })
 	if r := f.call("read", map[string]any{"path": "big.txt"}); errKind(r) != "FileTooLarge" || !strings.Contains(r.Text, "maxFileBytes") {
 		t.Errorf("over maxFileBytes: %s", r.Text)
@@ -234,7 +216,7 @@ func TestReadLimits(t *testing.T) {
 		t.Errorf("readImages false: %s", r.Text)
 	}
 	big := strings.Repeat("\x00", tools.MaxImageBytes+1)
-	f = newFixture(t, map[string]string{"huge.png": pngOf(t, 2, 2) + big})
+	f = newFixture(t, []string{"huge.png: " + pngOf(t, 2, 2) + big})
 	if r := f.call("read", map[string]any{"path": "huge.png"}); errKind(r) != "ImageRejected" || !strings.Contains(r.Text, "3.75 MB") {
 		t.Errorf("over 3.75 MiB: %s", r.Text)
 	}
@@ -252,7 +234,7 @@ func TestImageSize(t *testing.T) {
 		{"webp VP8L", vp8l, 10, 10},
 		{"webp VP8", vp8, 16, 32},
 	} {
-		f := newFixture(t, map[string]string{"img": tt.data})
+		f := newFixture(t, []string{"img: " + tt.data})
 		r := f.call("read", map[string]any{"path": "img"})
 		got, ok := r.Structured.(*tools.ReadImageResult)
 		if !ok || got.MIMEType != "image/webp" || got.Width != tt.w || got.Height != tt.h {
@@ -262,9 +244,9 @@ func TestImageSize(t *testing.T) {
 }
 
 func TestLsFind(t *testing.T) {
-	files := map[string]string{
-		"a.go": "", "b.txt": "", "src/c.go": "", "src/deep/d.go": "", "linked": "->src",
-		"node_modules/m.go": "", ".git/config": "", "build/out/x.go": "", "other/build/out/y.go": "",
+	files := []string{
+		"a.go", "b.txt", "src/c.go", "src/deep/d.go", "linked => src",
+		"node_modules/m.go", ".git/config", "build/out/x.go", "other/build/out/y.go",
 	}
 	f := newFixture(t, files, func(c *tools.Config) { c.Exclude = append(c.Exclude, "build/out") })
 	tests := []struct {
@@ -302,7 +284,7 @@ func TestLsFind(t *testing.T) {
 // workspace gets the same answer from every tool that takes a path, whether
 // the link names a directory or a file.
 func TestLinkOutsideOneAnswer(t *testing.T) {
-	f := newFixture(t, map[string]string{"outdir": "->/etc", "outfile": "->/etc/passwd", "in/a.txt": "a"})
+	f := newFixture(t, []string{"outdir => /etc", "outfile => /etc/passwd", "in/a.txt: a"})
 	for _, link := range []string{"outdir", "outfile"} {
 		for _, tt := range []struct {
 			tool string
@@ -322,9 +304,9 @@ func TestLinkOutsideOneAnswer(t *testing.T) {
 }
 
 func TestFindOutputCap(t *testing.T) {
-	files := map[string]string{}
+	var files []string
 	for i := range 30 {
-		files[strings.Repeat("d", 20)+"/f"+string(rune('a'+i%26))+strings.Repeat("x", i)] = ""
+		files = append(files, strings.Repeat("d", 20)+"/f"+string(rune('a'+i%26))+strings.Repeat("x", i))
 	}
 	f := newFixture(t, files, func(c *tools.Config) { c.MaxLines = 10 })
 	r := f.call("find", map[string]any{"pattern": "**"})
@@ -335,21 +317,19 @@ func TestFindOutputCap(t *testing.T) {
 }
 
 func TestGrep(t *testing.T) {
-	files := map[string]string{
-		"a.go":              "package a\n// TODO one\nfunc A() {}\n// todo two\n",
-		"sub/b.go":          "x\ny\nTODO three\nz\n",
-		"sub/c.txt":         "TODO txt\n",
-		"bin":               "TODO\x00binary",
-		"node_modules/m.go": "TODO hidden\n",
-		"linked":            "->sub",
-		"alias.go":          "->sub/b.go",
-		"wide.txt":          strings.Repeat("w", 600) + "TODO\n",
-		"re.txt":            "a.b\naxb\n",
+	files := []string{
+		"a.go: package a\n// TODO one\nfunc A() {}\n// todo two\n",
+		"sub/b.go: x\ny\nTODO three\nz\n",
+		"sub/c.txt: TODO txt\n",
+		"bin: TODO\x00binary",
+		"node_modules/m.go: TODO hidden\n",
+		"linked => sub",
+		"alias.go => sub/b.go",
+		"wide.txt: " + strings.Repeat("w", 600) + "TODO\n",
+		"re.txt: a.b\naxb\n",
+		"fifo|",
 	}
 	f := newFixture(t, files)
-	if err := f.fs.Mknod("fifo", fs.ModeNamedPipe|0o644); err != nil {
-		t.Fatal(err)
-	}
 	m := func(p string, l int, text string) tools.GrepMatch {
 		return tools.GrepMatch{Path: p, Line: l, Text: text}
 	}
@@ -392,8 +372,8 @@ func TestGrep(t *testing.T) {
 }
 
 func TestWrite(t *testing.T) {
-	f := newFixture(t, map[string]string{"old.txt": "old", "gitlink": "->.git", ".git/config": "[core]", "dir/x": "",
-		".git/hooks/h": "", "a/x": "->../.git/hooks", "a/l": "->x/../config"})
+	f := newFixture(t, []string{"old.txt: old", "gitlink => .git", ".git/config: [core]", "dir/x",
+		".git/hooks/h", "a/x => ../.git/hooks", "a/l => x/../config"})
 	tests := []struct {
 		args map[string]any
 		kind string
@@ -426,7 +406,7 @@ func TestWrite(t *testing.T) {
 
 func TestEditTool(t *testing.T) {
 	orig := "\ufeffone\r\ntwo\r\nthree\r\n"
-	f := newFixture(t, map[string]string{"crlf.txt": orig, "latin1.txt": "caf\xe9\n", ".git/HEAD": "ref"})
+	f := newFixture(t, []string{"crlf.txt: " + orig, "latin1.txt: caf\xe9\n", ".git/HEAD: ref"})
 	r := f.call("edit", map[string]any{"path": "crlf.txt", "edits": []map[string]string{
 		{"oldText": "three\n", "newText": "3\nand more\n"},
 		{"oldText": "one", "newText": "1"},
@@ -626,9 +606,9 @@ func TestNamesCannotSpoofListings(t *testing.T) {
 		"plain name é.txt":      "plain name é.txt",
 		"d\nd/inner.txt":        `"d\nd/inner.txt"`,
 	}
-	files := map[string]string{}
+	var files []string
 	for n := range names {
-		files[n] = "needle\n"
+		files = append(files, n+": needle\n")
 	}
 	f := newFixture(t, files)
 	var want []string

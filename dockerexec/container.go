@@ -27,7 +27,6 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	mathrand "math/rand/v2"
 	"path"
 	"regexp"
 	"slices"
@@ -131,7 +130,7 @@ func Start(ctx context.Context, cli client.APIClient, spec Spec) (*Container, er
 	c := &Container{cli: cli, name: containerName(prof.Session)}
 	if prof.SessionUIDs.Count > 0 && !prof.IsRoot() {
 		var err error
-		if c.uid, err = takeUID(prof.SessionUIDs); err != nil {
+		if c.uid, err = prof.SessionUIDs.Take(); err != nil {
 			return nil, err
 		}
 		prof.User = fmt.Sprintf("%d:%d", c.uid, c.uid)
@@ -222,7 +221,7 @@ func (c *Container) start(ctx context.Context, spec Spec, uid, gid int) error {
 		att.Close()
 		return fmt.Errorf("dockerexec: start: %w", err)
 	}
-	logTail := &tailWriter{max: 1024}
+	logTail := agent.NewLogTail(1024)
 	stderr := io.MultiWriter(logTail, cmp.Or[io.Writer](spec.Stderr, io.Discard))
 	stream := &attachStream{demux: demux{r: att.Reader, stderr: stderr}, conn: att.Conn}
 	opts := append([]agent.ClientOption{agent.WithEndExplained(c.endState), agent.WithHangup(c.kill)}, spec.AgentOptions...)
@@ -337,42 +336,9 @@ func (c *Container) removeCtx(ctx context.Context) error {
 	}
 	if len(errs) == 0 && c.uid != 0 {
 		// No process runs as the uid any more: another container may.
-		c.release.Do(func() { releaseUID(c.uid) })
+		c.release.Do(func() { policy.ReleaseUID(c.uid) })
 	}
 	return errors.Join(errs...)
-}
-
-// sessionUIDs are the uids this process's containers run as
-// (policy.Profile.SessionUIDs).
-var sessionUIDs struct {
-	sync.Mutex
-	used map[int]bool
-}
-
-// takeUID returns a uid of r that no container of this process runs as. The
-// search starts at a random place, so that two daemons given one range
-// rarely meet.
-func takeUID(r policy.UIDRange) (int, error) {
-	sessionUIDs.Lock()
-	defer sessionUIDs.Unlock()
-	if sessionUIDs.used == nil {
-		sessionUIDs.used = map[int]bool{}
-	}
-	start := mathrand.IntN(r.Count)
-	for i := range r.Count {
-		uid := r.First + (start+i)%r.Count
-		if !sessionUIDs.used[uid] {
-			sessionUIDs.used[uid] = true
-			return uid, nil
-		}
-	}
-	return 0, fmt.Errorf("dockerexec: every session uid of %d-%d is in use; give the policy a larger sessionUIDs range", r.First, r.First+r.Count-1)
-}
-
-func releaseUID(uid int) {
-	sessionUIDs.Lock()
-	delete(sessionUIDs.used, uid)
-	sessionUIDs.Unlock()
 }
 
 // Reap removes every container, and then every volume, that carries all of

@@ -2,14 +2,14 @@ package dockerexec
 
 import (
 	"bufio"
-	"bytes"
 	"encoding/binary"
 	"fmt"
 	"io"
 	"net"
-	"sync"
 
 	"github.com/moby/moby/client"
+
+	"github.com/sandboxd/sandboxd/agent"
 )
 
 // attachStream is the agent's stream over an attach connection: writes go
@@ -72,7 +72,7 @@ func (d *demux) Read(p []byte) (int, error) {
 			if n > maxStderrFrame {
 				return 0, fmt.Errorf("attach stream: %d-byte stderr frame", n)
 			}
-			if _, err := io.CopyN(sink{d.stderr}, d.r, int64(n)); err != nil {
+			if _, err := io.CopyN(agent.LogSink(d.stderr), d.r, int64(n)); err != nil {
 				return 0, fmt.Errorf("attach stream: %w", err)
 			}
 		case streamSystem:
@@ -92,40 +92,4 @@ func (d *demux) Read(p []byte) (int, error) {
 		err = io.ErrUnexpectedEOF
 	}
 	return n, err
-}
-
-// sink is a writer whose failures are ignored: the agent's log must never
-// break its stream.
-type sink struct{ w io.Writer }
-
-func (s sink) Write(p []byte) (int, error) {
-	s.w.Write(p)
-	return len(p), nil
-}
-
-// tailWriter keeps the last max bytes written to it, for error messages.
-type tailWriter struct {
-	mu  sync.Mutex
-	max int
-	buf []byte
-}
-
-func (w *tailWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.buf = append(w.buf, p...)
-	if over := len(w.buf) - w.max; over > 0 {
-		w.buf = w.buf[over:]
-	}
-	return len(p), nil
-}
-
-// String is "" when nothing was written, else the tail as a quoted suffix.
-func (w *tailWriter) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if len(w.buf) == 0 {
-		return ""
-	}
-	return fmt.Sprintf("; agent's log: %q", bytes.TrimSpace(w.buf))
 }

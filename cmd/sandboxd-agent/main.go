@@ -27,12 +27,14 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"strconv"
@@ -62,9 +64,17 @@ func main() {
 		}
 		os.Exit(0)
 	}
+	if len(os.Args) == 3 && os.Args[1] == "install" {
+		if err := install(os.Args[2]); err != nil {
+			fmt.Fprintln(os.Stderr, "sandboxd-agent install:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	if len(os.Args) < 2 || os.Args[1] != "serve" {
 		fmt.Fprintln(os.Stderr, "usage: sandboxd-agent serve [--root DIR] [--env-allow NAMES] [--shell PATH] [--sync]\n"+
-			"       sandboxd-agent sparse ROOT NAME SIZE < extents")
+			"       sandboxd-agent sparse ROOT NAME SIZE < extents\n"+
+			"       sandboxd-agent install DEST")
 		os.Exit(2)
 	}
 	flags := flag.NewFlagSet("serve", flag.ExitOnError)
@@ -173,6 +183,32 @@ func writeSparse(root, name, size string, extents io.Reader) error {
 		return err
 	}
 	return f.Close()
+}
+
+// install copies the running agent's own binary to dest, mode 0555: the
+// Kubernetes backend's init container runs it from a FROM-scratch image that
+// has no cp, to put the agent into a volume that the session's image then
+// runs it from. The copy is written beside dest and renamed over it, so dest
+// is never seen half written.
+func install(dest string) error {
+	self, err := os.Open("/proc/self/exe")
+	if err != nil {
+		return err
+	}
+	defer self.Close()
+	tmp, err := os.CreateTemp(filepath.Dir(dest), ".sandboxd-agent-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := io.Copy(tmp, self); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := errors.Join(tmp.Chmod(0o555), tmp.Close()); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), dest)
 }
 
 // stdio is the agent's stream: frames in on standard input, out on standard

@@ -192,3 +192,37 @@ func TestWriteSparse(t *testing.T) {
 		})
 	}
 }
+
+// TestInstall: `sandboxd-agent install DEST` leaves a copy of the running
+// binary at DEST, mode 0555, that runs; over an existing file it replaces it.
+func TestInstall(t *testing.T) {
+	dir := t.TempDir()
+	dest := dir + "/sandboxd-agent"
+	if err := os.WriteFile(dest, []byte("old"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "install", dest)
+	cmd.Env = append(os.Environ(), asAgentEnv+"=1")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("install: %v: %s", err, out)
+	}
+	want, err := os.ReadFile(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(dest)
+	if err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("DEST holds %d bytes (%v), want the %d of the binary", len(got), err, len(want))
+	}
+	if fi, _ := os.Stat(dest); fi.Mode().Perm() != 0o555 {
+		t.Errorf("DEST mode = %v, want 0555", fi.Mode().Perm())
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
+		t.Errorf("the directory holds %d entries, want DEST alone", len(entries))
+	}
+	run := exec.Command(dest, "install", t.TempDir()+"/again")
+	run.Env = append(os.Environ(), asAgentEnv+"=1")
+	if out, err := run.CombinedOutput(); err != nil {
+		t.Errorf("the installed copy does not run: %v: %s", err, out)
+	}
+}

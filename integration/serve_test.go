@@ -27,10 +27,12 @@ import (
 
 	"github.com/moby/moby/client"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/sandboxd/sandboxd/backend"
 	"github.com/sandboxd/sandboxd/httpapi"
 	"github.com/sandboxd/sandboxd/internal/dockertest"
+	"github.com/sandboxd/sandboxd/internal/k8stest"
 	"github.com/sandboxd/sandboxd/runner"
 )
 
@@ -111,12 +113,23 @@ func config(t *testing.T, backend, name string) string {
 		"limits":          map[string]any{"maxTransferBytes": 1 << 20},
 		"shutdownTimeout": "20s",
 	}
+	withCluster(cfg)
 	data, _ := json.Marshal(cfg)
 	p := filepath.Join(t.TempDir(), "sandboxd.json")
 	if err := os.WriteFile(p, data, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// withCluster adds the test cluster's "kubernetes" key to cfg when its
+// backend is kubernetes.
+func withCluster(cfg map[string]any) {
+	if cfg["backend"] == "kubernetes" {
+		cfg["kubernetes"] = map[string]any{
+			"kubeconfig": os.Getenv(k8stest.EnvKubeconfig), "namespace": k8stest.Namespace(), "agentImage": os.Getenv(k8stest.EnvAgentImage),
+		}
+	}
 }
 
 var listening = regexp.MustCompile(`listening on (http://\S+)`)
@@ -236,7 +249,7 @@ func (d *daemon) call(token, id, tool string, args any) result {
 var everything = runner.Settings{Grants: []string{"fs.write", "shell.exec"}, Always: []string{"read", "edit", "shell"}}
 
 // backends are the backends a run covers: memory always, docker when the
-// engine answers (and always under CI).
+// engine answers, kubernetes when a cluster is given (both always under CI).
 func backends(t *testing.T) []string {
 	out := []string{"memory"}
 	if _, err := dockertest.Connect(context.Background()); err == nil {
@@ -245,6 +258,14 @@ func backends(t *testing.T) []string {
 		t.Fatalf("Docker is required when CI is set: %v", err)
 	} else {
 		t.Logf("Docker unavailable, the docker backend is not covered: %v", err)
+	}
+	switch {
+	case os.Getenv(k8stest.EnvKubeconfig) != "":
+		out = append(out, "kubernetes")
+	case os.Getenv("CI") != "":
+		t.Fatalf("a Kubernetes cluster is required when CI is set: %s is not set (.ci/k8s/up.sh starts one)", k8stest.EnvKubeconfig)
+	default:
+		t.Logf("no Kubernetes cluster (%s), the kubernetes backend is not covered", k8stest.EnvKubeconfig)
 	}
 	return out
 }
@@ -266,9 +287,15 @@ func TestServe(t *testing.T) {
 			if !strings.Contains(d.stderr.String(), `"msg":"tool call"`) {
 				t.Errorf("no audit line in the log:\n%s", d.stderr)
 			}
-			if backend == "docker" {
+			switch backend {
+			case "docker":
 				d.stop()
 				if left := daemonContainers(t, dockertest.Client(t), name, 0); len(left) != 0 {
+					t.Errorf("left after SIGTERM: %v", left)
+				}
+			case "kubernetes":
+				d.stop()
+				if left := daemonPods(t, name); len(left) != 0 {
 					t.Errorf("left after SIGTERM: %v", left)
 				}
 			}
@@ -552,4 +579,22 @@ func daemonContainers(t *testing.T, cli *client.Client, name string, except int)
 		}
 	}
 	return left
+}
+
+// daemonPods names the session pods of the daemon name that are not being
+// deleted.
+func daemonPods(t *testing.T, name string) []string {
+	t.Helper()
+	b := k8stest.Backend(t)
+	list, err := b.Client().CoreV1().Pods(b.Namespace()).List(context.Background(), metav1.ListOptions{LabelSelector: backend.LabelDaemon + "=" + name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, p := range list.Items {
+		if p.DeletionTimestamp == nil {
+			names = append(names, p.Name)
+		}
+	}
+	return names
 }

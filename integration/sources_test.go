@@ -60,6 +60,7 @@ func TestAPISources(t *testing.T) {
 					}},
 				},
 			}
+			withCluster(cfg)
 			data, _ := json.Marshal(cfg)
 			file := filepath.Join(t.TempDir(), "sandboxd.json")
 			if err := os.WriteFile(file, data, 0o600); err != nil {

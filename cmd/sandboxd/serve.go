@@ -21,6 +21,7 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/sandboxd/sandboxd/backend"
+	"github.com/sandboxd/sandboxd/backend/kubernetes"
 	"github.com/sandboxd/sandboxd/backend/local"
 	"github.com/sandboxd/sandboxd/backend/memory"
 	"github.com/sandboxd/sandboxd/egress"
@@ -40,10 +41,26 @@ type serveConfig struct {
 	Schema string `json:"$schema"`
 	// Listen is the address to listen on (default 127.0.0.1:7878).
 	Listen string `json:"listen"`
-	// Backend is docker (the default), local or memory. Local and memory
-	// run commands on the host without isolation: for development, and
-	// only when named.
+	// Backend is docker (the default), kubernetes, local or memory. Local
+	// and memory run commands on the host without isolation: for
+	// development, and only when named.
 	Backend string `json:"backend"`
+	// Kubernetes configures the kubernetes backend: session pods in a
+	// cluster (package backend/kubernetes).
+	Kubernetes struct {
+		// Kubeconfig is the kubeconfig file of the cluster (default: the
+		// in-cluster configuration of sandboxd's own pod).
+		Kubeconfig string `json:"kubeconfig"`
+		// Namespace holds the session pods (default "default").
+		Namespace string `json:"namespace"`
+		// RuntimeClass is the RuntimeClass of session pods (gVisor, Kata)
+		// when the policy's runtime is runc (default: the cluster's).
+		RuntimeClass string `json:"runtimeClass"`
+		// AgentImage is the image that brings the agent into each pod, the
+		// static agent binary alone at /sandboxd-agent (default
+		// localhost/sandboxd-agent:latest).
+		AgentImage string `json:"agentImage"`
+	} `json:"kubernetes"`
 	// Image is the docker backend's default image: an image definition's
 	// name, built when missing ("minimal", the default, or "dev"), or an
 	// image reference used as it is; policy.defaultImage, when set, wins.
@@ -231,12 +248,12 @@ const (
 
 var cmdServe = &command{
 	name:    "serve",
-	args:    "[--listen ADDR] [--config FILE] [--backend docker|local|memory]",
+	args:    "[--listen ADDR] [--config FILE] [--backend docker|kubernetes|local|memory]",
 	summary: "run the daemon: sessions for many tenants over HTTP (/v1) and MCP (/mcp)",
 	setup: func(fs *flag.FlagSet) runFunc {
 		listen := fs.String("listen", "", "the `address` to listen on (default "+defaultListen+")")
 		config := fs.String("config", "", "the daemon's configuration `file` (JSON); without one, a single dev tenant with a token printed at start")
-		backend := fs.String("backend", "", "where sessions run: docker, or local or memory for development (commands on this host without isolation)")
+		backend := fs.String("backend", "", "where sessions run: docker, kubernetes (pods; see the configuration's kubernetes key), or local or memory for development (commands on this host without isolation)")
 		return func(ctx context.Context, sio stdio, args []string) error {
 			if len(args) > 0 {
 				return usagef("unexpected arguments %q", args)
@@ -486,8 +503,33 @@ func openBackend(ctx context.Context, sio stdio, cfg *serveConfig) (backend.Back
 			return nil, "", err
 		}
 		return b, ref, nil
+	case "kubernetes":
+		return kubernetesBackend(cfg)
 	}
-	return nil, "", usagef("unknown backend %q (backends are docker, local, memory)", name)
+	return nil, "", usagef("unknown backend %q (backends are docker, kubernetes, local, memory)", name)
+}
+
+// kubernetesBackend is the kubernetes backend the configuration describes.
+// It asks the cluster nothing yet: the images must be where its nodes find
+// them, which only the first pod tells.
+func kubernetesBackend(cfg *serveConfig) (backend.Backend, string, error) {
+	k := cfg.Kubernetes
+	rc, err := kubernetes.LoadConfig(k.Kubeconfig)
+	if err != nil {
+		return nil, "", err
+	}
+	opts := []kubernetes.Option{kubernetes.WithRuntimeClass(k.RuntimeClass)}
+	if k.Namespace != "" {
+		opts = append(opts, kubernetes.WithNamespace(k.Namespace))
+	}
+	if k.AgentImage != "" {
+		opts = append(opts, kubernetes.WithAgentImage(k.AgentImage))
+	}
+	b, err := kubernetes.New(rc, opts...)
+	if err != nil {
+		return nil, "", err
+	}
+	return b, images.Canonical(cmp.Or(cfg.Policy.DefaultImage, cfg.Image, images.Default)), nil
 }
 
 func dockerClient(ctx context.Context) (*client.Client, error) {

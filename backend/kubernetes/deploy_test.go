@@ -1,0 +1,133 @@
+package kubernetes_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"os"
+	"testing"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/yaml"
+	clientset "k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+
+	"github.com/sandboxd/sandboxd/backend"
+	"github.com/sandboxd/sandboxd/backend/kubernetes"
+	"github.com/sandboxd/sandboxd/internal/k8stest"
+)
+
+// manifests decodes deploy/kubernetes/sandboxd.yaml.
+func manifests(t *testing.T) []runtime.Object {
+	t.Helper()
+	data, err := os.ReadFile("../../deploy/kubernetes/sandboxd.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var objs []runtime.Object
+	r := yaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+	for {
+		doc, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			return objs
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(bytes.TrimSpace(doc)) == 0 {
+			continue
+		}
+		obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(doc, nil, nil)
+		if err != nil {
+			t.Fatalf("deploy/kubernetes/sandboxd.yaml: %v", err)
+		}
+		objs = append(objs, obj)
+	}
+}
+
+// TestDeployRBAC applies the manifests' namespaces, service account, Role,
+// RoleBinding and NetworkPolicies, and runs a session as that service
+// account, in the sessions namespace (Pod Security "restricted"): the Role
+// is enough for everything the backend does, and the pods pass.
+func TestDeployRBAC(t *testing.T) {
+	admin := k8stest.Backend(t).Client()
+	ctx := context.Background()
+	for _, obj := range manifests(t) {
+		var err error
+		switch o := obj.(type) {
+		case *corev1.Namespace:
+			_, err = admin.CoreV1().Namespaces().Create(ctx, o, metav1.CreateOptions{})
+			if apierrors.IsAlreadyExists(err) { // made by .ci/k8s/ci.sh for its dry run: take the labels
+				_, err = admin.CoreV1().Namespaces().Update(ctx, o, metav1.UpdateOptions{})
+			}
+		case *corev1.ServiceAccount:
+			_, err = admin.CoreV1().ServiceAccounts(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+		case *rbacv1.Role:
+			_, err = admin.RbacV1().Roles(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+		case *rbacv1.RoleBinding:
+			_, err = admin.RbacV1().RoleBindings(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+		case *networkingv1.NetworkPolicy:
+			_, err = admin.NetworkingV1().NetworkPolicies(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+		default:
+			continue // the daemon's own Deployment, Service and ConfigMap need its image
+		}
+		if err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatalf("%T: %v", obj, err)
+		}
+	}
+	t.Cleanup(func() {
+		for _, ns := range []string{"sandboxd", "sandboxd-sessions"} {
+			admin.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{})
+		}
+	})
+
+	tok, err := admin.CoreV1().ServiceAccounts("sandboxd").CreateToken(ctx, "sandboxd", &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	adminCfg, err := kubernetes.LoadConfig(k8stest.Kubeconfig(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := &rest.Config{Host: adminCfg.Host, BearerToken: tok.Status.Token, TLSClientConfig: rest.TLSClientConfig{CAData: adminCfg.CAData, CAFile: adminCfg.CAFile}}
+	b, err := kubernetes.New(cfg, append(k8stest.Options(), kubernetes.WithNamespace("sandboxd-sessions"))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What the service account may not do, it may not: no pods elsewhere.
+	sa, _ := clientset.NewForConfig(cfg)
+	if _, err := sa.CoreV1().Pods("default").List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
+		t.Errorf("the service account lists pods in default: %v, want Forbidden", err)
+	}
+
+	labels := k8stest.Labels()
+	labels[backend.LabelDaemon] = "deploy-test"
+	for k, v := range backend.Self().Labels() {
+		labels[k] = v
+	}
+	release, err := b.Claim(ctx, backend.Spec{Labels: labels})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release(ctx)
+	if _, err := b.Reap(ctx, map[string]string{backend.LabelDaemon: "deploy-test"}); err != nil {
+		t.Fatal(err)
+	}
+	inst, err := b.Open(ctx, backend.Spec{Profile: profile("deploy"), Labels: labels})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inst.Close(ctx)
+	if out := run(t, inst.Bash, "echo ok > f && cat f"); out != "ok\n" {
+		t.Errorf("a command as the service account's session: %q", out)
+	}
+}

@@ -69,7 +69,11 @@ func (p *pool) get(t *testing.T) *loan {
 	select {
 	case l = <-p.free:
 	case <-p.slot:
-		l = p.start(t)
+		var err error
+		if l, err = p.start(); err != nil {
+			p.slot <- struct{}{} // another subtest may start one
+			t.Fatal(err)
+		}
 	}
 	t.Cleanup(func() {
 		if err := l.wipe(); err != nil {
@@ -84,23 +88,23 @@ func (p *pool) get(t *testing.T) *loan {
 	return l
 }
 
-func (p *pool) start(t *testing.T) *loan {
-	t.Helper()
+func (p *pool) start() (*loan, error) {
 	ctx := context.Background()
 	pod, err := p.b.Start(ctx, profile("conformance"), k8stest.Labels())
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
-	p.tb.Cleanup(func() { pod.Close(context.Background()) })
 	if _, err := pod.Agent().Run(ctx, workspace.Command{Argv: []string{"mkdir", "-p", outsideDir}}); err != nil {
-		t.Fatal(err)
+		pod.Close(ctx)
+		return nil, err
 	}
 	out, err := pod.AgentAt(ctx, outsideDir)
 	if err != nil {
-		t.Fatal(err)
+		pod.Close(ctx)
+		return nil, err
 	}
-	p.tb.Cleanup(func() { out.Close() })
-	return &loan{Pod: pod, outside: out}
+	p.tb.Cleanup(func() { out.Close(); pod.Close(context.Background()) })
+	return &loan{Pod: pod, outside: out}, nil
 }
 
 const wipeScript = `chmod -R u+rwX /workspace ` + outsideDir + ` 2>/dev/null

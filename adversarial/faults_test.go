@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -175,42 +174,5 @@ func TestFaults(t *testing.T) {
 			}
 			d.endsClean(t, id)
 		})
-	})
-	t.Run("EngineRestart", func(t *testing.T) {
-		if os.Getenv("SANDBOXD_FAULT_ENGINE_RESTART") != "1" {
-			t.Skip("restarts the Docker engine under every container on it: set SANDBOXD_FAULT_ENGINE_RESTART=1 (and SANDBOXD_ENGINE_RESTART to the command, default `systemctl restart docker`)")
-		}
-		d := newDaemon(t, daemonConfig{backend: "docker"})
-		id := d.create(t, acmeToken, shell)
-		restart := os.Getenv("SANDBOXD_ENGINE_RESTART")
-		if restart == "" {
-			restart = "systemctl restart docker"
-		}
-		if out, err := exec.Command("sh", "-c", restart).CombinedOutput(); err != nil {
-			t.Fatalf("%s: %v %s", restart, err, out)
-		}
-		// The running session's container died with the engine (no
-		// live-restore) or survived it (live-restore): either the session
-		// ended with it (410 SessionEnded), or its calls work.
-		code, body := d.callWithin(t, 30*time.Second, id, "bash", map[string]any{"command": "echo alive"})
-		if !bytes.Contains(body, []byte("alive")) && !bytes.Contains(body, []byte("SessionEnded")) {
-			t.Errorf("after the restart: %d %s", code, body)
-		}
-		d.endsClean(t, id)
-		// New sessions start once the engine is back.
-		deadline := time.Now().Add(60 * time.Second)
-		for {
-			code, body := d.do(t, acmeToken, "POST", "/v1/sessions", shell)
-			if code == http.StatusCreated {
-				var info struct{ ID string }
-				json.Unmarshal(body, &info)
-				d.endsClean(t, info.ID)
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("no session 60 s after the restart: %d %s", code, body)
-			}
-			time.Sleep(time.Second)
-		}
 	})
 }

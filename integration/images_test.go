@@ -3,14 +3,16 @@ package integration
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sandboxd/sandboxd/internal/dockertest"
 )
 
 // TestImages runs real work on the Docker backend in sandboxd's built-in
@@ -20,8 +22,8 @@ import (
 // dev`, which a second time must be a no-op that says so. Nothing reaches
 // the network: GOPROXY is off and the program has no dependencies.
 func TestImages(t *testing.T) {
-	if !slices.Contains(backends(t), "docker") {
-		t.Skip("the images need the Docker backend")
+	if _, err := dockertest.Connect(context.Background()); err != nil {
+		dockertest.Unavailable(t, fmt.Errorf("the images need the Docker backend: %w", err))
 	}
 	t.Run("minimal", func(t *testing.T) {
 		d := start(t, withImage(t, config(t, "docker", daemonName(t)), "minimal"))

@@ -98,16 +98,17 @@ func withSession(fs *flag.FlagSet, run func(ctx context.Context, sio stdio, s *s
 // always.
 func (f *sessionFlags) toolsConfig() (tools.Config, error) {
 	cfg := tools.DefaultConfig()
+	var data []byte
 	if f.config != "" {
-		data, err := os.ReadFile(f.config)
-		if err != nil {
+		var err error
+		if data, err = os.ReadFile(f.config); err != nil {
 			return tools.Config{}, err
 		}
 		if cfg, err = parseToolsConfig(data, ""); err != nil {
 			return tools.Config{}, fmt.Errorf("%s: %w", f.config, err)
 		}
 	}
-	if f.uncapped && !configSets(f.config, "maxCallsPerRun") {
+	if f.uncapped && !jsonSets(data, "maxCallsPerRun") {
 		cfg.MaxCallsPerRun = 0
 	}
 	for _, g := range f.grants.values {
@@ -129,16 +130,6 @@ func (f *sessionFlags) toolsConfig() (tools.Config, error) {
 		return tools.Config{}, err
 	}
 	return cfg, nil
-}
-
-// configSets reports whether the JSON configuration file sets option (the
-// file is known to load: LoadConfig has read it).
-func configSets(file, option string) bool {
-	if file == "" {
-		return false
-	}
-	data, err := os.ReadFile(file)
-	return err == nil && jsonSets(data, option)
 }
 
 // jsonSets reports whether the JSON object data names option.

@@ -72,7 +72,7 @@ func main() {
 		os.Exit(0)
 	}
 	if len(os.Args) < 2 || os.Args[1] != "serve" {
-		fmt.Fprintln(os.Stderr, "usage: sandboxd-agent serve [--root DIR] [--env-allow NAMES] [--shell PATH] [--sync]\n"+
+		fmt.Fprintln(os.Stderr, "usage: sandboxd-agent serve [--root DIR] [--env-allow NAMES] [--shell PATH] [--sync] [--listen ADDR]\n"+
 			"       sandboxd-agent sparse ROOT NAME SIZE < extents\n"+
 			"       sandboxd-agent install DEST")
 		os.Exit(2)
@@ -82,12 +82,19 @@ func main() {
 	envAllow := flags.String("env-allow", "", "comma-separated `names` of the agent's variables commands see (NAME* is a prefix); default: all of them")
 	shell := flags.String("shell", "", "the shell that runs scripts (default bash, else sh)")
 	sync := flags.Bool("sync", false, "flush every write to stable storage before it returns")
+	listen := flags.String("listen", "", "serve clients that connect to this TCP `address` (see listen.go), not standard input")
 	flags.Parse(os.Args[2:])
-	os.Exit(serve(*root, *envAllow, *shell, *sync))
+	os.Exit(serve(*root, *envAllow, *shell, *sync, *listen))
 }
 
-func serve(root, envAllow, shell string, sync bool) int {
+func serve(root, envAllow, shell string, sync bool, listen string) int {
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("agent", os.Getpid())
+	// Before anything reads the environment: commands never see the token.
+	token, err := listenToken(listen)
+	if err != nil {
+		log.Error("cannot listen", "err", err)
+		return 1
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	ignoreSignals(log)
@@ -131,6 +138,9 @@ func serve(root, envAllow, shell string, sync bool) int {
 
 	srv := agent.NewServer(fsys, bash, agent.WithBuild(buildID()), agent.WithLogger(log))
 	log.Info("serving", "root", root, "build", buildID())
+	if listen != "" {
+		return serveListener(ctx, log, srv, listen, token)
+	}
 	err = srv.Serve(ctx, stdio{pollable(os.Stdin), pollable(os.Stdout)})
 	if err != nil {
 		log.Error("stream ended", "err", err)

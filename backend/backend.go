@@ -4,7 +4,9 @@
 // a [Spec], and reaps what earlier runs left, found by the labels of their
 // [Owner]. Optional capabilities are interfaces a Backend may also
 // implement: [Warmer] (workspaces started ahead of demand, for warm pools)
-// and [Claimer] (a backend several daemons share).
+// [Claimer] (a backend several daemons share) and [Adopter] (workspaces
+// that outlive the daemon run that opened them, which another run — a
+// replica — may take over).
 //
 // The implementations are packages of their own, so that the host imports
 // none of them and a program wires the ones it offers:
@@ -24,6 +26,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"time"
 
 	"github.com/sandboxd/sandboxd/policy"
 	"github.com/sandboxd/sandboxd/workspace"
@@ -69,6 +72,44 @@ type Warmer interface {
 	Backend
 	Warm(ctx context.Context, spec Spec) (*Instance, error)
 }
+
+// Adopter is a Backend whose workspaces live apart from the daemon (a
+// cluster's pods), so that several runs of one daemon — replicas — share
+// them: a session opened through one may be taken over by another, and
+// outlives a run that dies. The session host keeps what it needs to adopt
+// a session with its workspace (Instance.Publish) and asks Adopt for a
+// session it does not hold.
+type Adopter interface {
+	Backend
+	// Adopt takes the workspace of the session over for this run and
+	// returns it with the Record last published for it. Of runs adopting at
+	// once exactly one holds the workspace afterwards; the run that held it
+	// before sees its Instance end with an Err wrapping ErrMoved (and its
+	// Close then leaves the workspace alone). It fails wrapping
+	// workspace.ErrNotFound when the backend has no such session of labels'
+	// daemon.
+	Adopt(ctx context.Context, session string, labels map[string]string) (*Instance, Record, error)
+}
+
+// Record is what the session host keeps with a workspace, for another run
+// to adopt the session (Adopter): whose it is and the host's own account
+// of it, opaque to the backend.
+type Record struct {
+	Session, Tenant string
+	// Data is the host's encoding of the session's settings.
+	Data []byte
+	// Lifetime and Idle, when not zero, let a backend remove a workspace
+	// whose holder has died and that nobody adopted once the session would
+	// have expired: Lifetime after Created, Idle after the holder was last
+	// seen alive.
+	Created        time.Time
+	Lifetime, Idle time.Duration
+}
+
+// ErrMoved is the Err of an Instance that another run of the daemon took
+// over (Adopter): the workspace lives on, held by that run. Match it with
+// errors.Is.
+var ErrMoved = errors.New("the session moved to another replica of the daemon")
 
 // Spec is what a backend needs to start one workspace.
 type Spec struct {
@@ -121,6 +162,10 @@ type Instance struct {
 	// proxy. It is nil where commands use the host's network (local,
 	// memory), and egress is not served.
 	Accept func(ctx context.Context, addr string) (net.Conn, error)
+	// Publish, when not nil, keeps rec with the workspace, for another run
+	// of the daemon to adopt it ([Adopter]); the session host calls it once
+	// the session has its workspace, before the session serves a call.
+	Publish func(ctx context.Context, rec Record) error
 }
 
 // Ended reports whether the workspace is unusable: Done is closed. It never

@@ -48,6 +48,7 @@ import (
 	"github.com/sandboxd/sandboxd/policy"
 	"github.com/sandboxd/sandboxd/sources"
 	"github.com/sandboxd/sandboxd/tools"
+	"github.com/sandboxd/sandboxd/workspace"
 )
 
 // Errors of the Manager and its sessions; match them with errors.Is.
@@ -227,6 +228,9 @@ type Manager struct {
 	ended map[string]lostSession
 	// egress counts the sessions' egress connections and bytes.
 	egress egressCounts
+	// adopting is held while a session is taken over from another replica
+	// (backend.Adopter), one at a time.
+	adopting sync.Mutex
 }
 
 // lostSession is a session whose workspace ended by itself.
@@ -313,11 +317,7 @@ func New(ctx context.Context, b backend.Backend, opts ...Option) (*Manager, erro
 		m.unclaimFn = release
 	}
 	// The owner's labels are left out: Reap looks for every run's.
-	selector := maps.Clone(m.labels)
-	for k := range backend.Self().Labels() {
-		delete(selector, k)
-	}
-	n, err := b.Reap(ctx, selector)
+	n, err := b.Reap(ctx, m.selector())
 	if err != nil {
 		m.unclaim(ctx)
 		return nil, fmt.Errorf("runner: reaping what an earlier run left: %w", err)
@@ -418,16 +418,32 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Session, erro
 	}
 	s.pooled = pooled
 	s.base = m.takeBaseline(ctx, s)
+	if err := m.publish(ctx, s, req.Egress); err != nil {
+		s.close(context.WithoutCancel(ctx), fmt.Errorf("%w: %w", ErrClosed, err), false)
+		return nil, err
+	}
+	if err := m.track(ctx, s, out); err != nil {
+		return nil, err
+	}
+	m.o.logger.Info("session created", "tenant", req.Tenant, "session", id, "backend", m.backend.Name(), "workspace", inst.ID, "pooled", pooled)
+	return s, nil
+}
+
+// track adds s, whose workspace is ready, to the manager's sessions and
+// serves it: its egress proxy, and the watch that ends it with its
+// workspace. It fails with ErrShuttingDown, s closed, once Shutdown has
+// begun.
+func (m *Manager) track(ctx context.Context, s *Session, out egress.Policy) error {
 	m.mu.Lock()
 	if m.closing {
 		m.mu.Unlock()
 		s.close(context.WithoutCancel(ctx), ErrShuttingDown, false)
-		return nil, ErrShuttingDown
+		return ErrShuttingDown
 	}
-	m.sessions[id] = s
+	m.sessions[s.id] = s
 	m.mu.Unlock()
 	m.serveEgress(s, out)
-	if inst.Done != nil {
+	if inst := s.inst; inst.Done != nil {
 		go func() {
 			select {
 			case <-inst.Done:
@@ -436,8 +452,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Session, erro
 			}
 		}()
 	}
-	m.o.logger.Info("session created", "tenant", req.Tenant, "session", id, "backend", m.backend.Name(), "workspace", inst.ID, "pooled", pooled)
-	return s, nil
+	return nil
 }
 
 // spec is the backend spec of a profile under the manager's settings.
@@ -503,15 +518,27 @@ func (m *Manager) release(tenant string) {
 // Get returns the tenant's session id. It fails with the cause, wrapping
 // ErrWorkspaceEnded, for a session whose workspace ended by itself (up to
 // 1024 such are remembered), and with ErrNotFound for any other it does not
-// have.
+// have. On a backend that replicas of the daemon share
+// ([backend.Adopter]), a session this run does not hold is looked for
+// there and taken over (bounded by a minute): its settings, tenant,
+// creation time and expiry come with it; its journal's history, diff
+// baseline, background commands and detached calls, which lived with the
+// run that held it, do not.
 func (m *Manager) Get(tenant, id string) (*Session, error) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	s := m.sessions[id]
-	if s == nil || s.tenant != tenant {
-		return nil, m.gone(tenant, id)
+	if s != nil && s.tenant == tenant {
+		m.mu.Unlock()
+		return s, nil
 	}
-	return s, nil
+	err := m.gone(tenant, id)
+	_, lost := m.ended[id]
+	m.mu.Unlock()
+	ad, ok := m.backend.(backend.Adopter)
+	if s != nil || lost || !ok {
+		return nil, err
+	}
+	return m.adopt(ad, tenant, id, err)
 }
 
 // gone is why the tenant has no session id; m.mu is held.
@@ -529,6 +556,10 @@ func (m *Manager) gone(tenant, id string) error {
 func (m *Manager) lose(s *Session) {
 	why := "no cause given"
 	if s.inst.Err != nil && s.inst.Err() != nil {
+		if err := s.inst.Err(); errors.Is(err, backend.ErrMoved) {
+			m.moved(s, fmt.Errorf("%w (%w); ask again to take it back", workspace.ErrUnavailable, err))
+			return
+		}
 		why = s.inst.Err().Error()
 	}
 	cause := fmt.Errorf("%w: %s", ErrWorkspaceEnded, why)
@@ -586,6 +617,12 @@ func (m *Manager) List(tenant string) []*Session {
 // a session the tenant does not have; for one whose workspace ended by
 // itself it returns once that workspace is removed, and forgets the session.
 func (m *Manager) Delete(ctx context.Context, tenant, id string) error {
+	if _, ok := m.backend.(backend.Adopter); ok {
+		// Another replica's session is taken over, then deleted here.
+		if _, err := m.Get(tenant, id); err != nil && !errors.Is(err, ErrClosed) {
+			return err
+		}
+	}
 	m.mu.Lock()
 	s := m.sessions[id]
 	if s == nil || s.tenant != tenant {

@@ -28,7 +28,12 @@ const leasePrefix = "sandboxd-daemon-"
 // While its owner may live, Claim fails with backend.ErrDaemonRunning naming
 // it. release deletes the Lease. (The Lease is not renewed: an owner on
 // another host is never taken for gone, as on Docker.)
+//
+// A replica (WithReplica) claims its own name instead: see claimReplica.
 func (b *Backend) Claim(ctx context.Context, spec backend.Spec) (release func(context.Context) error, err error) {
+	if b.o.replica != "" {
+		return b.claimReplica(ctx, spec)
+	}
 	daemon := spec.Labels[backend.LabelDaemon]
 	name := strings.TrimRight(leasePrefix+strings.Trim(nameUnsafe.ReplaceAllString(strings.ToLower(daemon), "-"), "-"), "-")
 	if len(name) > 63 {

@@ -53,6 +53,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -133,6 +134,8 @@ type options struct {
 	env            map[string]string
 	stderr         io.Writer
 	agentOptions   []agent.ClientOption
+	direct         bool
+	replica        string
 }
 
 // WithNamespace sets the namespace of the session pods (default "default").
@@ -199,6 +202,8 @@ type Backend struct {
 	netReady  bool
 }
 
+var _ backend.Adopter = (*Backend)(nil)
+
 var _ backend.Warmer = (*Backend)(nil)
 
 // New returns the backend of the cluster cfg reaches. It asks the cluster
@@ -264,6 +269,9 @@ func (b *Backend) Reap(ctx context.Context, want map[string]string) (int, error)
 	if len(want) == 0 {
 		return 0, errors.New("kubernetes backend: Reap needs at least one label")
 	}
+	if b.o.replica != "" {
+		return b.reapReplicas(ctx, want)
+	}
 	list, err := b.client.CoreV1().Pods(b.o.namespace).List(ctx, metav1.ListOptions{LabelSelector: selector(want).String()})
 	if err != nil {
 		return 0, fmt.Errorf("kubernetes backend: reap: %w", err)
@@ -299,6 +307,14 @@ type Pod struct {
 	agent  *agent.Client
 	once   sync.Once
 	err    error
+
+	// Of a direct stream (WithDirect): the pod's address, the agent's token
+	// and this client's epoch; moved is set once another replica took the
+	// pod over (its epoch is above ours).
+	ip    string
+	token string
+	epoch uint64
+	moved atomic.Bool
 }
 
 // Name is the pod's name.
@@ -310,10 +326,24 @@ func (p *Pod) Agent() *agent.Client { return p.agent }
 
 // Instance is the pod as a backend.Instance.
 func (p *Pod) Instance() *backend.Instance {
-	return &backend.Instance{
+	inst := &backend.Instance{
 		FS: p.agent, Bash: p.agent, Root: policy.WorkspaceDir, ID: p.b.o.namespace + "/" + p.name, Close: p.Close,
-		Done: p.agent.Done(), Err: p.agent.Err,
+		Done: p.agent.Done(), Err: p.agentErr,
 	}
+	if p.b.o.replica != "" {
+		inst.Publish = p.publish
+	}
+	return inst
+}
+
+// agentErr is why the agent's stream ended, wrapping backend.ErrMoved when
+// another replica took the pod over.
+func (p *Pod) agentErr() error {
+	err := p.agent.Err()
+	if err != nil && p.moved.Load() {
+		return fmt.Errorf("%w: %w", backend.ErrMoved, err)
+	}
+	return err
 }
 
 // Start creates a pod for prof, labelled with prof's labels and extra,
@@ -342,11 +372,27 @@ func (b *Backend) Start(ctx context.Context, prof policy.Profile, extra map[stri
 	}
 	all := prof.Labels()
 	maps.Copy(all, extra)
+	if b.o.replica != "" {
+		all[LabelReplica] = b.o.replica
+	}
 	pod := b.podSpec(p.name, prof, all)
+	if b.o.direct {
+		if err := p.directSpec(ctx, pod); err != nil {
+			p.release()
+			return nil, err
+		}
+	}
 	created, err := b.client.CoreV1().Pods(b.o.namespace).Create(ctx, pod, metav1.CreateOptions{})
 	if err != nil {
 		p.release()
+		p.deleteSecret(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("kubernetes backend: create pod: %w", err)
+	}
+	if b.o.direct {
+		if err := p.ownSecret(ctx, created); err != nil {
+			p.Close(context.WithoutCancel(ctx))
+			return nil, err
+		}
 	}
 	if err := p.start(ctx, created); err != nil {
 		p.Close(context.WithoutCancel(ctx))
@@ -358,8 +404,13 @@ func (b *Backend) Start(ctx context.Context, prof policy.Profile, extra map[stri
 func (p *Pod) start(ctx context.Context, created *corev1.Pod) error {
 	wctx, cancel := context.WithTimeout(ctx, p.b.o.startTimeout)
 	defer cancel()
-	if err := p.b.waitRunning(wctx, created); err != nil {
+	up, err := p.b.waitRunning(wctx, created)
+	if err != nil {
 		return err
+	}
+	if p.b.o.direct {
+		p.ip = up.Status.PodIP
+		return p.connect(wctx)
 	}
 	logTail := agent.NewLogTail(1024)
 	stderr := io.MultiWriter(logTail, cmp.Or[io.Writer](p.b.o.stderr, io.Discard))
@@ -381,6 +432,10 @@ func (p *Pod) start(ctx context.Context, created *corev1.Pod) error {
 // Close ends the session: it closes the agent's stream (the agent exits at
 // the end of its input) and deletes the pod. It is safe to call more than
 // once; later calls return the first's error.
+//
+// A pod another replica took over (its Instance's Err wraps
+// backend.ErrMoved) is not deleted: Close only drops this replica's
+// connection to it.
 func (p *Pod) Close(ctx context.Context) error {
 	p.once.Do(func() {
 		if p.agent != nil {
@@ -389,6 +444,9 @@ func (p *Pod) Close(ctx context.Context) error {
 		if p.stream != nil {
 			p.stream.Close()
 		}
+		if p.moved.Load() {
+			return
+		}
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
 		err := p.b.client.CoreV1().Pods(p.b.o.namespace).Delete(ctx, p.name, deleteNow(""))
@@ -396,6 +454,7 @@ func (p *Pod) Close(ctx context.Context) error {
 			p.err = fmt.Errorf("kubernetes backend: delete pod %s: %w", p.name, err)
 			return
 		}
+		p.deleteSecret(ctx)
 		p.release()
 	})
 	return p.err
@@ -475,44 +534,44 @@ var fatalWaiting = []string{
 
 // waitRunning watches the pod until its agent container runs, and fails as
 // soon as the pod cannot get there, saying why.
-func (b *Backend) waitRunning(ctx context.Context, created *corev1.Pod) error {
+func (b *Backend) waitRunning(ctx context.Context, created *corev1.Pod) (*corev1.Pod, error) {
 	pods := b.client.CoreV1().Pods(b.o.namespace)
 	w, err := pods.Watch(ctx, metav1.ListOptions{
 		FieldSelector: fields.OneTermEqualSelector("metadata.name", created.Name).String(), ResourceVersion: created.ResourceVersion,
 	})
 	if err != nil {
-		return fmt.Errorf("kubernetes backend: watch pod %s: %w", created.Name, err)
+		return nil, fmt.Errorf("kubernetes backend: watch pod %s: %w", created.Name, err)
 	}
 	defer w.Stop()
 	last := created
 	for {
 		if done, err := running(last); done || err != nil {
-			return err
+			return last, err
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("kubernetes backend: pod %s did not start (%s): %w", created.Name, describe(last), ctx.Err())
+			return nil, fmt.Errorf("kubernetes backend: pod %s did not start (%s): %w", created.Name, describe(last), ctx.Err())
 		case ev, ok := <-w.ResultChan():
 			if !ok {
 				// The watch ended (the server's timeout): look, and watch anew.
 				pod, err := pods.Get(ctx, created.Name, metav1.GetOptions{})
 				if err != nil {
-					return fmt.Errorf("kubernetes backend: pod %s: %w", created.Name, err)
+					return nil, fmt.Errorf("kubernetes backend: pod %s: %w", created.Name, err)
 				}
 				last = pod
 				w.Stop()
 				if w, err = pods.Watch(ctx, metav1.ListOptions{
 					FieldSelector: fields.OneTermEqualSelector("metadata.name", created.Name).String(), ResourceVersion: pod.ResourceVersion,
 				}); err != nil {
-					return fmt.Errorf("kubernetes backend: watch pod %s: %w", created.Name, err)
+					return nil, fmt.Errorf("kubernetes backend: watch pod %s: %w", created.Name, err)
 				}
 				continue
 			}
 			switch ev.Type {
 			case watch.Deleted:
-				return fmt.Errorf("kubernetes backend: pod %s was deleted while it started: %w", created.Name, workspace.ErrUnavailable)
+				return nil, fmt.Errorf("kubernetes backend: pod %s was deleted while it started: %w", created.Name, workspace.ErrUnavailable)
 			case watch.Error:
-				return fmt.Errorf("kubernetes backend: watch pod %s: %v", created.Name, apierrors.FromObject(ev.Object))
+				return nil, fmt.Errorf("kubernetes backend: watch pod %s: %v", created.Name, apierrors.FromObject(ev.Object))
 			}
 			if pod, ok := ev.Object.(*corev1.Pod); ok {
 				last = pod

@@ -60,6 +60,14 @@ type serveConfig struct {
 		// static agent binary alone at /sandboxd-agent (default
 		// localhost/sandboxd-agent:latest).
 		AgentImage string `json:"agentImage"`
+		// Stream is how the daemon reaches each pod's agent: "attach"
+		// (the default; through the API server) or "direct" (a TCP
+		// connection to the pod's address, authenticated per session).
+		Stream string `json:"stream"`
+		// Replica, when set, makes this daemon one replica of several
+		// sharing the daemon's sessions, named so (distinct per replica;
+		// --replica wins); it implies the direct stream.
+		Replica string `json:"replica"`
 	} `json:"kubernetes"`
 	// Image is the docker backend's default image: an image definition's
 	// name, built when missing ("minimal", the default, or "dev"), or an
@@ -248,12 +256,13 @@ const (
 
 var cmdServe = &command{
 	name:    "serve",
-	args:    "[--listen ADDR] [--config FILE] [--backend docker|kubernetes|local|memory]",
+	args:    "[--listen ADDR] [--config FILE] [--backend docker|kubernetes|local|memory] [--replica NAME]",
 	summary: "run the daemon: sessions for many tenants over HTTP (/v1) and MCP (/mcp)",
 	setup: func(fs *flag.FlagSet) runFunc {
 		listen := fs.String("listen", "", "the `address` to listen on (default "+defaultListen+")")
 		config := fs.String("config", "", "the daemon's configuration `file` (JSON); without one, a single dev tenant with a token printed at start")
 		backend := fs.String("backend", "", "where sessions run: docker, kubernetes (pods; see the configuration's kubernetes key), or local or memory for development (commands on this host without isolation)")
+		replica := fs.String("replica", "", "with --backend kubernetes: run as the replica `NAME` of several that share the daemon's sessions (kubernetes.replica)")
 		return func(ctx context.Context, sio stdio, args []string) error {
 			if len(args) > 0 {
 				return usagef("unexpected arguments %q", args)
@@ -264,6 +273,7 @@ var cmdServe = &command{
 			}
 			cfg.Listen = cmp.Or(*listen, cfg.Listen, defaultListen)
 			cfg.Backend = cmp.Or(*backend, cfg.Backend)
+			cfg.Kubernetes.Replica = cmp.Or(*replica, cfg.Kubernetes.Replica)
 			return serve(ctx, sio, cfg, *config == "")
 		}
 	},
@@ -524,6 +534,16 @@ func kubernetesBackend(cfg *serveConfig) (backend.Backend, string, error) {
 	}
 	if k.AgentImage != "" {
 		opts = append(opts, kubernetes.WithAgentImage(k.AgentImage))
+	}
+	switch k.Stream {
+	case "", "attach":
+	case "direct":
+		opts = append(opts, kubernetes.WithDirect())
+	default:
+		return nil, "", usagef("kubernetes.stream is %q: it is attach or direct", k.Stream)
+	}
+	if k.Replica != "" {
+		opts = append(opts, kubernetes.WithReplica(k.Replica))
 	}
 	b, err := kubernetes.New(rc, opts...)
 	if err != nil {

@@ -1,0 +1,148 @@
+package runner
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"time"
+
+	"github.com/sandboxd/sandboxd/backend"
+	"github.com/sandboxd/sandboxd/policy"
+	"github.com/sandboxd/sandboxd/workspace"
+)
+
+// record is what a session's workspace keeps of it for another replica of
+// the daemon to adopt it (backend.Adopter): the settings it was created
+// with and what the manager decided from them. The tool configuration and
+// egress policy are derived again from the settings by the adopting
+// replica, which must run the same configuration.
+type record struct {
+	Settings Settings `json:"settings"`
+	// TenantEgress is the tenant's egress rules (CreateRequest.Egress);
+	// null keeps the operator's.
+	TenantEgress []string  `json:"tenantEgress"`
+	Lifetime     Duration  `json:"lifetime,omitzero"`
+	Idle         Duration  `json:"idle,omitzero"`
+	Created      time.Time `json:"created"`
+	Pooled       bool      `json:"pooled,omitempty"`
+}
+
+// adoptTimeout bounds one adoption (Get of a session another replica
+// opened).
+const adoptTimeout = time.Minute
+
+// publish keeps the session's record with its workspace when the backend
+// shares workspaces between replicas (Instance.Publish).
+func (m *Manager) publish(ctx context.Context, s *Session, tenantEgress []string) error {
+	if s.inst.Publish == nil {
+		return nil
+	}
+	data, err := json.Marshal(record{
+		Settings: s.settings, TenantEgress: tenantEgress, Lifetime: Duration(s.lifetime), Idle: Duration(s.idle),
+		Created: s.created, Pooled: s.pooled,
+	})
+	if err != nil {
+		return err
+	}
+	rec := backend.Record{Session: s.id, Tenant: s.tenant, Data: data, Created: s.created, Lifetime: s.lifetime, Idle: s.idle}
+	if err := s.inst.Publish(ctx, rec); err != nil {
+		return fmt.Errorf("runner: keeping the session's record with its workspace: %w", err)
+	}
+	return nil
+}
+
+// adopt takes over the tenant's session id from another replica of the
+// daemon (backend.Adopter), or fails with notFound when the backend has no
+// such session of this tenant. Adoptions run one at a time, so that two
+// requests for one session take it over once.
+func (m *Manager) adopt(ad backend.Adopter, tenant, id string, notFound error) (*Session, error) {
+	m.adopting.Lock()
+	defer m.adopting.Unlock()
+	m.mu.Lock()
+	if s := m.sessions[id]; s != nil && s.tenant == tenant { // adopted while this one waited
+		m.mu.Unlock()
+		return s, nil
+	}
+	closing := m.closing
+	m.mu.Unlock()
+	if closing {
+		return nil, notFound
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), adoptTimeout)
+	defer cancel()
+	want := m.selector()
+	want[policy.LabelTenant] = tenant
+	inst, rec, err := ad.Adopt(ctx, id, want)
+	switch {
+	case errors.Is(err, workspace.ErrNotFound):
+		return nil, notFound
+	case err != nil:
+		return nil, fmt.Errorf("runner: taking the session over from another replica: %w", err)
+	}
+	var r record
+	if err := json.Unmarshal(rec.Data, &r); err != nil || rec.Tenant != tenant || rec.Session != id {
+		inst.Close(ctx)
+		return nil, fmt.Errorf("runner: the record of session %s is unreadable (%v): %w", id, err, workspace.ErrUnavailable)
+	}
+	cfg, err := toolsConfig(m.o.tools, r.Settings, m.o.grants)
+	if err != nil {
+		return nil, errors.Join(err, inst.Close(ctx))
+	}
+	out, err := egressPolicy(m.o.egress, r.TenantEgress, r.Settings.Egress)
+	if err != nil {
+		return nil, errors.Join(err, inst.Close(ctx))
+	}
+	if err := m.reserve(tenant, 0); err != nil {
+		return nil, errors.Join(err, inst.Close(ctx))
+	}
+	s, err := m.newSession(id, tenant, r.Settings, cfg, inst, time.Duration(r.Lifetime), time.Duration(r.Idle), out)
+	if err != nil {
+		m.release(tenant)
+		return nil, errors.Join(err, inst.Close(ctx))
+	}
+	s.created, s.pooled = r.Created, r.Pooled
+	s.base = &baseline{err: errors.New("the session was taken over from another replica, which kept its first tree")}
+	if err := m.track(ctx, s, out); err != nil {
+		return nil, err
+	}
+	m.o.logger.Info("session taken over from another replica", "tenant", tenant, "session", id, "workspace", inst.ID)
+	return s, nil
+}
+
+// selector is the labels of what this daemon's runs make, whichever run
+// made it: the manager's labels without the owner's.
+func (m *Manager) selector() map[string]string {
+	sel := maps.Clone(m.labels)
+	for k := range backend.Self().Labels() {
+		delete(sel, k)
+	}
+	return sel
+}
+
+// moved forgets s, which another replica took over (backend.ErrMoved): it
+// ends here — its calls in flight fail, its local state (journal, diff
+// baseline) is dropped — while its workspace lives on with that replica; a
+// later request here takes it back.
+func (m *Manager) moved(s *Session, cause error) {
+	m.mu.Lock()
+	if m.sessions[s.id] != s {
+		m.mu.Unlock()
+		return
+	}
+	delete(m.sessions, s.id)
+	m.deleting.Add(1)
+	m.mu.Unlock()
+	s.mu.Lock()
+	s.closing = true
+	s.mu.Unlock()
+	s.cancel(cause)
+	m.o.logger.Info("session taken over by another replica", "tenant", s.tenant, "session", s.id, "workspace", s.inst.ID)
+	go func() {
+		defer m.deleting.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), removeTimeout)
+		defer cancel()
+		s.close(ctx, cause, false)
+	}()
+}

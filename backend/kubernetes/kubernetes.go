@@ -445,6 +445,7 @@ func (p *Pod) Close(ctx context.Context) error {
 			p.stream.Close()
 		}
 		if p.moved.Load() {
+			p.release()
 			return
 		}
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)

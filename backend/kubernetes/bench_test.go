@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 
+	"github.com/sandboxd/sandboxd/backend"
 	"github.com/sandboxd/sandboxd/backend/kubernetes"
 	"github.com/sandboxd/sandboxd/internal/k8stest"
 	"github.com/sandboxd/sandboxd/runner"
@@ -100,9 +101,13 @@ func BenchmarkBarePod(b *testing.B) {
 }
 
 func BenchmarkRoundTrip(b *testing.B) {
-	for _, proto := range []string{kubernetes.StreamWebSocket, kubernetes.StreamSPDY} {
+	for _, proto := range []string{kubernetes.StreamWebSocket, kubernetes.StreamSPDY, "direct"} {
 		b.Run(proto, func(b *testing.B) {
-			k := k8stest.Backend(b, kubernetes.WithStreamProtocol(proto))
+			opt := kubernetes.WithStreamProtocol(proto)
+			if proto == "direct" {
+				opt = kubernetes.WithDirect()
+			}
+			k := k8stest.Backend(b, opt)
 			ctx := context.Background()
 			p, err := k.Start(ctx, profile("bench"), k8stest.Labels())
 			if err != nil {
@@ -200,4 +205,39 @@ func BenchmarkConcurrentSessions(b *testing.B) {
 	b.ReportMetric(float64(failed.Load()), "errors")
 	b.ReportMetric(starting.Seconds()/float64(b.N), "start-s")
 	b.ReportMetric(calling.Seconds()/float64(b.N), "calls-s")
+}
+
+// BenchmarkTakeover: two replicas take one session's pod from each other in
+// turn (Backend.Adopt: the pod's update, the token, a new agent
+// connection), up to a first Stat through the new holder.
+func BenchmarkTakeover(b *testing.B) {
+	ctx := context.Background()
+	one := k8stest.Backend(b, kubernetes.WithReplica("bench-one"))
+	two := k8stest.Backend(b, kubernetes.WithReplica("bench-two"))
+	prof := profile("bench-takeover")
+	p, err := one.Start(ctx, prof, k8stest.Labels())
+	if err != nil {
+		b.Fatal(err)
+	}
+	inst := p.Instance()
+	defer func() { inst.Close(ctx) }()
+	rec := backend.Record{Session: prof.Session, Tenant: prof.Tenant, Data: []byte("{}"), Created: time.Now()}
+	if err := inst.Publish(ctx, rec); err != nil {
+		b.Fatal(err)
+	}
+	replicas := []*kubernetes.Backend{two, one}
+	var durs []time.Duration
+	for i := 0; b.Loop(); i++ {
+		t0 := time.Now()
+		next, _, err := replicas[i%2].Adopt(ctx, prof.Session, k8stest.Labels())
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := next.FS.Stat(ctx, "."); err != nil {
+			b.Fatal(err)
+		}
+		durs = append(durs, time.Since(t0))
+		inst = next
+	}
+	percentiles(b, durs)
 }

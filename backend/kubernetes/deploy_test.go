@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"maps"
 	"os"
 	"testing"
 
@@ -129,5 +130,48 @@ func TestDeployRBAC(t *testing.T) {
 	defer inst.Close(ctx)
 	if out := run(t, inst.Bash, "echo ok > f && cat f"); out != "ok\n" {
 		t.Errorf("a command as the service account's session: %q", out)
+	}
+
+	// Replicas (the Deployment's configuration): their Leases, the direct
+	// stream's Secret, the record on the pod, a takeover.
+	replica := func(name string) *kubernetes.Backend {
+		r, err := kubernetes.New(cfg, append(k8stest.Options(), kubernetes.WithNamespace("sandboxd-sessions"), kubernetes.WithReplica(name))...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rl := maps.Clone(labels)
+		rl[backend.LabelDaemon] = "deploy-test-replicas"
+		release, err := r.Claim(ctx, backend.Spec{Labels: rl})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { release(context.Background()) })
+		if _, err := r.Reap(ctx, map[string]string{backend.LabelDaemon: "deploy-test-replicas"}); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	one, two := replica("one"), replica("two")
+	prof := profile("deploy-replicas")
+	held, err := one.Open(ctx, backend.Spec{Profile: prof, Labels: labels})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := held.Publish(ctx, backend.Record{Session: prof.Session, Tenant: prof.Tenant, Data: []byte("{}")}); err != nil {
+		t.Fatal(err)
+	}
+	run(t, held.Bash, "echo kept > f")
+	taken, _, err := two.Adopt(ctx, prof.Session, k8stest.Labels())
+	if err != nil {
+		held.Close(ctx)
+		t.Fatal(err)
+	}
+	defer taken.Close(ctx)
+	if out := run(t, taken.Bash, "cat f"); out != "kept\n" {
+		t.Errorf("after the takeover: %q", out)
+	}
+	<-held.Done
+	if !errors.Is(held.Err(), backend.ErrMoved) {
+		t.Errorf("the former holder ended with %v, want ErrMoved", held.Err())
 	}
 }

@@ -18,6 +18,11 @@
 // take its descriptors; commands, which it execs, are dumpable again. When its input closes it ends every command, waits for
 // them, and exits with status 0; a protocol error exits with status 1.
 //
+// With --listen ADDR it serves TCP clients instead of its standard input,
+// one at a time, each presenting the token of $SANDBOXD_AGENT_TOKEN
+// (agent.Server.ServeListener): the Kubernetes backend's direct stream. It
+// then never exits by itself; its pod is deleted.
+//
 // It needs no shell, no C library and no writable root file system: it is a
 // static binary (CGO_ENABLED=0) that writes only inside the workspace and the
 // lock directory under $TMPDIR. Without a shell in the image the FileSystem

@@ -264,7 +264,8 @@ func (b *Backend) Warm(ctx context.Context, spec backend.Spec) (*backend.Instanc
 // Reap removes the session pods of the namespace that carry labels and
 // whose owner has ended (backend.Owner.Gone), or that name none: what dead
 // runs left. Pods of an owner that may live, here or on another host, are
-// left alone.
+// left alone. A replica (WithReplica) reaps what no live replica holds
+// instead: see reapReplicas.
 func (b *Backend) Reap(ctx context.Context, want map[string]string) (int, error) {
 	if len(want) == 0 {
 		return 0, errors.New("kubernetes backend: Reap needs at least one label")
@@ -272,17 +273,24 @@ func (b *Backend) Reap(ctx context.Context, want map[string]string) (int, error)
 	if b.o.replica != "" {
 		return b.reapReplicas(ctx, want)
 	}
+	return b.deletePods(ctx, want, func(pod *corev1.Pod) bool {
+		o, ok := backend.OwnerOf(pod.Annotations)
+		return !ok || o.Gone()
+	})
+}
+
+// deletePods deletes the pods of the namespace that carry labels want and
+// that doomed picks, and reports how many it deleted.
+func (b *Backend) deletePods(ctx context.Context, want map[string]string, doomed func(*corev1.Pod) bool) (int, error) {
 	list, err := b.client.CoreV1().Pods(b.o.namespace).List(ctx, metav1.ListOptions{LabelSelector: selector(want).String()})
 	if err != nil {
 		return 0, fmt.Errorf("kubernetes backend: reap: %w", err)
 	}
 	n := 0
 	var errs []error
-	for _, pod := range list.Items {
-		if !matches(pod.Annotations, want) {
-			continue
-		}
-		if o, ok := backend.OwnerOf(pod.Annotations); ok && !o.Gone() {
+	for i := range list.Items {
+		pod := &list.Items[i]
+		if !matches(pod.Annotations, want) || !doomed(pod) {
 			continue
 		}
 		err := b.client.CoreV1().Pods(b.o.namespace).Delete(ctx, pod.Name, deleteNow(pod.UID))

@@ -356,25 +356,7 @@ func (b *Backend) reapReplicas(ctx context.Context, want map[string]string) (int
 		seen[r] = renewed(l)
 		live[r] = live[r] || leaseLive(l, now)
 	}
-	pods, err := b.client.CoreV1().Pods(b.o.namespace).List(ctx, metav1.ListOptions{LabelSelector: selector(want).String()})
-	if err != nil {
-		return 0, fmt.Errorf("kubernetes backend: reap: %w", err)
-	}
-	n := 0
-	var errs []error
-	for i := range pods.Items {
-		pod := &pods.Items[i]
-		if !matches(pod.Annotations, want) || !orphaned(pod, live, seen, now) {
-			continue
-		}
-		err := b.client.CoreV1().Pods(b.o.namespace).Delete(ctx, pod.Name, deleteNow(pod.UID))
-		if err != nil && !apierrors.IsNotFound(err) {
-			errs = append(errs, err)
-			continue
-		}
-		n++
-	}
-	return n, errors.Join(errs...)
+	return b.deletePods(ctx, want, func(pod *corev1.Pod) bool { return orphaned(pod, live, seen, now) })
 }
 
 // orphaned reports whether pod is one that reapReplicas removes.

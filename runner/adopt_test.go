@@ -23,9 +23,8 @@ import (
 // backend.ErrMoved.
 type sharedBackend struct {
 	memory.Backend
-	mu  sync.Mutex
-	ws  map[string]*sharedWorkspace // by session
-	run int
+	mu sync.Mutex
+	ws map[string]*sharedWorkspace // by session
 }
 
 type sharedWorkspace struct {

@@ -3,7 +3,6 @@ package kubernetes
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"maps"
 	"strconv"
@@ -106,10 +105,12 @@ func (b *Backend) patchPod(ctx context.Context, name string, patch map[string]an
 // one wins and the others read again), then connects to the agent with the
 // new epoch — the agent drops the former holder's connection, whose Pod
 // then reports backend.ErrMoved. want must select the session's daemon and
-// tenant; a pod they do not select is not found.
+// tenant; a pod they do not select is not found, and so is every session
+// for a daemon that is no replica.
 func (b *Backend) Adopt(ctx context.Context, session string, want map[string]string) (*backend.Instance, backend.Record, error) {
 	if b.o.replica == "" {
-		return nil, backend.Record{}, errors.New("kubernetes backend: only a replica (WithReplica) adopts sessions")
+		// A daemon that runs alone holds every session of its own.
+		return nil, backend.Record{}, fmt.Errorf("kubernetes backend: session %s (only a replica adopts sessions): %w", session, workspace.ErrNotFound)
 	}
 	sel := maps.Clone(want)
 	sel[policy.LabelSession] = session

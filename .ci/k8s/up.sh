@@ -178,6 +178,10 @@ cat > "$RUN/cni/net.d/10-sandboxd.conflist" <<JSON
   {"type": "bridge", "bridge": "$BRIDGE", "isGateway": false, "ipMasq": false, "hairpinMode": false,
    "ipam": {"type": "host-local", "ranges": [[{"subnet": "$POD_CIDR"}]], "dataDir": "$RUN/cni/ipam"}}]}
 JSON
+# The host reaches the pods, as a daemon on a node does (the kubernetes backend's direct stream to an
+# agent): the bridge, made here, holds the pod network's first address (host-local's gateway, never a
+# pod's). It is not the pods' gateway: they still route nothing off the bridge. down.sh deletes it.
+ip link add "$BRIDGE" type bridge && ip addr add "${POD_CIDR%.*}.1/${POD_CIDR#*/}" dev "$BRIDGE" && ip link set "$BRIDGE" up
 start containerd /usr/bin/containerd --config "$RUN/containerd/config.toml"
 CTR="ctr --address $RUN/containerd/containerd.sock -n k8s.io"
 wait_for "containerd up" 60 $CTR version

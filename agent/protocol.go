@@ -192,7 +192,8 @@ type request struct {
 	Walk    *workspace.WalkRequest `json:"walk,omitempty"`
 	Grep    *workspace.GrepRequest `json:"grep,omitempty"`
 	Run     *runRequest            `json:"run,omitempty"`
-	Addr    string                 `json:"addr,omitempty"` // accept: the loopback address to listen on
+	Addr    string                 `json:"addr,omitempty"`   // accept, handoff: the loopback address to listen on
+	Socket  string                 `json:"socket,omitempty"` // handoff: the Unix socket to pass connections to
 }
 
 // Operations.
@@ -215,6 +216,7 @@ const (
 	opGrep      = "grep"
 	opRun       = "run"
 	opAccept    = "accept"
+	opHandoff   = "handoff"
 )
 
 // wireSwap is a workspace.SwapResult as it crosses the stream.

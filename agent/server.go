@@ -431,6 +431,8 @@ func (c *serverConn) serve(call *serverCall) ([]byte, error) {
 		return c.run(call)
 	case opAccept:
 		return nil, c.accept(call)
+	case opHandoff:
+		return nil, c.handoff(call)
 	}
 	return nil, &RemoteError{Kind: workspace.ErrInvalidArgument, Msg: fmt.Sprintf("unknown operation %q", req.Op)}
 }

@@ -8,6 +8,7 @@ import (
 	"encoding/pem"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -16,6 +17,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -25,6 +27,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/backend"
+	"github.com/sandboxd/sandboxd/backend/docker"
 	"github.com/sandboxd/sandboxd/backend/memory"
 	"github.com/sandboxd/sandboxd/egress"
 	"github.com/sandboxd/sandboxd/images"
@@ -99,7 +102,40 @@ func goproxyTree(t *testing.T) fstest.MapFS {
 // address, and a connection that ignores the proxy all fail, and every
 // connection is audited. A session that narrows its egress to nothing
 // gets no proxy.
+//
+// It runs on both paths a program's connection can take to the daemon:
+// handed off over a Unix socket in a directory shared with the container
+// (the socket is there, so the agent reached it), and carried on the
+// agent's stream.
 func TestDockerEgress(t *testing.T) {
+	t.Run("Handoff", func(t *testing.T) { testDockerEgress(t, handoffDir(t)) })
+	t.Run("Stream", func(t *testing.T) { testDockerEgress(t, "") })
+}
+
+// handoffDir is a directory for docker.Backend.HandoffDir, short enough a
+// path for the sockets in it.
+func handoffDir(t testing.TB) string {
+	dir, err := os.MkdirTemp("", "sbx-h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+// handedOff reports whether a connection was handed off in dir: a socket
+// is left in a container's directory only once its agent reached it.
+func handedOff(t testing.TB, dir string) bool {
+	socks, _ := filepath.Glob(filepath.Join(dir, "h-*", "s"))
+	for _, s := range socks {
+		if fi, err := os.Lstat(s); err == nil && fi.Mode().Type() == fs.ModeSocket {
+			return true
+		}
+	}
+	return false
+}
+
+func testDockerEgress(t *testing.T, handoff string) {
 	cli := dockertest.Client(t)
 	dev, err := images.Ensure(context.Background(), cli, "dev", images.WithProgress(func(s string) { fmt.Fprintln(os.Stderr, "images:", s) }))
 	if err != nil {
@@ -115,7 +151,7 @@ func TestDockerEgress(t *testing.T) {
 	tlsPort, gpPort := portOf(tlsSrv), portOf(goproxy)
 
 	logs := &lockedBuffer{}
-	m, _ := dockerManager(t,
+	m, _ := dockerManagerOn(t, &docker.Backend{HandoffDir: handoff},
 		runner.WithPolicy(policy.Policy{DefaultImage: dev}),
 		runner.WithLogger(slog.New(slog.NewTextHandler(logs, nil))),
 		runner.WithEgress(egress.Policy{
@@ -145,6 +181,11 @@ func TestDockerEgress(t *testing.T) {
 		out := run(t, `curl -sS --cacert ca.pem https://example.com:`+tlsPort+`/ && echo`)
 		if out != "hello through the proxy\n" {
 			t.Errorf("curl through the proxy: %q", out)
+		}
+	})
+	t.Run("Path", func(t *testing.T) {
+		if got := handedOff(t, handoff); got != (handoff != "") {
+			t.Errorf("connections handed off: %v; want %v", got, handoff != "")
 		}
 	})
 	t.Run("HostNotAllowed", func(t *testing.T) {
@@ -216,7 +257,15 @@ go mod download sandboxd.test/greet && go run . 2>&1`)
 // (throughput, and their ratio: the target is at least 0.5), and the
 // median time of 200 small requests each way (the difference is what the
 // proxy adds; the target is at most 2 ms). Run it with -benchtime 1x.
+//
+// Handoff is the path a daemon sharing the engine's host takes (the
+// program's socket handed to the daemon); Stream, the agent's stream.
 func BenchmarkDockerEgress(b *testing.B) {
+	b.Run("Handoff", func(b *testing.B) { benchmarkDockerEgress(b, handoffDir(b)) })
+	b.Run("Stream", func(b *testing.B) { benchmarkDockerEgress(b, "") })
+}
+
+func benchmarkDockerEgress(b *testing.B, handoff string) {
 	curl, err := exec.LookPath("curl")
 	if err != nil {
 		b.Skip("the host has no curl to measure the direct path with")
@@ -237,7 +286,7 @@ func BenchmarkDockerEgress(b *testing.B) {
 	}))
 	defer srv.Close()
 	u, _ := url.Parse(srv.URL)
-	m, _ := dockerManager(b, runner.WithPolicy(policy.Policy{DefaultImage: dev}), runner.WithDaemonName(dockertest.DaemonName("bench-egress")),
+	m, _ := dockerManagerOn(b, &docker.Backend{HandoffDir: handoff}, runner.WithPolicy(policy.Policy{DefaultImage: dev}), runner.WithDaemonName(dockertest.DaemonName("bench-egress")),
 		runner.WithEgress(egress.Policy{Allow: []string{"bulk.test:" + u.Port()}, AllowPrivate: []string{"127.0.0.1"}},
 			egress.WithResolver(names{"bulk.test": "127.0.0.1"})))
 	defer m.Shutdown(context.Background())

@@ -363,6 +363,30 @@ func TestByteCap(t *testing.T) {
 	}
 }
 
+// TestByteCapTunnel: a CONNECT tunnel is cut once the session's bytes pass
+// the cap, within a chunk of the copy that counts them (spliceChunk).
+func TestByteCapTunnel(t *testing.T) {
+	const size = 16 << 20
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Write(make([]byte, size))
+	}))
+	defer srv.Close()
+	a := newAudit()
+	const maxBytes = 64 << 10
+	u, _ := serve(t, Policy{Allow: []string{"127.0.0.1:" + port(t, srv)}, AllowPrivate: []string{"127.0.0.1"}, MaxBytes: maxBytes}, WithAudit(a.add))
+	resp, err := client(u, srv).Get(srv.URL)
+	if err == nil {
+		n, _ := io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if n >= size {
+			t.Errorf("read all %d bytes past a cap of 64 KiB", n)
+		}
+	}
+	if rec := a.wait(t, 1); rec.Outcome != OutcomeCapped || rec.BytesUp+rec.BytesDown > maxBytes+2*spliceChunk {
+		t.Errorf("audit: %+v; want capped within a chunk of the cap", rec)
+	}
+}
+
 // TestConnectionCapAndEnd: with a cap of one connection, a second waits
 // until the first ends; ending the proxy's context ends a tunnel.
 func TestConnectionCapAndEnd(t *testing.T) {

@@ -238,19 +238,82 @@ func (p *Proxy) connect(ctx context.Context, conn net.Conn, br *bufio.Reader, re
 	done := make(chan struct{})
 	go func() { // the program's bytes, the ones read with the request first
 		defer close(done)
-		if _, err := io.CopyBuffer(up.conn, br, make([]byte, 256<<10)); err == nil {
+		err := drain(up.conn, br)
+		if err == nil {
+			err = pipe(up.conn.Conn, conn, up.conn.countUp)
+		}
+		if err == nil {
 			closeWrite(up.conn)
 		} else {
 			up.conn.Close()
 		}
 	}()
-	if _, err := io.CopyBuffer(conn, up.conn, make([]byte, 256<<10)); err == nil {
+	if err := pipe(conn, up.conn.Conn, up.conn.countDown); err == nil {
 		closeWrite(conn)
 	} else {
 		conn.Close()
 	}
 	<-done
 	up.finish(OutcomeOK, "")
+}
+
+// drain writes what br holds already to w.
+func drain(w io.Writer, br *bufio.Reader) error {
+	n := br.Buffered()
+	if n == 0 {
+		return nil
+	}
+	b, _ := br.Peek(n)
+	if _, err := w.Write(b); err != nil {
+		return err
+	}
+	_, err := br.Discard(n)
+	return err
+}
+
+// spliceChunk is how much a copy between two sockets moves between two
+// counts: a connection passes the session's byte cap by at most this.
+const spliceChunk = 1 << 20
+
+// pipe copies src to dst until src ends (nil) or either fails, and calls
+// count with each amount moved; count's error stops it. Between two TCP
+// sockets — a program's connection handed to the daemon, and a
+// destination — the bytes move inside the kernel (splice), a chunk at a
+// time; otherwise through a buffer.
+func pipe(dst io.Writer, src io.Reader, count func(int64) error) error {
+	tdst, ok := dst.(*net.TCPConn)
+	tsrc, ok2 := src.(*net.TCPConn)
+	if !ok || !ok2 {
+		buf := make([]byte, 256<<10)
+		for {
+			n, err := src.Read(buf)
+			if n > 0 {
+				if _, werr := dst.Write(buf[:n]); werr != nil {
+					return werr
+				}
+				if cerr := count(int64(n)); cerr != nil {
+					return cerr
+				}
+			}
+			if err == io.EOF {
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+		}
+	}
+	for {
+		n, err := tdst.ReadFrom(&io.LimitedReader{R: tsrc, N: spliceChunk})
+		if n > 0 {
+			if cerr := count(n); cerr != nil {
+				return cerr
+			}
+		}
+		if err != nil || n == 0 {
+			return err
+		}
+	}
 }
 
 func closeWrite(c net.Conn) {
@@ -478,15 +541,21 @@ type metered struct {
 
 var errCapped = errors.New("the session's egress byte cap is spent")
 
-func (m *metered) count(n int, dir *atomic.Int64) error {
-	dir.Add(int64(n))
-	if m.p.moved.Add(int64(n)) > m.p.policy.MaxBytes {
+func (m *metered) count(n int, dir *atomic.Int64) error { return m.countN(int64(n), dir) }
+
+func (m *metered) countN(n int64, dir *atomic.Int64) error {
+	dir.Add(n)
+	if m.p.moved.Add(n) > m.p.policy.MaxBytes {
 		m.over.Store(true)
 		m.Conn.Close()
 		return errCapped
 	}
 	return nil
 }
+
+// countUp and countDown count bytes moved past the meter (pipe).
+func (m *metered) countUp(n int64) error   { return m.countN(n, &m.up) }
+func (m *metered) countDown(n int64) error { return m.countN(n, &m.down) }
 
 func (m *metered) Read(b []byte) (int, error) {
 	n, err := m.Conn.Read(b)

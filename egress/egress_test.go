@@ -2,7 +2,9 @@ package egress
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -13,6 +15,7 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -360,6 +363,42 @@ func TestByteCap(t *testing.T) {
 	code, body := get(t, c, srv.URL)
 	if code != 403 || !strings.Contains(body, "egress.maxBytes") {
 		t.Errorf("after the cap: %d %q", code, body)
+	}
+}
+
+// TestLargeDownloads: large plain responses (moved in the kernel between
+// the program's socket and the destination's) arrive whole, one after the
+// other on one kept connection, and so do small ones in between.
+func TestLargeDownloads(t *testing.T) {
+	big := make([]byte, 3<<20+17)
+	rand.Read(big)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/small" {
+			io.WriteString(w, "small")
+			return
+		}
+		w.Header().Set("Content-Length", strconv.Itoa(len(big)))
+		w.Write(big)
+	}))
+	defer srv.Close()
+	a := newAudit()
+	u, _ := serve(t, Policy{Allow: []string{"127.0.0.1:" + port(t, srv)}, AllowPrivate: []string{"127.0.0.1"}}, WithAudit(a.add))
+	c := client(u, nil)
+	for i, path := range []string{"/big", "/small", "/big", "/big"} {
+		resp, err := c.Get(srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if want := map[bool][]byte{true: []byte("small"), false: big}[path == "/small"]; err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("request %d (%s): %d bytes, %v; want %d", i, path, len(got), err, len(want))
+		}
+	}
+	c.CloseIdleConnections()
+	rec := a.wait(t, 1)
+	if want := int64(3 * len(big)); rec.Outcome != OutcomeOK || rec.BytesDown < want {
+		t.Errorf("audit: %+v; want one kept connection of at least %d bytes down", rec, want)
 	}
 }
 

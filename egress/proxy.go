@@ -281,39 +281,68 @@ const spliceChunk = 1 << 20
 // destination — the bytes move inside the kernel (splice), a chunk at a
 // time; otherwise through a buffer.
 func pipe(dst io.Writer, src io.Reader, count func(int64) error) error {
+	return pipeN(dst, src, -1, count)
+}
+
+// pipeN is pipe of n bytes (all, when n < 0); it fails with
+// io.ErrUnexpectedEOF when src ends before n.
+func pipeN(dst io.Writer, src io.Reader, n int64, count func(int64) error) error {
+	left := n
+	step := func(k int64) error {
+		if left > 0 {
+			left -= k
+		}
+		return count(k)
+	}
 	tdst, ok := dst.(*net.TCPConn)
 	tsrc, ok2 := src.(*net.TCPConn)
-	if !ok || !ok2 {
+	if ok && ok2 {
+		for left != 0 {
+			chunk := int64(spliceChunk)
+			if left > 0 {
+				chunk = min(chunk, left)
+			}
+			k, err := tdst.ReadFrom(&io.LimitedReader{R: tsrc, N: chunk})
+			if k > 0 {
+				if cerr := step(k); cerr != nil {
+					return cerr
+				}
+			}
+			if err != nil {
+				return err
+			}
+			if k == 0 {
+				break
+			}
+		}
+	} else {
+		r := src
+		if n >= 0 {
+			r = &io.LimitedReader{R: src, N: n}
+		}
 		buf := make([]byte, 256<<10)
 		for {
-			n, err := src.Read(buf)
-			if n > 0 {
-				if _, werr := dst.Write(buf[:n]); werr != nil {
+			k, err := r.Read(buf)
+			if k > 0 {
+				if _, werr := dst.Write(buf[:k]); werr != nil {
 					return werr
 				}
-				if cerr := count(int64(n)); cerr != nil {
+				if cerr := step(int64(k)); cerr != nil {
 					return cerr
 				}
 			}
 			if err == io.EOF {
-				return nil
+				break
 			}
 			if err != nil {
 				return err
 			}
 		}
 	}
-	for {
-		n, err := tdst.ReadFrom(&io.LimitedReader{R: tsrc, N: spliceChunk})
-		if n > 0 {
-			if cerr := count(n); cerr != nil {
-				return cerr
-			}
-		}
-		if err != nil || n == 0 {
-			return err
-		}
+	if left > 0 {
+		return io.ErrUnexpectedEOF
 	}
+	return nil
 }
 
 func closeWrite(c net.Conn) {
@@ -385,15 +414,57 @@ func (p *Proxy) forward(ctx context.Context, conn net.Conn, req *http.Request, u
 	}
 	dropHop(resp.Header)
 	bw := bufio.NewWriterSize(conn, 256<<10) // the agent's frames are up to 256 KiB: fewer, larger ones
-	if err = resp.Write(bw); err == nil {
-		err = bw.Flush()
+	// A spliced body is read past resp.Body, which must then not be
+	// closed: closing drains it, and there is nothing left to drain.
+	if spliced, serr := p.spliceBody(conn, bw, up, req, resp); spliced {
+		err = serr
+	} else {
+		if err = resp.Write(bw); err == nil {
+			err = bw.Flush()
+		}
+		resp.Body.Close()
 	}
-	resp.Body.Close()
 	if err != nil || resp.Close || resp.StatusCode == http.StatusSwitchingProtocols {
 		up.finish(OutcomeOK, "")
 		return nil, false
 	}
 	return up, !req.Close
+}
+
+// spliceMin is the smallest response body spliceBody moves in the kernel.
+const spliceMin = 256 << 10
+
+// spliceBody writes a large response of a known length from a destination
+// to a program's handed-off socket with its body moved in the kernel: the
+// head, then what the destination's reader holds already, then the rest
+// spliced, counted as pipe counts. ok is false, and nothing is written,
+// for any other response or connection: then resp.Write serves. resp.Body
+// is not read.
+func (p *Proxy) spliceBody(conn net.Conn, bw *bufio.Writer, up *upstream, req *http.Request, resp *http.Response) (ok bool, err error) {
+	dst, isTCP := conn.(*net.TCPConn)
+	src, srcTCP := up.conn.Conn.(*net.TCPConn)
+	n := resp.ContentLength
+	if !isTCP || !srcTCP || n < spliceMin || len(resp.TransferEncoding) > 0 || req.Method == http.MethodHead || len(resp.Trailer) > 0 {
+		return false, nil
+	}
+	h := resp.Header.Clone()
+	h.Set("Content-Length", strconv.FormatInt(n, 10))
+	fmt.Fprintf(bw, "HTTP/%d.%d %03d %s\r\n", resp.ProtoMajor, resp.ProtoMinor, resp.StatusCode, http.StatusText(resp.StatusCode))
+	if err := h.Write(bw); err != nil {
+		return true, err
+	}
+	bw.WriteString("\r\n")
+	held := min(int64(up.br.Buffered()), n)
+	if _, err := io.CopyN(bw, up.br, held); err != nil { // counted by the meter as it was read
+		return true, err
+	}
+	if err := bw.Flush(); err != nil {
+		return true, err
+	}
+	if err := pipeN(dst, src, n-held, up.conn.countDown); err != nil {
+		return true, err
+	}
+	return true, nil
 }
 
 // exchange sends req to the destination and reads its final response;

@@ -254,8 +254,8 @@ go mod download sandboxd.test/greet && go run . 2>&1`)
 // BenchmarkDockerEgress measures the egress proxy, one run: a 100 MB
 // download by curl in a dev session through the proxy against the same
 // download by the host's curl straight from the same loopback server
-// (throughput, and their ratio: the target is at least 0.5), and the
-// median time of 200 small requests each way (the difference is what the
+// (throughput, and their ratio: the target is at least 0.5), the same over
+// HTTPS (a CONNECT tunnel; tls-*), and the median time of 200 small requests each way (the difference is what the
 // proxy adds; the target is at most 2 ms). Run it with -benchtime 1x.
 //
 // Handoff is the path a daemon sharing the engine's host takes (the
@@ -276,22 +276,34 @@ func benchmarkDockerEgress(b *testing.B, handoff string) {
 		b.Fatalf("dev image: %v", err)
 	}
 	const size = 100 << 20
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/small" {
 			io.WriteString(w, "ok")
 			return
 		}
 		w.Header().Set("Content-Length", strconv.Itoa(size))
 		io.CopyN(w, zeros{}, size)
-	}))
+	})
+	srv := httptest.NewServer(handler)
 	defer srv.Close()
+	tlsSrv := httptest.NewTLSServer(handler) // its certificate names example.com
+	defer tlsSrv.Close()
 	u, _ := url.Parse(srv.URL)
+	tu, _ := url.Parse(tlsSrv.URL)
 	m, _ := dockerManagerOn(b, &docker.Backend{HandoffDir: handoff}, runner.WithPolicy(policy.Policy{DefaultImage: dev}), runner.WithDaemonName(dockertest.DaemonName("bench-egress")),
-		runner.WithEgress(egress.Policy{Allow: []string{"bulk.test:" + u.Port()}, AllowPrivate: []string{"127.0.0.1"}},
-			egress.WithResolver(names{"bulk.test": "127.0.0.1"})))
+		runner.WithEgress(egress.Policy{Allow: []string{"bulk.test:" + u.Port(), "example.com:" + tu.Port()}, AllowPrivate: []string{"127.0.0.1"}},
+			egress.WithResolver(names{"bulk.test": "127.0.0.1", "example.com": "127.0.0.1"})))
 	defer m.Shutdown(context.Background())
 	s, err := m.Create(context.Background(), runner.CreateRequest{Tenant: "bench", Settings: runner.Settings{Grants: []string{tools.GrantShellExec}, Always: []string{"shell"}}})
 	if err != nil {
+		b.Fatal(err)
+	}
+	ca := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: tlsSrv.Certificate().Raw})
+	if err := s.FS().WriteFile(context.Background(), "ca.pem", ca, 0o644); err != nil {
+		b.Fatal(err)
+	}
+	hostCA := filepath.Join(b.TempDir(), "ca.pem")
+	if err := os.WriteFile(hostCA, ca, 0o644); err != nil {
 		b.Fatal(err)
 	}
 	const requests = 200
@@ -316,6 +328,8 @@ func benchmarkDockerEgress(b *testing.B, handoff string) {
 	for range b.N {
 		viaProxy := number(b, inside(`curl -sS -o /dev/null -w '%{speed_download}' `+proxied+`/100m`))
 		direct := number(b, outside("-sS", "-o", "/dev/null", "-w", "%{speed_download}", srv.URL+"/100m"))
+		tlsViaProxy := number(b, inside(`curl -sS --cacert ca.pem -o /dev/null -w '%{speed_download}' https://example.com:`+tu.Port()+`/100m`))
+		tlsDirect := number(b, outside("-sS", "--cacert", hostCA, "--resolve", "example.com:"+tu.Port()+":127.0.0.1", "-o", "/dev/null", "-w", "%{speed_download}", "https://example.com:"+tu.Port()+"/100m"))
 		loop := func(base string) string {
 			return fmt.Sprintf(`for i in $(seq %d); do curl -sS -o /dev/null -w '%%{time_total}\n' %s/small; done`, requests, base)
 		}
@@ -332,6 +346,9 @@ func benchmarkDockerEgress(b *testing.B, handoff string) {
 		b.ReportMetric(viaProxy/1e6, "proxied-MB/s")
 		b.ReportMetric(direct/1e6, "direct-MB/s")
 		b.ReportMetric(viaProxy/direct, "throughput-ratio")
+		b.ReportMetric(tlsViaProxy/1e6, "tls-proxied-MB/s")
+		b.ReportMetric(tlsDirect/1e6, "tls-direct-MB/s")
+		b.ReportMetric(tlsViaProxy/tlsDirect, "tls-throughput-ratio")
 		b.ReportMetric(proxiedMedian*1e3, "proxied-median-ms")
 		b.ReportMetric(directMedian*1e3, "direct-median-ms")
 		b.ReportMetric((proxiedMedian-directMedian)*1e3, "added-median-ms")

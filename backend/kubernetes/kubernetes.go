@@ -312,7 +312,7 @@ func (p *Pod) Agent() *agent.Client { return p.agent }
 func (p *Pod) Instance() *backend.Instance {
 	return &backend.Instance{
 		FS: p.agent, Bash: p.agent, Root: policy.WorkspaceDir, ID: p.b.o.namespace + "/" + p.name, Close: p.Close,
-		Done: p.agent.Done(), Err: p.agent.Err,
+		Done: p.agent.Done(), Err: p.agent.Err, Accept: p.agent.Accept,
 	}
 }
 

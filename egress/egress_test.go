@@ -112,7 +112,7 @@ func client(u *url.URL, srv *httptest.Server) *http.Client {
 	return &http.Client{Transport: tr}
 }
 
-func port(t *testing.T, srv *httptest.Server) string {
+func port(t testing.TB, srv *httptest.Server) string {
 	u, _ := url.Parse(srv.URL)
 	return u.Port()
 }
@@ -495,5 +495,45 @@ func TestConnectionCapAndEnd(t *testing.T) {
 	}
 	if err := <-served; !errors.Is(err, context.Canceled) {
 		t.Errorf("Serve: %v", err)
+	}
+}
+
+// BenchmarkSmallRequest is the proxy's own cost per request: a new
+// connection each time (as a new curl makes), through the proxy on
+// loopback against straight to the server, in the same run.
+func BenchmarkSmallRequest(b *testing.B) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	defer srv.Close()
+	px, err := New(Policy{Allow: []string{"127.0.0.1:" + port(b, srv)}, AllowPrivate: []string{"127.0.0.1"}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go px.Serve(ctx, func(context.Context) (net.Conn, error) { return ln.Accept() })
+	defer ln.Close()
+	for _, bc := range []struct {
+		name  string
+		proxy *url.URL
+	}{{"Direct", nil}, {"Proxied", &url.URL{Scheme: "http", Host: ln.Addr().String()}}} {
+		b.Run(bc.name, func(b *testing.B) {
+			tr := &http.Transport{DisableKeepAlives: true}
+			if bc.proxy != nil {
+				tr.Proxy = http.ProxyURL(bc.proxy)
+			}
+			c := &http.Client{Transport: tr}
+			for b.Loop() {
+				resp, err := c.Get(srv.URL)
+				if err != nil {
+					b.Fatal(err)
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		})
 	}
 }

@@ -320,7 +320,9 @@ func pipeN(dst io.Writer, src io.Reader, n int64, count func(int64) error) error
 		if n >= 0 {
 			r = &io.LimitedReader{R: src, N: n}
 		}
-		buf := make([]byte, 256<<10)
+		bp := copyBuffers.Get().(*[]byte)
+		defer copyBuffers.Put(bp)
+		buf := *bp
 		for {
 			k, err := r.Read(buf)
 			if k > 0 {
@@ -413,7 +415,9 @@ func (p *Proxy) forward(ctx context.Context, conn net.Conn, req *http.Request, u
 		return nil, false
 	}
 	dropHop(resp.Header)
-	bw := bufio.NewWriterSize(conn, 256<<10) // the agent's frames are up to 256 KiB: fewer, larger ones
+	bw := responseWriters.Get().(*bufio.Writer)
+	bw.Reset(conn)
+	defer func() { bw.Reset(nil); responseWriters.Put(bw) }()
 	// A spliced body is read past resp.Body, which must then not be
 	// closed: closing drains it, and there is nothing left to drain.
 	if spliced, serr := p.spliceBody(conn, bw, up, req, resp); spliced {
@@ -430,6 +434,14 @@ func (p *Proxy) forward(ctx context.Context, conn net.Conn, req *http.Request, u
 	}
 	return up, !req.Close
 }
+
+// responseWriters hold the writers of responses to programs: 256 KiB, as
+// the agent's frames are up to 256 KiB (fewer, larger ones), and pooled,
+// as a new one per response costs more than a small request's forwarding.
+var responseWriters = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 256<<10) }}
+
+// copyBuffers are pipe's buffers, pooled for the same reason.
+var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 256<<10); return &b }}
 
 // spliceMin is the smallest response body spliceBody moves in the kernel.
 const spliceMin = 256 << 10

@@ -488,10 +488,15 @@ func (j *Journal) commit(ctx context.Context, message string, changes []Change) 
 	if err != nil {
 		return nil, err
 	}
-	if err := workspace.MkdirAll(ctx, j.store, j.commitsDir(), 0o700); err != nil {
-		return nil, fmt.Errorf("journal: %w", err)
+	// The commits' directory is made when a write finds it missing, not
+	// looked for before each commit.
+	err = j.store.WriteFile(ctx, j.commitName(c.ID), data, 0o600)
+	if errors.Is(err, workspace.ErrNotFound) {
+		if err = workspace.MkdirAll(ctx, j.store, j.commitsDir(), 0o700); err == nil {
+			err = j.store.WriteFile(ctx, j.commitName(c.ID), data, 0o600)
+		}
 	}
-	if err := j.store.WriteFile(ctx, j.commitName(c.ID), data, 0o600); err != nil {
+	if err != nil {
 		return nil, fmt.Errorf("journal: %w", err)
 	}
 	j.nextID++

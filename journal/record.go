@@ -91,6 +91,7 @@ var (
 	_ workspace.LockFS      = (*recorder)(nil)
 	_ workspace.WalkFS      = (*recorder)(nil)
 	_ workspace.GrepFS      = (*recorder)(nil)
+	_ workspace.SwapFS      = (*recorder)(nil)
 )
 
 // covered reports whether a change to name is already accounted for: name
@@ -190,35 +191,57 @@ func (r *recorder) afterState(ctx context.Context, p string, into map[string]Ent
 	return nil
 }
 
-// WriteFile writes through workspace.Swap, which reports what the write
-// replaced — the before-image — and what it left. Once begun, the swap runs
-// to its end whatever becomes of ctx, so that no file is changed without
-// its before-image coming back.
+// WriteFile writes through Swap.
 func (r *recorder) WriteFile(ctx context.Context, name string, data []byte, perm fs.FileMode) error {
+	_, err := r.Swap(ctx, workspace.SwapRequest{Name: name, Data: data, Perm: perm})
+	return err
+}
+
+// Swap writes through workspace.Swap, which reports what the write replaced
+// — the before-image — and what it left, with the caller's conditions and
+// lock. Once begun, the swap runs to its end whatever becomes of ctx, so
+// that no file is changed without its before-image coming back. A swap
+// whose conditions do not hold changed nothing and records nothing.
+//
+// The swap resolves names against the journal's root and returns old
+// contents up to the journal's bound, or req.Max when larger (conditions on
+// the old contents are checked against those); the caller is given them
+// within req.Max, as Swap promises.
+func (r *recorder) Swap(ctx context.Context, req workspace.SwapRequest) (workspace.SwapResult, error) {
 	if err := ctx.Err(); err != nil {
-		return err
+		return workspace.SwapResult{}, err
 	}
 	ctx = context.WithoutCancel(ctx)
-	res, err := workspace.Swap(ctx, r.FileSystem, workspace.SwapRequest{Name: name, Data: data, Perm: perm, Root: r.j.root, Max: r.j.maxBlob})
+	limit := req.Max
+	req.Root, req.Max = r.j.root, max(req.Max, r.j.maxBlob)
+	res, err := workspace.Swap(ctx, r.FileSystem, req)
 	if err != nil {
-		return err
+		return workspace.SwapResult{}, err
 	}
-	if ignored(res.Real) {
-		return nil
+	if res.Unmet || ignored(res.Real) {
+		return within(res, limit), nil
 	}
 	if !r.covered(res.Real) {
 		e, err := r.j.swappedState(ctx, res)
 		if err != nil { // not kept: put the file back as a rollback would
-			return errors.Join(err, r.unswap(ctx, res))
+			return workspace.SwapResult{}, errors.Join(err, r.unswap(ctx, res))
 		}
 		r.before[res.Real], r.deep[res.Real] = e, false
 	}
-	if res.New != nil && res.New.Mode().IsRegular() && res.New.Size() == int64(len(data)) {
-		r.written[res.Real] = written{mode: res.New.Mode() & modeBits, data: bytes.Clone(data)}
+	if res.New != nil && res.New.Mode().IsRegular() && res.New.Size() == int64(len(req.Data)) {
+		r.written[res.Real] = written{mode: res.New.Mode() & modeBits, data: bytes.Clone(req.Data)}
 	} else {
 		delete(r.written, res.Real)
 	}
-	return nil
+	return within(res, limit), nil
+}
+
+// within is res with old contents over max left out.
+func within(res workspace.SwapResult, max int64) workspace.SwapResult {
+	if int64(len(res.OldData)) > max {
+		res.OldData = nil
+	}
+	return res
 }
 
 // swappedState is the before-image a swap reports.

@@ -33,6 +33,7 @@ func (j *Journal) Record(ctx context.Context, message string, fn func(fsys works
 		return nil, fn(j.fs)
 	}
 	r := &recorder{FileSystem: j.fs, j: j, before: map[string]Entry{}, deep: map[string]bool{}, written: map[string]written{}}
+	defer clear(j.pending) // kept in the commit's record, or needed no more
 	err := fn(r)
 	ctx = context.WithoutCancel(ctx) // what was changed is recorded or put back, whatever happens to the caller
 	after := map[string]Entry{}
@@ -41,7 +42,8 @@ func (j *Journal) Record(ctx context.Context, message string, fn func(fsys works
 			return nil, errors.Join(err, workspace.Errorf(workspace.ErrUnavailable, "journal: the change could not be recorded"))
 		}
 	}
-	if err != nil {
+	// rollback puts back what fn changed.
+	rollback := func(err error) (*Commit, error) {
 		want := maps.Clone(r.before)
 		for p := range after {
 			if _, ok := want[p]; !ok {
@@ -53,6 +55,9 @@ func (j *Journal) Record(ctx context.Context, message string, fn func(fsys works
 		}
 		return nil, err
 	}
+	if err != nil {
+		return rollback(err)
+	}
 	var changes []Change
 	for p, a := range after {
 		changes = append(changes, Change{Path: p, Before: r.before[p], After: a})
@@ -62,7 +67,11 @@ func (j *Journal) Record(ctx context.Context, message string, fn func(fsys works
 			changes = append(changes, Change{Path: p, Before: b})
 		}
 	}
-	return j.commit(ctx, message, changes)
+	c, err := j.commit(ctx, message, changes)
+	if err != nil { // not kept, nor are the before-images it holds: put back
+		return rollback(err)
+	}
+	return c, nil
 }
 
 // recorder is the FileSystem Record gives fn: reads go straight through;
@@ -176,7 +185,7 @@ func (r *recorder) tops() []string {
 // captured absent or with its tree.
 func (r *recorder) afterState(ctx context.Context, p string, into map[string]Entry) error {
 	if w, ok := r.written[p]; ok {
-		e, err := r.j.fileState(ctx, w.mode, w.data)
+		e, err := r.j.heldState(ctx, w.mode, w.data)
 		into[p] = e
 		return err
 	}
@@ -250,7 +259,7 @@ func (j *Journal) swappedState(ctx context.Context, res workspace.SwapResult) (E
 	case res.Old == nil:
 		return Entry{}, nil
 	case res.OldData != nil:
-		return j.fileState(ctx, res.Old.Mode()&modeBits, res.OldData)
+		return j.heldState(ctx, res.Old.Mode()&modeBits, res.OldData)
 	case res.Old.Mode().IsRegular(): // over MaxBlobBytes: described, not kept
 		return Entry{Type: "file", Mode: res.Old.Mode() & modeBits, Size: res.Old.Size()}, nil
 	}

@@ -437,7 +437,7 @@ func (j *Journal) readInline(ctx context.Context, id int, hash string) ([]byte, 
 // heldState is fileState for the recorder's writes: small contents are
 // held (pending) for the commit's record, not written on their own.
 func (j *Journal) heldState(ctx context.Context, mode fs.FileMode, data []byte) (Entry, error) {
-	if len(data) > inlineMax {
+	if len(data) > inlineMax || int64(len(data)) > j.maxBlob {
 		return j.fileState(ctx, mode, data)
 	}
 	sum := sha256.Sum256(data)

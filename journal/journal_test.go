@@ -421,17 +421,7 @@ func TestLargeFilesAreReportedNotRestored(t *testing.T) {
 func TestPruneKeepsTheNewest(t *testing.T) {
 	ctx := context.Background()
 	fsys := memfs.New()
-	j, err := journal.Open(ctx, fsys, journal.WithMaxCommits(2))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range 4 {
-		if _, err := j.Record(ctx, "write", func(f workspace.FileSystem) error {
-			return f.WriteFile(ctx, "f", []byte{byte('a' + i)}, 0o644)
-		}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	j := fourWrites(t, fsys)
 	l := j.List()
 	if len(l) != 2 || l[0].ID != 4 || l[1].ID != 3 {
 		t.Fatalf("%+v", l)
@@ -447,6 +437,25 @@ func TestPruneKeepsTheNewest(t *testing.T) {
 	if _, err := fsys.Lstat(ctx, ".sandboxd/journal/commits/00000001.json"); !errors.Is(err, workspace.ErrNotFound) {
 		t.Fatal("commit 1 kept")
 	}
+}
+
+// fourWrites opens a journal of fsys that keeps 2 commits and records 4
+// writes of f, of "a" to "d".
+func fourWrites(t *testing.T, fsys workspace.FileSystem) *journal.Journal {
+	t.Helper()
+	ctx := context.Background()
+	j, err := journal.Open(ctx, fsys, journal.WithMaxCommits(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 4 {
+		if _, err := j.Record(ctx, "write", func(f workspace.FileSystem) error {
+			return f.WriteFile(ctx, "f", []byte{byte('a' + i)}, 0o644)
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return j
 }
 
 // TestExecCommitScope: a successful run keeps only what its commit scope
@@ -799,17 +808,7 @@ func (brokenStore) WriteFile(_ context.Context, name string, _ []byte, _ fs.File
 func TestSmallContentsInRecords(t *testing.T) {
 	ctx := context.Background()
 	fsys := memfs.New()
-	j, err := journal.Open(ctx, fsys, journal.WithMaxCommits(2))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range 4 {
-		if _, err := j.Record(ctx, "write", func(f workspace.FileSystem) error {
-			return f.WriteFile(ctx, "f", []byte{byte('a' + i)}, 0o644)
-		}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	fourWrites(t, fsys)
 	if _, err := fsys.Lstat(ctx, ".sandboxd/journal/objects"); !errors.Is(err, workspace.ErrNotFound) {
 		t.Errorf("objects of small contents: %v, want none", err)
 	}

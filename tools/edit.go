@@ -72,6 +72,12 @@ func (s *Set) edit(ctx context.Context, p editArgs, c *call) (Result, error) {
 	for range editTries {
 		old, updated, lines, err := s.applyEdits(ctx, c, name, p.Edits)
 		if err != nil {
+			// A refusal of the change comes first, as when it is asked
+			// before the read: a link into .git is Protected, whatever
+			// is (not) there.
+			if _, cerr := workspace.CheckChange(ctx, c.fsys, s.root, name); cerr != nil {
+				return Result{}, cerr
+			}
 			return Result{}, err
 		}
 		res, err := workspace.Swap(ctx, c.fsys, workspace.SwapRequest{Name: name, Data: updated, Perm: 0o644, Root: s.root,

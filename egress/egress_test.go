@@ -78,7 +78,7 @@ func (a *audit) wait(t *testing.T, n int) Record {
 }
 
 // serve runs a proxy of p on a loopback listener and returns its URL.
-func serve(t *testing.T, p Policy, opts ...Option) (*url.URL, *Proxy) {
+func serve(t testing.TB, p Policy, opts ...Option) (*url.URL, *Proxy) {
 	t.Helper()
 	px, err := New(p, opts...)
 	if err != nil {
@@ -504,22 +504,11 @@ func TestConnectionCapAndEnd(t *testing.T) {
 func BenchmarkSmallRequest(b *testing.B) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
 	defer srv.Close()
-	px, err := New(Policy{Allow: []string{"127.0.0.1:" + port(b, srv)}, AllowPrivate: []string{"127.0.0.1"}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go px.Serve(ctx, func(context.Context) (net.Conn, error) { return ln.Accept() })
-	defer ln.Close()
+	u, _ := serve(b, Policy{Allow: []string{"127.0.0.1:" + port(b, srv)}, AllowPrivate: []string{"127.0.0.1"}})
 	for _, bc := range []struct {
 		name  string
 		proxy *url.URL
-	}{{"Direct", nil}, {"Proxied", &url.URL{Scheme: "http", Host: ln.Addr().String()}}} {
+	}{{"Direct", nil}, {"Proxied", u}} {
 		b.Run(bc.name, func(b *testing.B) {
 			tr := &http.Transport{DisableKeepAlives: true}
 			if bc.proxy != nil {

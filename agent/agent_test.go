@@ -532,6 +532,11 @@ func TestHostileAnswers(t *testing.T) {
 		{"swap old contents of nothing", swap, `{"real":"f","hasData":true}`},
 		{"swap info of another name", swap, `{"real":"f","new":{"n":"g","s":1,"m":420}}`},
 		{"swap bad info", swap, `{"real":"f","old":{"n":"f","s":-1,"m":420}}`},
+		{"swap unmet without conditions", swap, `{"real":"f","unmet":true}`},
+		{"swap unmet with a new file", swapReal, `{"real":"g","unmet":true,"new":{"n":"g","s":1,"m":420}}`},
+		{"swap written elsewhere", swapReal, `{"real":"g","new":{"n":"g","s":1,"m":420}}`},
+		{"swap written over other contents", swapSum, `{"real":"f","old":{"n":"f","s":3,"m":420},"oldData":"b3Ro","hasData":true,"new":{"n":"f","s":1,"m":420}}`},
+		{"swap written over nothing read", swapSum, `{"real":"f","old":{"n":"f","s":3,"m":420},"new":{"n":"f","s":1,"m":420}}`},
 		{"run bad signal", run, `{"exitCode":-1,"signal":"rm -rf /"}`},
 		{"run bad exit", run, `{"exitCode":100000}`},
 		{"run negative duration", run, `{"exitCode":0,"duration":-5}`},
@@ -560,6 +565,18 @@ func readDir(c *Client) error {
 
 func swap(c *Client) error {
 	_, err := c.Swap(context.Background(), workspace.SwapRequest{Name: "f", Data: []byte("x"), Max: 4})
+	return err
+}
+
+// swapReal is a swap on condition that f leads to f.
+func swapReal(c *Client) error {
+	_, err := c.Swap(context.Background(), workspace.SwapRequest{Name: "f", Data: []byte("x"), Max: 4, Real: "f"})
+	return err
+}
+
+// swapSum is a swap on condition that f holds "old".
+func swapSum(c *Client) error {
+	_, err := c.Swap(context.Background(), workspace.SwapRequest{Name: "f", Data: []byte("x"), Max: 4, OldSum: workspace.Sum([]byte("old"))})
 	return err
 }
 

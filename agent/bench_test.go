@@ -74,6 +74,12 @@ func BenchmarkRoundTrip(b *testing.B) {
 			return err
 		}},
 		{"WriteFile", func(f workspace.FileSystem, _ workspace.Bash) error { return f.WriteFile(ctx, "w.txt", small, 0o644) }},
+		// A journaled write's swap, as the write tool asks it: under the
+		// file's lock, on condition that the name leads where it says.
+		{"Swap", func(f workspace.FileSystem, _ workspace.Bash) error {
+			_, err := workspace.Swap(ctx, f, workspace.SwapRequest{Name: "w.txt", Data: small, Perm: 0o644, Root: dir, Max: 1 << 20, Real: "w.txt", Lock: true})
+			return err
+		}},
 		{"ReadDir", func(f workspace.FileSystem, _ workspace.Bash) error { _, err := f.ReadDir(ctx, "."); return err }},
 		{"BashTrue", func(_ workspace.FileSystem, sh workspace.Bash) error {
 			_, err := sh.Run(ctx, workspace.Command{Argv: []string{"true"}})

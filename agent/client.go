@@ -627,10 +627,13 @@ func (c *Client) WriteFile(ctx context.Context, name string, data []byte, perm f
 }
 
 // Swap writes a file and returns what it replaced, in one round trip: the
-// agent runs workspace.Swap. The result is checked: a clean name, old
-// contents only of a regular file and within req.Max.
+// agent runs workspace.Swap, with the request's conditions and its lock.
+// The result is checked: a clean name, old contents only of a regular file
+// and within req.Max, and a write only where the conditions hold as far as
+// the answer shows.
 func (c *Client) Swap(ctx context.Context, req workspace.SwapRequest) (workspace.SwapResult, error) {
-	wreq := request{Op: opSwap, Name: req.Name, Perm: uint32(req.Perm), Size: int64(len(req.Data)), Root: req.Root, Max: req.Max}
+	wreq := request{Op: opSwap, Name: req.Name, Perm: uint32(req.Perm), Size: int64(len(req.Data)), Root: req.Root, Max: req.Max,
+		Real: req.Real, Sum: req.OldSum, Lock: req.Lock}
 	// The old contents travel as base64 in the reply.
 	body, err := c.roundTrip(ctx, wreq, req.Data, max(c.opts.maxResponse, 2*max(req.Max, 0)+64<<10))
 	if err != nil {

@@ -68,8 +68,10 @@ import (
 )
 
 // ProtocolVersion is the version of the wire protocol this package speaks.
-// Client and server must speak the same one; 2 added the swap operation.
-const ProtocolVersion = 2
+// Client and server must speak the same one; 2 added the swap operation, 3
+// the swap's conditions (real, sum, lock: a swap of protocol 2 would ignore
+// them and write).
+const ProtocolVersion = 3
 
 const (
 	// MaxFrame bounds a frame's length (everything after the 4-byte length).
@@ -189,10 +191,14 @@ type request struct {
 	Max     int64                  `json:"max,omitempty"`  // readfile
 	Size    int64                  `json:"size,omitempty"` // writefile, swap: bytes of input
 	Root    string                 `json:"root,omitempty"` // swap: the workspace root, for RealPath
+	Real    string                 `json:"real,omitempty"` // swap: where name must lead
+	Sum     []byte                 `json:"sum,omitempty"`  // swap: the SHA-256 the old contents must have
+	Lock    bool                   `json:"lock,omitempty"` // swap: under the file's write lock
 	Walk    *workspace.WalkRequest `json:"walk,omitempty"`
 	Grep    *workspace.GrepRequest `json:"grep,omitempty"`
 	Run     *runRequest            `json:"run,omitempty"`
-	Addr    string                 `json:"addr,omitempty"` // accept: the loopback address to listen on
+	Addr    string                 `json:"addr,omitempty"`   // accept, handoff: the loopback address to listen on
+	Socket  string                 `json:"socket,omitempty"` // handoff: the Unix socket to pass connections to
 }
 
 // Operations.
@@ -215,6 +221,7 @@ const (
 	opGrep      = "grep"
 	opRun       = "run"
 	opAccept    = "accept"
+	opHandoff   = "handoff"
 )
 
 // wireSwap is a workspace.SwapResult as it crosses the stream.
@@ -224,10 +231,11 @@ type wireSwap struct {
 	OldData []byte    `json:"oldData,omitempty"`
 	HasData bool      `json:"hasData,omitempty"` // OldData is there (it may be empty)
 	New     *wireInfo `json:"new,omitempty"`
+	Unmet   bool      `json:"unmet,omitempty"` // a condition did not hold: nothing written
 }
 
 func encodeSwap(res workspace.SwapResult) wireSwap {
-	w := wireSwap{Real: res.Real, OldData: res.OldData, HasData: res.OldData != nil}
+	w := wireSwap{Real: res.Real, OldData: res.OldData, HasData: res.OldData != nil, Unmet: res.Unmet}
 	if res.Old != nil {
 		w.Old = encodeInfo(res.Old)
 	}
@@ -239,7 +247,10 @@ func encodeSwap(res workspace.SwapResult) wireSwap {
 
 // decodeSwap decodes and checks a Swap body against its request: a clean
 // workspace name, information that checks, old contents only of a regular
-// file and within the request's bound, names that are Real's.
+// file and within the request's bound, names that are Real's; Unmet only
+// for a request with conditions, and then with no new file; a write only
+// where the conditions hold, as far as the answer shows it (the real name,
+// the old contents' sum).
 func decodeSwap(body []byte, req workspace.SwapRequest) (workspace.SwapResult, error) {
 	var w wireSwap
 	if err := json.Unmarshal(body, &w); err != nil {
@@ -248,7 +259,7 @@ func decodeSwap(body []byte, req workspace.SwapRequest) (workspace.SwapResult, e
 	if !fs.ValidPath(w.Real) || w.Real == "." {
 		return workspace.SwapResult{}, fmt.Errorf("bad name %q", w.Real)
 	}
-	res := workspace.SwapResult{Real: w.Real}
+	res := workspace.SwapResult{Real: w.Real, Unmet: w.Unmet}
 	for _, i := range []struct {
 		w  *wireInfo
 		fi *fs.FileInfo
@@ -272,6 +283,14 @@ func decodeSwap(body []byte, req workspace.SwapRequest) (workspace.SwapResult, e
 		if res.OldData == nil {
 			res.OldData = []byte{}
 		}
+	}
+	switch {
+	case res.Unmet && req.Real == "" && len(req.OldSum) == 0:
+		return workspace.SwapResult{}, errors.New("a swap without conditions reported them unmet")
+	case res.Unmet && res.New != nil:
+		return workspace.SwapResult{}, errors.New("an unmet swap reported a new file")
+	case !res.Unmet && !req.Met(res):
+		return workspace.SwapResult{}, errors.New("a swap wrote where its conditions did not hold")
 	}
 	return res, nil
 }

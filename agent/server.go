@@ -371,7 +371,8 @@ func (c *serverConn) serve(call *serverCall) ([]byte, error) {
 				return nil, err
 			}
 		}
-		res, err := workspace.Swap(ctx, fsys, workspace.SwapRequest{Name: req.Name, Data: data, Perm: fs.FileMode(req.Perm), Root: req.Root, Max: req.Max})
+		res, err := workspace.Swap(ctx, fsys, workspace.SwapRequest{Name: req.Name, Data: data, Perm: fs.FileMode(req.Perm), Root: req.Root, Max: req.Max,
+			Real: req.Real, OldSum: req.Sum, Lock: req.Lock})
 		if err != nil {
 			return nil, err
 		}
@@ -431,6 +432,8 @@ func (c *serverConn) serve(call *serverCall) ([]byte, error) {
 		return c.run(call)
 	case opAccept:
 		return nil, c.accept(call)
+	case opHandoff:
+		return nil, c.handoff(call)
 	}
 	return nil, &RemoteError{Kind: workspace.ErrInvalidArgument, Msg: fmt.Sprintf("unknown operation %q", req.Op)}
 }

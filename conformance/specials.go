@@ -25,6 +25,7 @@ var fsSpecials = []fsSpecial{
 	{name: "Lock/Counter", run: lockCounter},
 	{name: "Lock/Context", run: lockContext},
 	{name: "Lock/Independent", run: lockIndependent},
+	{name: "Lock/Swap", run: lockSwap},
 	{name: "Confine/OutsideUntouched", needs: needs(CapOutside, CapSymlinks), run: outsideUntouched},
 }
 
@@ -272,6 +273,34 @@ func lockContext(x *fixture) {
 	}
 	unlock()
 	lockAtOnce(x, "f", "a released lock")
+}
+
+// lockSwap checks that a swap with Lock waits for a lock that is held, and
+// writes once it is released.
+func lockSwap(x *fixture) {
+	x.build("f: old")
+	unlock, err := workspace.Lock(x.ctx, x.FS, "f")
+	if err != nil {
+		x.t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := workspace.Swap(x.ctx, x.FS, workspace.SwapRequest{Name: "f", Data: []byte("new"), Perm: 0o644, Root: x.Root, Lock: true})
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		x.t.Errorf("a swap with Lock ended (%v) while the lock was held", err)
+	case <-time.After(100 * time.Millisecond):
+		x.expectTree("while a swap waits for the lock", "f: old")
+	}
+	unlock()
+	err = within(x.t, eventTimeout, "Swap with Lock once the lock is released", func() error { return <-done })
+	if err != nil {
+		x.t.Fatal(err)
+	}
+	x.expectTree("after a swap that waited for the lock", "f: new")
+	lockAtOnce(x, "f", "a lock a swap held")
 }
 
 // lockAtOnce fails the test unless name's lock can be taken (and released)

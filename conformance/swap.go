@@ -48,6 +48,41 @@ var swapCases = []swapCase{
 	{name: "FIFO", layout: l("p|"), req: swapReq("p", "x"), err: notAFile},
 	{name: "LinkOut", layout: l("l => $OUTSIDE/secret"), req: swapReq("l", "pwned"), err: outside},
 	{name: "UnderLinkedDirOut", layout: l("ld => $OUTSIDE/sd"), req: swapReq("ld/new", "pwned"), err: outside},
+	// The conditions: an unmet one writes nothing, with no error.
+	{name: "RealMet", layout: l("f: old"), req: swapIf(swapReq("f", "new"), "f", nil),
+		want: `f: was file 3 "old", now file 3`, after: l("f: new")},
+	{name: "RealMetThroughLink", layout: l("f: old", "l => f"), req: swapIf(swapReq("l", "new"), "f", nil),
+		want: `f: was file 3 "old", now file 3`, after: l("f: new", "l => f")},
+	{name: "RealUnmetThroughLink", layout: l("f: old", "l => f"), req: swapIf(swapReq("l", "new"), "l", nil),
+		want: `f: was file 3 "old", now none (unmet)`, after: l("f: old", "l => f")},
+	{name: "RealUnmetNew", layout: l("d/", "ld => d"), req: swapIf(swapReq("ld/f", "new"), "ld/f", nil),
+		want: "d/f: was none, now none (unmet)", after: l("d/", "ld => d")},
+	{name: "SumMet", layout: l("f: old"), req: swapIf(swapReq("f", "new"), "", []byte("old")),
+		want: `f: was file 3 "old", now file 3`, after: l("f: new")},
+	{name: "SumMetEmpty", layout: l("f"), req: swapIf(swapReq("f", "new"), "f", []byte{}),
+		want: `f: was file 0 "", now file 3`, after: l("f: new")},
+	{name: "SumUnmet", layout: l("f: other"), req: swapIf(swapReq("f", "new"), "", []byte("old")),
+		want: `f: was file 5 "other", now none (unmet)`, after: l("f: other")},
+	{name: "SumUnmetMissing", req: swapIf(swapReq("f", "new"), "", []byte("old")),
+		want: "f: was none, now none (unmet)"},
+	{name: "SumUnmetOverMax", layout: l("f: old"), req: workspace.SwapRequest{Name: "f", Data: []byte("x"), Max: 2, OldSum: workspace.Sum([]byte("old"))},
+		want: "f: was file 3, now none (unmet)", after: l("f: old")},
+	{name: "SumUnmetDirectory", layout: l("d/x"), req: swapIf(swapReq("d", "new"), "", []byte("old")),
+		want: "d: was type d---------, now none (unmet)", after: l("d/x")},
+	{name: "Locked", layout: l("f: old"), req: workspace.SwapRequest{Name: "f", Data: []byte("new"), Perm: 0o644, Lock: true},
+		want: `f: was file 3 "old", now file 3`, after: l("f: new")},
+	{name: "LockedCreate", layout: l("d/"), req: workspace.SwapRequest{Name: "d/f", Data: []byte("new"), Perm: 0o644, Lock: true, Real: "d/f"},
+		want: "d/f: was none, now file 3", after: l("d/", "d/f: new")},
+}
+
+// swapIf is req on condition that its name leads to real (when not "") and
+// that the file holds old (when not nil).
+func swapIf(req workspace.SwapRequest, real string, old []byte) workspace.SwapRequest {
+	req.Real = real
+	if old != nil {
+		req.OldSum = workspace.Sum(old)
+	}
+	return req
 }
 
 func swapReq(name, data string) workspace.SwapRequest {
@@ -116,6 +151,9 @@ func describeSwap(res workspace.SwapResult) string {
 		return fmt.Sprintf("file %d", fi.Size())
 	}
 	s := fmt.Sprintf("%s: was %s, now %s", res.Real, side(res.Old, res.OldData), side(res.New, nil))
+	if res.Unmet {
+		s += " (unmet)"
+	}
 	if res.OldData != nil && (res.Old == nil || int64(len(res.OldData)) != res.Old.Size()) {
 		s += fmt.Sprintf(" (old contents of %d bytes)", len(res.OldData))
 	}

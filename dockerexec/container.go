@@ -78,6 +78,16 @@ type Spec struct {
 	Stderr io.Writer
 	// AgentOptions configure the agent client.
 	AgentOptions []agent.ClientOption
+	// HandoffDir, when set, is a directory of the daemon's host, kept to
+	// itself (Start makes it with mode 0700), in which Start makes one
+	// directory for the container, bind-mounted read-only at
+	// /.sandboxd-handoff: Container.Accept has the agent hand the
+	// container's egress connections to the daemon over a Unix socket
+	// there, so their bytes bypass the attach stream. It works when the
+	// daemon and the engine share a filesystem; where the engine has no
+	// such path Start leaves the mount out, and where the agent cannot
+	// reach the socket Accept carries connections on the stream.
+	HandoffDir string
 }
 
 // DefaultMaxWorkspaceBytes is the default of Spec.MaxWorkspaceBytes.
@@ -95,6 +105,12 @@ type Container struct {
 	// Profile.SessionUIDs, or 0; released once the container is removed.
 	uid     int
 	release sync.Once
+
+	handoffDir  string // the host's side of /.sandboxd-handoff, or ""
+	hmu         sync.Mutex
+	handoffAddr string                 // what Accept listens on, from its first call
+	handoff     *agent.HandoffListener // nil: connections are carried on the stream
+	handoffErr  error                  // why there is no handoff
 }
 
 // ID is the container's ID.
@@ -174,7 +190,25 @@ func Start(ctx context.Context, cli client.APIClient, spec Spec) (*Container, er
 		c.remove()
 		return nil, err
 	}
+	m, hostDir, handoff, err := handoffMount(spec.HandoffDir)
+	if err != nil {
+		<-chowned
+		c.remove()
+		return nil, err
+	}
+	if handoff {
+		c.handoffDir = hostDir
+		hc.Mounts = append(hc.Mounts, m)
+	}
 	created, err := cli.ContainerCreate(ctx, client.ContainerCreateOptions{Name: c.name, Config: cfg, HostConfig: hc})
+	if handoff && handoffSourceMissing(err) {
+		// The engine's host has no such directory: connections will be
+		// carried on the stream.
+		removeHandoffDir(c.handoffDir)
+		c.handoffDir, c.handoffErr = "", fmt.Errorf("the engine does not see the handoff directory %s: %w", hostDir, err)
+		hc.Mounts = hc.Mounts[:len(hc.Mounts)-1]
+		created, err = cli.ContainerCreate(ctx, client.ContainerCreateOptions{Name: c.name, Config: cfg, HostConfig: hc})
+	}
 	c.id = created.ID
 	if cerr := <-chowned; err == nil && cerr != nil {
 		err = cerr
@@ -334,6 +368,14 @@ func (c *Container) removeCtx(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("dockerexec: remove volume %s: %w", c.volume, err))
 		}
 	}
+	c.hmu.Lock()
+	if c.handoff != nil {
+		c.handoff.Close()
+	}
+	c.hmu.Unlock()
+	if err := removeHandoffDir(c.handoffDir); err != nil {
+		errs = append(errs, fmt.Errorf("dockerexec: remove the handoff directory: %w", err))
+	}
 	if len(errs) == 0 && c.uid != 0 {
 		// No process runs as the uid any more: another container may.
 		c.release.Do(func() { policy.ReleaseUID(c.uid) })
@@ -371,6 +413,13 @@ func Reap(ctx context.Context, cli client.APIClient, labels map[string]string, g
 		if err != nil && !cerrdefs.IsNotFound(err) {
 			errs = append(errs, err)
 			continue
+		}
+		for _, m := range ct.Mounts {
+			if m.Destination == mountHandoff {
+				if err := removeHandoffDir(m.Source); err != nil {
+					errs = append(errs, err)
+				}
+			}
 		}
 		n++
 	}

@@ -238,19 +238,113 @@ func (p *Proxy) connect(ctx context.Context, conn net.Conn, br *bufio.Reader, re
 	done := make(chan struct{})
 	go func() { // the program's bytes, the ones read with the request first
 		defer close(done)
-		if _, err := io.CopyBuffer(up.conn, br, make([]byte, 256<<10)); err == nil {
+		err := drain(up.conn, br)
+		if err == nil {
+			err = pipe(up.conn.Conn, conn, up.conn.countUp)
+		}
+		if err == nil {
 			closeWrite(up.conn)
 		} else {
 			up.conn.Close()
 		}
 	}()
-	if _, err := io.CopyBuffer(conn, up.conn, make([]byte, 256<<10)); err == nil {
+	if err := pipe(conn, up.conn.Conn, up.conn.countDown); err == nil {
 		closeWrite(conn)
 	} else {
 		conn.Close()
 	}
 	<-done
 	up.finish(OutcomeOK, "")
+}
+
+// drain writes what br holds already to w.
+func drain(w io.Writer, br *bufio.Reader) error {
+	n := br.Buffered()
+	if n == 0 {
+		return nil
+	}
+	b, _ := br.Peek(n)
+	if _, err := w.Write(b); err != nil {
+		return err
+	}
+	_, err := br.Discard(n)
+	return err
+}
+
+// spliceChunk is how much a copy between two sockets moves between two
+// counts: a connection passes the session's byte cap by at most this.
+const spliceChunk = 1 << 20
+
+// pipe copies src to dst until src ends (nil) or either fails, and calls
+// count with each amount moved; count's error stops it. Between two TCP
+// sockets — a program's connection handed to the daemon, and a
+// destination — the bytes move inside the kernel (splice), a chunk at a
+// time; otherwise through a buffer.
+func pipe(dst io.Writer, src io.Reader, count func(int64) error) error {
+	return pipeN(dst, src, -1, count)
+}
+
+// pipeN is pipe of n bytes (all, when n < 0); it fails with
+// io.ErrUnexpectedEOF when src ends before n.
+func pipeN(dst io.Writer, src io.Reader, n int64, count func(int64) error) error {
+	left := n
+	step := func(k int64) error {
+		if left > 0 {
+			left -= k
+		}
+		return count(k)
+	}
+	tdst, ok := dst.(*net.TCPConn)
+	tsrc, ok2 := src.(*net.TCPConn)
+	if ok && ok2 {
+		for left != 0 {
+			chunk := int64(spliceChunk)
+			if left > 0 {
+				chunk = min(chunk, left)
+			}
+			k, err := tdst.ReadFrom(&io.LimitedReader{R: tsrc, N: chunk})
+			if k > 0 {
+				if cerr := step(k); cerr != nil {
+					return cerr
+				}
+			}
+			if err != nil {
+				return err
+			}
+			if k == 0 {
+				break
+			}
+		}
+	} else {
+		r := src
+		if n >= 0 {
+			r = &io.LimitedReader{R: src, N: n}
+		}
+		bp := copyBuffers.Get().(*[]byte)
+		defer copyBuffers.Put(bp)
+		buf := *bp
+		for {
+			k, err := r.Read(buf)
+			if k > 0 {
+				if _, werr := dst.Write(buf[:k]); werr != nil {
+					return werr
+				}
+				if cerr := step(int64(k)); cerr != nil {
+					return cerr
+				}
+			}
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				return err
+			}
+		}
+	}
+	if left > 0 {
+		return io.ErrUnexpectedEOF
+	}
+	return nil
 }
 
 func closeWrite(c net.Conn) {
@@ -321,16 +415,68 @@ func (p *Proxy) forward(ctx context.Context, conn net.Conn, req *http.Request, u
 		return nil, false
 	}
 	dropHop(resp.Header)
-	bw := bufio.NewWriterSize(conn, 256<<10) // the agent's frames are up to 256 KiB: fewer, larger ones
-	if err = resp.Write(bw); err == nil {
-		err = bw.Flush()
+	bw := responseWriters.Get().(*bufio.Writer)
+	bw.Reset(conn)
+	defer func() { bw.Reset(nil); responseWriters.Put(bw) }()
+	// A spliced body is read past resp.Body, which must then not be
+	// closed: closing drains it, and there is nothing left to drain.
+	if spliced, serr := p.spliceBody(conn, bw, up, req, resp); spliced {
+		err = serr
+	} else {
+		if err = resp.Write(bw); err == nil {
+			err = bw.Flush()
+		}
+		resp.Body.Close()
 	}
-	resp.Body.Close()
 	if err != nil || resp.Close || resp.StatusCode == http.StatusSwitchingProtocols {
 		up.finish(OutcomeOK, "")
 		return nil, false
 	}
 	return up, !req.Close
+}
+
+// responseWriters hold the writers of responses to programs: 256 KiB, as
+// the agent's frames are up to 256 KiB (fewer, larger ones), and pooled,
+// as a new one per response costs more than a small request's forwarding.
+var responseWriters = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 256<<10) }}
+
+// copyBuffers are pipe's buffers, pooled for the same reason.
+var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 256<<10); return &b }}
+
+// spliceMin is the smallest response body spliceBody moves in the kernel.
+const spliceMin = 256 << 10
+
+// spliceBody writes a large response of a known length from a destination
+// to a program's handed-off socket with its body moved in the kernel: the
+// head, then what the destination's reader holds already, then the rest
+// spliced, counted as pipe counts. ok is false, and nothing is written,
+// for any other response or connection: then resp.Write serves. resp.Body
+// is not read.
+func (p *Proxy) spliceBody(conn net.Conn, bw *bufio.Writer, up *upstream, req *http.Request, resp *http.Response) (ok bool, err error) {
+	dst, isTCP := conn.(*net.TCPConn)
+	src, srcTCP := up.conn.Conn.(*net.TCPConn)
+	n := resp.ContentLength
+	if !isTCP || !srcTCP || n < spliceMin || len(resp.TransferEncoding) > 0 || req.Method == http.MethodHead || len(resp.Trailer) > 0 {
+		return false, nil
+	}
+	h := resp.Header.Clone()
+	h.Set("Content-Length", strconv.FormatInt(n, 10))
+	fmt.Fprintf(bw, "HTTP/%d.%d %03d %s\r\n", resp.ProtoMajor, resp.ProtoMinor, resp.StatusCode, http.StatusText(resp.StatusCode))
+	if err := h.Write(bw); err != nil {
+		return true, err
+	}
+	bw.WriteString("\r\n")
+	held := min(int64(up.br.Buffered()), n)
+	if _, err := io.CopyN(bw, up.br, held); err != nil { // counted by the meter as it was read
+		return true, err
+	}
+	if err := bw.Flush(); err != nil {
+		return true, err
+	}
+	if err := pipeN(dst, src, n-held, up.conn.countDown); err != nil {
+		return true, err
+	}
+	return true, nil
 }
 
 // exchange sends req to the destination and reads its final response;
@@ -478,15 +624,21 @@ type metered struct {
 
 var errCapped = errors.New("the session's egress byte cap is spent")
 
-func (m *metered) count(n int, dir *atomic.Int64) error {
-	dir.Add(int64(n))
-	if m.p.moved.Add(int64(n)) > m.p.policy.MaxBytes {
+func (m *metered) count(n int, dir *atomic.Int64) error { return m.countN(int64(n), dir) }
+
+func (m *metered) countN(n int64, dir *atomic.Int64) error {
+	dir.Add(n)
+	if m.p.moved.Add(n) > m.p.policy.MaxBytes {
 		m.over.Store(true)
 		m.Conn.Close()
 		return errCapped
 	}
 	return nil
 }
+
+// countUp and countDown count bytes moved past the meter (pipe).
+func (m *metered) countUp(n int64) error   { return m.countN(n, &m.up) }
+func (m *metered) countDown(n int64) error { return m.countN(n, &m.down) }
 
 func (m *metered) Read(b []byte) (int, error) {
 	n, err := m.Conn.Read(b)

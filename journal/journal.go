@@ -38,6 +38,12 @@
 // Commits can be listed (List), shown as a unified diff (Show) and reverted
 // to (Revert), which is itself a commit and can be reverted in turn.
 //
+// The store holds one record per commit (commits/) and kept contents under
+// their hash (objects/); the before- and after-images of a small file
+// (up to 4 KiB) that Record's writes report are kept in the commit's
+// record instead, so a small write costs the store one file. A Record whose
+// commit cannot be stored is rolled back like one that fails.
+//
 // Limits. Files over MaxBlobBytes have no before-image: a change to one is
 // recorded (by size) but cannot be restored or reverted, and Exec reports it
 // in Outcome.Unrestored. Modification times, owners, hard links and
@@ -144,7 +150,22 @@ type Commit struct {
 	Time    time.Time `json:"time"`
 	Message string    `json:"message"`
 	Changes []Change  `json:"changes"`
+
+	inline []string // the hashes of the contents its record holds
 }
+
+// record is a commit as the store keeps it: with, inline, the contents of
+// small files its changes name (inlineMax), which then need no file of
+// their own.
+type record struct {
+	*Commit
+	Inline map[string][]byte `json:"inline,omitempty"`
+}
+
+// inlineMax bounds the contents a commit's record holds itself. A write's
+// before- and after-images of a small file so cost the store one file (the
+// record), not three: a file created is most of what the store costs.
+const inlineMax = 4 << 10
 
 // Summary describes a commit without its changes, for lists.
 type Summary struct {
@@ -232,10 +253,16 @@ type Journal struct {
 	// committable, when set, is the commit scope of workspace sessions.
 	committable func(name string) bool
 
-	mu       sync.Mutex // held by each mutation
-	commits  []*Commit  // oldest first
-	nextID   int
-	shards   map[string]bool     // object directories known to exist
+	mu      sync.Mutex // held by each mutation
+	commits []*Commit  // oldest first
+	nextID  int
+	shards  map[string]bool // object directories known to exist
+	// pending are the small contents (inlineMax) the recorder's writes
+	// reported, by hash, until Record's commit keeps them in its record or
+	// Record ends; inlined names, for contents kept that way, a commit whose
+	// record holds them.
+	pending  map[string][]byte
+	inlined  map[string]int
 	base     map[string]manEntry // the baseline manifest; nil until the first Exec
 	baseTime time.Time           // when the baseline's listing began
 	active   *Session
@@ -247,7 +274,7 @@ type Journal struct {
 // clean workspace name, a hash that is not a SHA-256 — fails it.
 func Open(ctx context.Context, fsys workspace.FileSystem, opts ...Option) (*Journal, error) {
 	j := &Journal{fs: fsys, store: fsys, dir: Dir, inside: true, root: "/workspace", maxBlob: DefaultMaxBlobBytes, maxCommits: DefaultMaxCommits,
-		now: time.Now, nextID: 1, shards: map[string]bool{}}
+		now: time.Now, nextID: 1, shards: map[string]bool{}, pending: map[string][]byte{}, inlined: map[string]int{}}
 	for _, o := range opts {
 		o(j)
 	}
@@ -271,8 +298,13 @@ func Open(ctx context.Context, fsys workspace.FileSystem, opts ...Option) (*Jour
 			return nil, fmt.Errorf("journal: %w", err)
 		}
 		var c Commit
-		if err := json.Unmarshal(data, &c); err != nil || c.ID != id || !c.wellFormed() {
+		rec := record{Commit: &c}
+		if err := json.Unmarshal(data, &rec); err != nil || c.ID != id || !c.wellFormed() {
 			return nil, fmt.Errorf("journal: commit %d is damaged (%v): move %s aside to start a new journal", id, err, j.commitName(id))
+		}
+		for h := range rec.Inline { // checked when read (readBlob)
+			j.inlined[h] = id
+			c.inline = append(c.inline, h)
 		}
 		j.commits = append(j.commits, &c)
 	}
@@ -351,14 +383,67 @@ var errAltered = workspace.Errorf(workspace.ErrUnavailable, "the journal's copy 
 // that does not match (the store was written by something else) fails with
 // workspace.ErrUnavailable and errAltered, never returning its bytes.
 func (j *Journal) readBlob(ctx context.Context, hash string) ([]byte, error) {
+	if p, ok := j.pending[hash]; ok {
+		return p, nil
+	}
+	if id, ok := j.inlined[hash]; ok {
+		data, err := j.readInline(ctx, id, hash)
+		if err != nil {
+			return nil, err
+		}
+		return checked(data, hash)
+	}
+	return j.readObject(ctx, hash)
+}
+
+// readObject is readBlob of the file of its own that kept contents have
+// when they are not a record's.
+func (j *Journal) readObject(ctx context.Context, hash string) ([]byte, error) {
 	data, err := j.store.ReadFile(ctx, j.objectName(hash), j.maxBlob)
 	if err != nil {
 		return nil, err
 	}
+	return checked(data, hash)
+}
+
+// checked returns data when its SHA-256 is hash, else errAltered.
+func checked(data []byte, hash string) ([]byte, error) {
 	if sum := sha256.Sum256(data); hex.EncodeToString(sum[:]) != hash {
 		return nil, errAltered
 	}
 	return data, nil
+}
+
+// readInline reads the contents of hash from the record of commit id.
+func (j *Journal) readInline(ctx context.Context, id int, hash string) ([]byte, error) {
+	raw, err := j.store.ReadFile(ctx, j.commitName(id), 64<<20)
+	if err != nil {
+		return nil, err
+	}
+	var rec record
+	if err := json.Unmarshal(raw, &rec); err != nil {
+		return nil, errAltered
+	}
+	data, ok := rec.Inline[hash]
+	if !ok {
+		return nil, errAltered
+	}
+	if data == nil {
+		data = []byte{}
+	}
+	return data, nil
+}
+
+// heldState is fileState for the recorder's writes: small contents are
+// held (pending) for the commit's record, not written on their own.
+func (j *Journal) heldState(ctx context.Context, mode fs.FileMode, data []byte) (Entry, error) {
+	if len(data) > inlineMax || int64(len(data)) > j.maxBlob {
+		return j.fileState(ctx, mode, data)
+	}
+	sum := sha256.Sum256(data)
+	e := Entry{Type: "file", Mode: mode, Size: int64(len(data)), Hash: hex.EncodeToString(sum[:])}
+	j.pending[e.Hash] = data
+	return e, nil
 }
 
 // putBlob keeps data under its hash (once) and returns the hash.
@@ -371,7 +456,7 @@ func (j *Journal) putBlob(ctx context.Context, data []byte) (string, error) {
 		// is the one written; inside the workspace, a process may have
 		// planted it, so it is checked (and replaced when it does not match).
 		if j.inside {
-			if _, err := j.readBlob(ctx, hash); err == nil {
+			if _, err := j.readObject(ctx, hash); err == nil {
 				return hash, nil
 			}
 		} else if _, err := j.store.Lstat(ctx, name); err == nil {
@@ -484,18 +569,38 @@ func (j *Journal) commit(ctx context.Context, message string, changes []Change) 
 	}
 	slices.SortFunc(changes, func(a, b Change) int { return strings.Compare(a.Path, b.Path) })
 	c := &Commit{ID: j.nextID, Time: j.now().UTC(), Message: message, Changes: changes}
-	data, err := json.MarshalIndent(c, "", "  ")
+	rec := record{Commit: c}
+	for _, ch := range changes {
+		for _, h := range []string{ch.Before.Hash, ch.After.Hash} {
+			if data, ok := j.pending[h]; ok && rec.Inline[h] == nil {
+				if rec.Inline == nil {
+					rec.Inline = map[string][]byte{}
+				}
+				rec.Inline[h] = data
+				c.inline = append(c.inline, h)
+			}
+		}
+	}
+	data, err := json.MarshalIndent(rec, "", "  ")
 	if err != nil {
 		return nil, err
 	}
-	if err := workspace.MkdirAll(ctx, j.store, j.commitsDir(), 0o700); err != nil {
-		return nil, fmt.Errorf("journal: %w", err)
+	// The commits' directory is made when a write finds it missing, not
+	// looked for before each commit.
+	err = j.store.WriteFile(ctx, j.commitName(c.ID), data, 0o600)
+	if errors.Is(err, workspace.ErrNotFound) {
+		if err = workspace.MkdirAll(ctx, j.store, j.commitsDir(), 0o700); err == nil {
+			err = j.store.WriteFile(ctx, j.commitName(c.ID), data, 0o600)
+		}
 	}
-	if err := j.store.WriteFile(ctx, j.commitName(c.ID), data, 0o600); err != nil {
+	if err != nil {
 		return nil, fmt.Errorf("journal: %w", err)
 	}
 	j.nextID++
 	j.commits = append(j.commits, c)
+	for _, h := range c.inline {
+		j.inlined[h] = c.ID
+	}
 	j.prune(ctx)
 	return c, nil
 }
@@ -518,6 +623,17 @@ func (j *Journal) prune(ctx context.Context) {
 		live[m.state.Hash] = true
 	}
 	for _, c := range drop {
+		for _, h := range c.inline { // held by a later record, or by no one
+			if j.inlined[h] == c.ID {
+				delete(j.inlined, h)
+				for _, k := range slices.Backward(j.commits) {
+					if slices.Contains(k.inline, h) {
+						j.inlined[h] = k.ID
+						break
+					}
+				}
+			}
+		}
 		_ = j.store.Remove(ctx, j.commitName(c.ID))
 		for _, ch := range c.Changes {
 			for _, h := range []string{ch.Before.Hash, ch.After.Hash} {

@@ -2,6 +2,7 @@ package journal_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -420,17 +421,7 @@ func TestLargeFilesAreReportedNotRestored(t *testing.T) {
 func TestPruneKeepsTheNewest(t *testing.T) {
 	ctx := context.Background()
 	fsys := memfs.New()
-	j, err := journal.Open(ctx, fsys, journal.WithMaxCommits(2))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range 4 {
-		if _, err := j.Record(ctx, "write", func(f workspace.FileSystem) error {
-			return f.WriteFile(ctx, "f", []byte{byte('a' + i)}, 0o644)
-		}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	j := fourWrites(t, fsys)
 	l := j.List()
 	if len(l) != 2 || l[0].ID != 4 || l[1].ID != 3 {
 		t.Fatalf("%+v", l)
@@ -446,6 +437,25 @@ func TestPruneKeepsTheNewest(t *testing.T) {
 	if _, err := fsys.Lstat(ctx, ".sandboxd/journal/commits/00000001.json"); !errors.Is(err, workspace.ErrNotFound) {
 		t.Fatal("commit 1 kept")
 	}
+}
+
+// fourWrites opens a journal of fsys that keeps 2 commits and records 4
+// writes of f, of "a" to "d".
+func fourWrites(t *testing.T, fsys workspace.FileSystem) *journal.Journal {
+	t.Helper()
+	ctx := context.Background()
+	j, err := journal.Open(ctx, fsys, journal.WithMaxCommits(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 4 {
+		if _, err := j.Record(ctx, "write", func(f workspace.FileSystem) error {
+			return f.WriteFile(ctx, "f", []byte{byte('a' + i)}, 0o644)
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return j
 }
 
 // TestExecCommitScope: a successful run keeps only what its commit scope
@@ -534,6 +544,32 @@ func tamper(t *testing.T, fsys workspace.FileSystem, dir string) int {
 				t.Fatal(err)
 			}
 			n++
+		}
+	}
+	// Small contents are kept in the commits' records: altered there too.
+	commits := path.Join(path.Dir(dir), "commits")
+	recs, err := fsys.ReadDir(ctx, commits)
+	if err != nil && !errors.Is(err, workspace.ErrNotFound) {
+		t.Fatal(err)
+	}
+	for _, r := range recs {
+		name := path.Join(commits, r.Name())
+		data, err := fsys.ReadFile(ctx, name, 1<<20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rec map[string]any
+		if err := json.Unmarshal(data, &rec); err != nil {
+			t.Fatal(err)
+		}
+		inline, _ := rec["inline"].(map[string]any)
+		for h := range inline {
+			inline[h] = []byte("attacker's choice")
+			n++
+		}
+		data, _ = json.Marshal(rec)
+		if err := fsys.WriteFile(ctx, name, data, 0o600); err != nil {
+			t.Fatal(err)
 		}
 	}
 	return n
@@ -762,4 +798,46 @@ type brokenStore struct{ workspace.FileSystem }
 
 func (brokenStore) WriteFile(_ context.Context, name string, _ []byte, _ fs.FileMode) error {
 	return workspace.PathError("write", name, workspace.ErrUnavailable)
+}
+
+// TestSmallContentsInRecords: a recorded write of a small file keeps its
+// before- and after-images in the commit's record, with no file of their
+// own; they are restored from there, after pruning and by a reopened
+// journal too, and contents a revert reads outside the recorder get a file
+// of their own, so pruning the records that held them loses nothing.
+func TestSmallContentsInRecords(t *testing.T) {
+	ctx := context.Background()
+	fsys := memfs.New()
+	fourWrites(t, fsys)
+	if _, err := fsys.Lstat(ctx, ".sandboxd/journal/objects"); !errors.Is(err, workspace.ErrNotFound) {
+		t.Errorf("objects of small contents: %v, want none", err)
+	}
+	read := func(want string) {
+		t.Helper()
+		if data, err := fsys.ReadFile(ctx, "f", 10); err != nil || string(data) != want {
+			t.Fatalf("f holds %q, %v; want %q", data, err, want)
+		}
+	}
+	j2, err := journal.Open(ctx, fsys, journal.WithMaxCommits(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := j2.Revert(ctx, journal.RevertRequest{To: 3}); err != nil {
+		t.Fatal(err)
+	}
+	read("c")
+	// Commits 6 and 7 drop 4 and 5, the revert: what it kept stays.
+	for _, c := range []string{"x", "y"} {
+		if _, err := j2.Record(ctx, "write", func(f workspace.FileSystem) error { return f.WriteFile(ctx, "f", []byte(c), 0o644) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := j2.Revert(ctx, journal.RevertRequest{To: 6}); err != nil {
+		t.Fatal(err)
+	}
+	read("x")
+	if _, err := j2.Revert(ctx, journal.RevertRequest{To: 7}); err != nil {
+		t.Fatal(err)
+	}
+	read("y")
 }

@@ -33,6 +33,7 @@ func (j *Journal) Record(ctx context.Context, message string, fn func(fsys works
 		return nil, fn(j.fs)
 	}
 	r := &recorder{FileSystem: j.fs, j: j, before: map[string]Entry{}, deep: map[string]bool{}, written: map[string]written{}}
+	defer clear(j.pending) // kept in the commit's record, or needed no more
 	err := fn(r)
 	ctx = context.WithoutCancel(ctx) // what was changed is recorded or put back, whatever happens to the caller
 	after := map[string]Entry{}
@@ -41,7 +42,8 @@ func (j *Journal) Record(ctx context.Context, message string, fn func(fsys works
 			return nil, errors.Join(err, workspace.Errorf(workspace.ErrUnavailable, "journal: the change could not be recorded"))
 		}
 	}
-	if err != nil {
+	// rollback puts back what fn changed.
+	rollback := func(err error) (*Commit, error) {
 		want := maps.Clone(r.before)
 		for p := range after {
 			if _, ok := want[p]; !ok {
@@ -53,6 +55,9 @@ func (j *Journal) Record(ctx context.Context, message string, fn func(fsys works
 		}
 		return nil, err
 	}
+	if err != nil {
+		return rollback(err)
+	}
 	var changes []Change
 	for p, a := range after {
 		changes = append(changes, Change{Path: p, Before: r.before[p], After: a})
@@ -62,7 +67,11 @@ func (j *Journal) Record(ctx context.Context, message string, fn func(fsys works
 			changes = append(changes, Change{Path: p, Before: b})
 		}
 	}
-	return j.commit(ctx, message, changes)
+	c, err := j.commit(ctx, message, changes)
+	if err != nil { // not kept, nor are the before-images it holds: put back
+		return rollback(err)
+	}
+	return c, nil
 }
 
 // recorder is the FileSystem Record gives fn: reads go straight through;
@@ -91,6 +100,7 @@ var (
 	_ workspace.LockFS      = (*recorder)(nil)
 	_ workspace.WalkFS      = (*recorder)(nil)
 	_ workspace.GrepFS      = (*recorder)(nil)
+	_ workspace.SwapFS      = (*recorder)(nil)
 )
 
 // covered reports whether a change to name is already accounted for: name
@@ -175,7 +185,7 @@ func (r *recorder) tops() []string {
 // captured absent or with its tree.
 func (r *recorder) afterState(ctx context.Context, p string, into map[string]Entry) error {
 	if w, ok := r.written[p]; ok {
-		e, err := r.j.fileState(ctx, w.mode, w.data)
+		e, err := r.j.heldState(ctx, w.mode, w.data)
 		into[p] = e
 		return err
 	}
@@ -190,35 +200,57 @@ func (r *recorder) afterState(ctx context.Context, p string, into map[string]Ent
 	return nil
 }
 
-// WriteFile writes through workspace.Swap, which reports what the write
-// replaced — the before-image — and what it left. Once begun, the swap runs
-// to its end whatever becomes of ctx, so that no file is changed without
-// its before-image coming back.
+// WriteFile writes through Swap.
 func (r *recorder) WriteFile(ctx context.Context, name string, data []byte, perm fs.FileMode) error {
+	_, err := r.Swap(ctx, workspace.SwapRequest{Name: name, Data: data, Perm: perm})
+	return err
+}
+
+// Swap writes through workspace.Swap, which reports what the write replaced
+// — the before-image — and what it left, with the caller's conditions and
+// lock. Once begun, the swap runs to its end whatever becomes of ctx, so
+// that no file is changed without its before-image coming back. A swap
+// whose conditions do not hold changed nothing and records nothing.
+//
+// The swap resolves names against the journal's root and returns old
+// contents up to the journal's bound, or req.Max when larger (conditions on
+// the old contents are checked against those); the caller is given them
+// within req.Max, as Swap promises.
+func (r *recorder) Swap(ctx context.Context, req workspace.SwapRequest) (workspace.SwapResult, error) {
 	if err := ctx.Err(); err != nil {
-		return err
+		return workspace.SwapResult{}, err
 	}
 	ctx = context.WithoutCancel(ctx)
-	res, err := workspace.Swap(ctx, r.FileSystem, workspace.SwapRequest{Name: name, Data: data, Perm: perm, Root: r.j.root, Max: r.j.maxBlob})
+	limit := req.Max
+	req.Root, req.Max = r.j.root, max(req.Max, r.j.maxBlob)
+	res, err := workspace.Swap(ctx, r.FileSystem, req)
 	if err != nil {
-		return err
+		return workspace.SwapResult{}, err
 	}
-	if ignored(res.Real) {
-		return nil
+	if res.Unmet || ignored(res.Real) {
+		return within(res, limit), nil
 	}
 	if !r.covered(res.Real) {
 		e, err := r.j.swappedState(ctx, res)
 		if err != nil { // not kept: put the file back as a rollback would
-			return errors.Join(err, r.unswap(ctx, res))
+			return workspace.SwapResult{}, errors.Join(err, r.unswap(ctx, res))
 		}
 		r.before[res.Real], r.deep[res.Real] = e, false
 	}
-	if res.New != nil && res.New.Mode().IsRegular() && res.New.Size() == int64(len(data)) {
-		r.written[res.Real] = written{mode: res.New.Mode() & modeBits, data: bytes.Clone(data)}
+	if res.New != nil && res.New.Mode().IsRegular() && res.New.Size() == int64(len(req.Data)) {
+		r.written[res.Real] = written{mode: res.New.Mode() & modeBits, data: bytes.Clone(req.Data)}
 	} else {
 		delete(r.written, res.Real)
 	}
-	return nil
+	return within(res, limit), nil
+}
+
+// within is res with old contents over max left out.
+func within(res workspace.SwapResult, max int64) workspace.SwapResult {
+	if int64(len(res.OldData)) > max {
+		res.OldData = nil
+	}
+	return res
 }
 
 // swappedState is the before-image a swap reports.
@@ -227,7 +259,7 @@ func (j *Journal) swappedState(ctx context.Context, res workspace.SwapResult) (E
 	case res.Old == nil:
 		return Entry{}, nil
 	case res.OldData != nil:
-		return j.fileState(ctx, res.Old.Mode()&modeBits, res.OldData)
+		return j.heldState(ctx, res.Old.Mode()&modeBits, res.OldData)
 	case res.Old.Mode().IsRegular(): // over MaxBlobBytes: described, not kept
 		return Entry{Type: "file", Mode: res.Old.Mode() & modeBits, Size: res.Old.Size()}, nil
 	}

@@ -34,3 +34,41 @@ func TestOpenBeneath(t *testing.T) {
 		}
 	}
 }
+
+// replaceEntry puts a file in place of another in one step, and leaves a
+// directory found there as it was, failing as a rename over it would.
+func TestReplaceEntry(t *testing.T) {
+	dir := t.TempDir()
+	for name, data := range map[string]string{"old": "old", "tmp": "new", "tmp2": "new"} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Mkdir(filepath.Join(dir, "d"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	dfd := int(d.Fd())
+	if err := replaceEntry(dfd, "tmp", "old"); err != nil {
+		t.Fatal(err)
+	}
+	if data, err := os.ReadFile(filepath.Join(dir, "old")); err != nil || string(data) != "new" {
+		t.Errorf("old holds %q, %v; want new", data, err)
+	}
+	if _, err := os.Lstat(filepath.Join(dir, "tmp")); !os.IsNotExist(err) {
+		t.Errorf("the temporary name is left: %v", err)
+	}
+	if err := replaceEntry(dfd, "tmp2", "d"); err != unix.EISDIR {
+		t.Errorf("over a directory: %v, want EISDIR", err)
+	}
+	if fi, err := os.Lstat(filepath.Join(dir, "d")); err != nil || !fi.IsDir() {
+		t.Errorf("the directory: %v, %v; want it in place", fi, err)
+	}
+	if data, err := os.ReadFile(filepath.Join(dir, "tmp2")); err != nil || string(data) != "new" {
+		t.Errorf("tmp2 holds %q, %v; want it back, for the caller to remove", data, err)
+	}
+}

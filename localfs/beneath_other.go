@@ -17,3 +17,9 @@ func openBeneath(dirfd int, name string, flags int) (int, error) {
 
 // sysStat is st itself here: os's Sys differs from system to system.
 func sysStat(st *unix.Stat_t) any { return st }
+
+// replaceEntry renames tmp over the existing entry base, both in the
+// directory dfd.
+func replaceEntry(dfd int, tmp, base string) error {
+	return unix.Renameat(dfd, tmp, dfd, base)
+}

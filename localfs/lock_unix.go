@@ -36,7 +36,8 @@ import (
 // (a bind mount, a container volume) is two workspaces to Lock. Lock files
 // are left in place, since removing one that another process is waiting on
 // would let two holders in. The lock is advisory: writers that do not call
-// Lock (a shell command, an editor) are not held back by it.
+// Lock (a shell command, an editor) are not held back by it. With
+// WithProcessLocks, only the writers within the process wait for each other.
 func (f *FS) Lock(ctx context.Context, name string) (unlock func(), err error) {
 	if err := f.check(ctx, "lock", name); err != nil {
 		return nil, err
@@ -48,6 +49,9 @@ func (f *FS) Lock(ctx context.Context, name string) (unlock func(), err error) {
 	release, err := f.locks.Lock(ctx, key)
 	if err != nil {
 		return nil, &fs.PathError{Op: "lock", Path: name, Err: err}
+	}
+	if f.opts.processLocks {
+		return release, nil
 	}
 	file, err := f.lockFile(key)
 	if err == nil {

@@ -27,7 +27,9 @@ const tmpInfix = ".sandboxd-tmp-"
 // beside the target (O_CREAT|O_EXCL|O_NOFOLLOW, hidden, with an unpredictable
 // name), writes and syncs it,
 // gives it the target's permission bits and owner (or perm less the umask for
-// a new file) and renames it over the target. So readers see the old contents
+// a new file) and renames it over the target (on Linux, an existing target is
+// exchanged with it and the old file unlinked: see replaceEntry, which spares
+// a write ext4's flush of a rename over a file). So readers see the old contents
 // or the new, never a mix; a file with other hard links is replaced, never
 // written through; and a directory swapped for a link while WriteFile runs
 // cannot redirect the write, since the descriptor stays on the directory that
@@ -129,7 +131,11 @@ func (f *FS) replace(ctx context.Context, name string, data []byte, perm fs.File
 		return tmp.Close()
 	}()
 	if err == nil {
-		err = unix.Renameat(dfd, tmpName, dfd, base)
+		if existing {
+			err = replaceEntry(dfd, tmpName, base)
+		} else {
+			err = unix.Renameat(dfd, tmpName, dfd, base)
+		}
 	}
 	if err != nil {
 		unix.Unlinkat(dfd, tmpName, 0)

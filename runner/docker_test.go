@@ -29,11 +29,18 @@ func TestMain(m *testing.M) { dockertest.Main(m, "runner") }
 
 func dockerManager(t testing.TB, opts ...runner.Option) (*runner.Manager, *client.Client) {
 	t.Helper()
+	return dockerManagerOn(t, &docker.Backend{}, opts...)
+}
+
+// dockerManagerOn is dockerManager on b, its Client and Agent filled in.
+func dockerManagerOn(t testing.TB, b *docker.Backend, opts ...runner.Option) (*runner.Manager, *client.Client) {
+	t.Helper()
 	cli := dockertest.Client(t)
 	agent, err := agentbin.Path()
 	if err != nil {
 		t.Fatal(err)
 	}
+	b.Client, b.Agent = cli, agent
 	// A name of the test's own, unless it gives one: a daemon's name
 	// claims a marker container on the shared engine.
 	opts = append([]runner.Option{
@@ -41,7 +48,7 @@ func dockerManager(t testing.TB, opts ...runner.Option) (*runner.Manager, *clien
 		runner.WithLabels(dockertest.Labels()),
 		runner.WithPolicy(policy.Policy{DefaultImage: dockertest.Image(t)}),
 	}, opts...)
-	m, err := runner.New(context.Background(), &docker.Backend{Client: cli, Agent: agent}, opts...)
+	m, err := runner.New(context.Background(), b, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 	"encoding/pem"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -16,6 +17,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -25,6 +27,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/backend"
+	"github.com/sandboxd/sandboxd/backend/docker"
 	"github.com/sandboxd/sandboxd/backend/memory"
 	"github.com/sandboxd/sandboxd/egress"
 	"github.com/sandboxd/sandboxd/images"
@@ -99,7 +102,40 @@ func goproxyTree(t *testing.T) fstest.MapFS {
 // address, and a connection that ignores the proxy all fail, and every
 // connection is audited. A session that narrows its egress to nothing
 // gets no proxy.
+//
+// It runs on both paths a program's connection can take to the daemon:
+// handed off over a Unix socket in a directory shared with the container
+// (the socket is there, so the agent reached it), and carried on the
+// agent's stream.
 func TestDockerEgress(t *testing.T) {
+	t.Run("Handoff", func(t *testing.T) { testDockerEgress(t, handoffDir(t)) })
+	t.Run("Stream", func(t *testing.T) { testDockerEgress(t, "") })
+}
+
+// handoffDir is a directory for docker.Backend.HandoffDir, short enough a
+// path for the sockets in it.
+func handoffDir(t testing.TB) string {
+	dir, err := os.MkdirTemp("", "sbx-h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+// handedOff reports whether a connection was handed off in dir: a socket
+// is left in a container's directory only once its agent reached it.
+func handedOff(t testing.TB, dir string) bool {
+	socks, _ := filepath.Glob(filepath.Join(dir, "h-*", "s"))
+	for _, s := range socks {
+		if fi, err := os.Lstat(s); err == nil && fi.Mode().Type() == fs.ModeSocket {
+			return true
+		}
+	}
+	return false
+}
+
+func testDockerEgress(t *testing.T, handoff string) {
 	cli := dockertest.Client(t)
 	dev, err := images.Ensure(context.Background(), cli, "dev", images.WithProgress(func(s string) { fmt.Fprintln(os.Stderr, "images:", s) }))
 	if err != nil {
@@ -115,7 +151,7 @@ func TestDockerEgress(t *testing.T) {
 	tlsPort, gpPort := portOf(tlsSrv), portOf(goproxy)
 
 	logs := &lockedBuffer{}
-	m, _ := dockerManager(t,
+	m, _ := dockerManagerOn(t, &docker.Backend{HandoffDir: handoff},
 		runner.WithPolicy(policy.Policy{DefaultImage: dev}),
 		runner.WithLogger(slog.New(slog.NewTextHandler(logs, nil))),
 		runner.WithEgress(egress.Policy{
@@ -145,6 +181,11 @@ func TestDockerEgress(t *testing.T) {
 		out := run(t, `curl -sS --cacert ca.pem https://example.com:`+tlsPort+`/ && echo`)
 		if out != "hello through the proxy\n" {
 			t.Errorf("curl through the proxy: %q", out)
+		}
+	})
+	t.Run("Path", func(t *testing.T) {
+		if got := handedOff(t, handoff); got != (handoff != "") {
+			t.Errorf("connections handed off: %v; want %v", got, handoff != "")
 		}
 	})
 	t.Run("HostNotAllowed", func(t *testing.T) {
@@ -213,10 +254,18 @@ go mod download sandboxd.test/greet && go run . 2>&1`)
 // BenchmarkDockerEgress measures the egress proxy, one run: a 100 MB
 // download by curl in a dev session through the proxy against the same
 // download by the host's curl straight from the same loopback server
-// (throughput, and their ratio: the target is at least 0.5), and the
-// median time of 200 small requests each way (the difference is what the
+// (throughput, and their ratio: the target is at least 0.5), the same over
+// HTTPS (a CONNECT tunnel; tls-*), and the median time of 200 small requests each way (the difference is what the
 // proxy adds; the target is at most 2 ms). Run it with -benchtime 1x.
+//
+// Handoff is the path a daemon sharing the engine's host takes (the
+// program's socket handed to the daemon); Stream, the agent's stream.
 func BenchmarkDockerEgress(b *testing.B) {
+	b.Run("Handoff", func(b *testing.B) { benchmarkDockerEgress(b, handoffDir(b)) })
+	b.Run("Stream", func(b *testing.B) { benchmarkDockerEgress(b, "") })
+}
+
+func benchmarkDockerEgress(b *testing.B, handoff string) {
 	curl, err := exec.LookPath("curl")
 	if err != nil {
 		b.Skip("the host has no curl to measure the direct path with")
@@ -227,22 +276,34 @@ func BenchmarkDockerEgress(b *testing.B) {
 		b.Fatalf("dev image: %v", err)
 	}
 	const size = 100 << 20
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/small" {
 			io.WriteString(w, "ok")
 			return
 		}
 		w.Header().Set("Content-Length", strconv.Itoa(size))
 		io.CopyN(w, zeros{}, size)
-	}))
+	})
+	srv := httptest.NewServer(handler)
 	defer srv.Close()
+	tlsSrv := httptest.NewTLSServer(handler) // its certificate names example.com
+	defer tlsSrv.Close()
 	u, _ := url.Parse(srv.URL)
-	m, _ := dockerManager(b, runner.WithPolicy(policy.Policy{DefaultImage: dev}), runner.WithDaemonName(dockertest.DaemonName("bench-egress")),
-		runner.WithEgress(egress.Policy{Allow: []string{"bulk.test:" + u.Port()}, AllowPrivate: []string{"127.0.0.1"}},
-			egress.WithResolver(names{"bulk.test": "127.0.0.1"})))
+	tu, _ := url.Parse(tlsSrv.URL)
+	m, _ := dockerManagerOn(b, &docker.Backend{HandoffDir: handoff}, runner.WithPolicy(policy.Policy{DefaultImage: dev}), runner.WithDaemonName(dockertest.DaemonName("bench-egress")),
+		runner.WithEgress(egress.Policy{Allow: []string{"bulk.test:" + u.Port(), "example.com:" + tu.Port()}, AllowPrivate: []string{"127.0.0.1"}},
+			egress.WithResolver(names{"bulk.test": "127.0.0.1", "example.com": "127.0.0.1"})))
 	defer m.Shutdown(context.Background())
 	s, err := m.Create(context.Background(), runner.CreateRequest{Tenant: "bench", Settings: runner.Settings{Grants: []string{tools.GrantShellExec}, Always: []string{"shell"}}})
 	if err != nil {
+		b.Fatal(err)
+	}
+	ca := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: tlsSrv.Certificate().Raw})
+	if err := s.FS().WriteFile(context.Background(), "ca.pem", ca, 0o644); err != nil {
+		b.Fatal(err)
+	}
+	hostCA := filepath.Join(b.TempDir(), "ca.pem")
+	if err := os.WriteFile(hostCA, ca, 0o644); err != nil {
 		b.Fatal(err)
 	}
 	const requests = 200
@@ -267,6 +328,8 @@ func BenchmarkDockerEgress(b *testing.B) {
 	for range b.N {
 		viaProxy := number(b, inside(`curl -sS -o /dev/null -w '%{speed_download}' `+proxied+`/100m`))
 		direct := number(b, outside("-sS", "-o", "/dev/null", "-w", "%{speed_download}", srv.URL+"/100m"))
+		tlsViaProxy := number(b, inside(`curl -sS --cacert ca.pem -o /dev/null -w '%{speed_download}' https://example.com:`+tu.Port()+`/100m`))
+		tlsDirect := number(b, outside("-sS", "--cacert", hostCA, "--resolve", "example.com:"+tu.Port()+":127.0.0.1", "-o", "/dev/null", "-w", "%{speed_download}", "https://example.com:"+tu.Port()+"/100m"))
 		loop := func(base string) string {
 			return fmt.Sprintf(`for i in $(seq %d); do curl -sS -o /dev/null -w '%%{time_total}\n' %s/small; done`, requests, base)
 		}
@@ -283,6 +346,9 @@ func BenchmarkDockerEgress(b *testing.B) {
 		b.ReportMetric(viaProxy/1e6, "proxied-MB/s")
 		b.ReportMetric(direct/1e6, "direct-MB/s")
 		b.ReportMetric(viaProxy/direct, "throughput-ratio")
+		b.ReportMetric(tlsViaProxy/1e6, "tls-proxied-MB/s")
+		b.ReportMetric(tlsDirect/1e6, "tls-direct-MB/s")
+		b.ReportMetric(tlsViaProxy/tlsDirect, "tls-throughput-ratio")
 		b.ReportMetric(proxiedMedian*1e3, "proxied-median-ms")
 		b.ReportMetric(directMedian*1e3, "direct-median-ms")
 		b.ReportMetric((proxiedMedian-directMedian)*1e3, "added-median-ms")

@@ -49,30 +49,84 @@ var editTool = newTool(spec[editArgs, *EditResult]{
 	journaled: yes,
 })
 
+// editTries bounds how often edit reads a file again that changed between
+// its reading and its swap.
+const editTries = 4
+
+// edit reads the file, applies the edits, and swaps the result in on the
+// condition that the file still holds what was read (SwapRequest.OldSum),
+// under its lock: two round trips to an agent. When the file changed in
+// between, it starts over, at most editTries times. Under a scope's rules
+// it holds the lock from before the read to the write instead.
 func (s *Set) edit(ctx context.Context, p editArgs, c *call) (Result, error) {
 	if p.Path == "" || len(p.Edits) == 0 {
 		return Result{}, invalid("path and at least one edit are required")
 	}
-	name, unlock, err := s.lockForChange(ctx, c, p.Path)
+	if !s.swapped() {
+		return s.editLocked(ctx, p, c)
+	}
+	name, err := s.changeName(p.Path)
 	if err != nil {
 		return Result{}, err
 	}
-	defer unlock()
-	old, err := s.load(ctx, c.fsys, name, "edit")
-	if err != nil {
-		return Result{}, err
+	for range editTries {
+		old, updated, lines, err := s.applyEdits(ctx, c, name, p.Edits)
+		if err != nil {
+			// A refusal of the change comes first, as when it is asked
+			// before the read: a link into .git is Protected, whatever
+			// is (not) there.
+			if _, cerr := workspace.CheckChange(ctx, c.fsys, s.root, name); cerr != nil {
+				return Result{}, cerr
+			}
+			return Result{}, err
+		}
+		res, err := workspace.Swap(ctx, c.fsys, workspace.SwapRequest{Name: name, Data: updated, Perm: 0o644, Root: s.root,
+			Max: int64(len(old)), OldSum: workspace.Sum(old), Lock: true})
+		if err != nil {
+			return Result{}, err
+		}
+		if !res.Unmet {
+			return editResult(name, old, updated, lines), nil
+		}
 	}
-	updated, lines, err := ApplyEdits(old, p.Edits, s.cfg.FuzzyEdit)
+	return Result{}, newError(workspace.ErrUnavailable, "%s changed while it was being edited, %d times; read it again and retry", name, editTries)
+}
+
+// applyEdits reads name and applies the edits to it.
+func (s *Set) applyEdits(ctx context.Context, c *call, name string, edits []Replacement) (old, updated []byte, lines []int, err error) {
+	if old, err = s.load(ctx, c.fsys, name, "edit"); err != nil {
+		return nil, nil, nil, err
+	}
+	updated, lines, err = ApplyEdits(old, edits, s.cfg.FuzzyEdit)
 	if err != nil {
 		var te *toolError
 		if errors.As(err, &te) {
 			te.err.Msg = name + ": " + te.err.Msg
 		}
+		return nil, nil, nil, err
+	}
+	return old, updated, lines, nil
+}
+
+// editLocked is edit under the file's lock from before the read to the
+// write.
+func (s *Set) editLocked(ctx context.Context, p editArgs, c *call) (Result, error) {
+	name, unlock, err := s.lockForChange(ctx, c, p.Path)
+	if err != nil {
+		return Result{}, err
+	}
+	defer unlock()
+	old, updated, lines, err := s.applyEdits(ctx, c, name, p.Edits)
+	if err != nil {
 		return Result{}, err
 	}
 	if err := c.fsys.WriteFile(ctx, name, updated, 0o644); err != nil {
 		return Result{}, err
 	}
+	return editResult(name, old, updated, lines), nil
+}
+
+func editResult(name string, old, updated []byte, lines []int) Result {
 	diff, _ := difflib.GetUnifiedDiffString(difflib.UnifiedDiff{
 		A: diffLines(string(old)), B: diffLines(string(updated)),
 		FromFile: "a/" + name, ToFile: "b/" + name, Context: 3,
@@ -88,7 +142,7 @@ func (s *Set) edit(ctx context.Context, p editArgs, c *call) (Result, error) {
 	return Result{
 		Text:       fmt.Sprintf("Replaced %d %s in %s, at line %s.", len(lines), blocks, name, strings.Join(where, ", ")),
 		Structured: &EditResult{Path: name, Replaced: len(lines), Diff: diff, Lines: lines},
-	}, nil
+	}
 }
 
 // diffLines splits s into lines for difflib, marking a last line without

@@ -127,14 +127,19 @@ func fileKind(m fs.FileMode) string {
 	return "special file"
 }
 
-// load reads a regular file under the size limit.
+// load reads a regular file under the size limit: one ReadFile (one round
+// trip to an agent), which refuses what is no regular file and a file over
+// the limit without reading it. Only then does it look (Stat) at what is
+// there, to say what it is.
 func (s *Set) load(ctx context.Context, fsys workspace.FileSystem, name, tool string) ([]byte, error) {
-	if _, err := s.regularFile(ctx, fsys, name, tool); err != nil {
-		return nil, err
-	}
 	data, err := fsys.ReadFile(ctx, name, s.cfg.MaxFileBytes)
-	if errors.Is(err, workspace.ErrFileTooLarge) { // grew since Stat
-		return nil, s.tooLarge(name, s.cfg.MaxFileBytes+1)
+	if errors.Is(err, workspace.ErrNotAFile) || errors.Is(err, workspace.ErrFileTooLarge) {
+		if _, serr := s.regularFile(ctx, fsys, name, tool); serr != nil {
+			return nil, serr
+		}
+		if errors.Is(err, workspace.ErrFileTooLarge) { // shrunk since
+			return nil, s.tooLarge(name, s.cfg.MaxFileBytes+1)
+		}
 	}
 	return data, err
 }

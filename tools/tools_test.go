@@ -645,3 +645,61 @@ func TestNamesCannotSpoofListings(t *testing.T) {
 		t.Errorf("structured paths %q", r.Structured.(*tools.FindResult).Paths)
 	}
 }
+
+// meddler is a memfs whose file changes under the reader: after each of
+// the first n reads of name it writes the file anew, as another writer
+// would between an edit's reading and its write.
+type meddler struct {
+	*memfs.FS
+	name string
+	n    int
+}
+
+func (m *meddler) ReadFile(ctx context.Context, name string, max int64) ([]byte, error) {
+	data, err := m.FS.ReadFile(ctx, name, max)
+	if err == nil && name == m.name && m.n > 0 {
+		m.n--
+		err = m.FS.WriteFile(ctx, name, append(slices.Clone(data), "meddled\n"...), 0o644)
+	}
+	return data, err
+}
+
+// TestEditChangedMeanwhile: edit writes only over the contents it read;
+// when the file changed in between it reads it again and applies the edits
+// to what is there, so no one's change is lost, and gives up after a few
+// tries.
+func TestEditChangedMeanwhile(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		meddles int
+		want    string
+		err     string
+	}{
+		{1, "package b\nmeddled\n", ""},
+		{3, "package b\nmeddled\nmeddled\nmeddled\n", ""},
+		{10, "", "Unavailable"},
+	} {
+		m := &meddler{FS: memfs.New(), name: "a.go", n: tc.meddles}
+		if err := m.FS.WriteFile(ctx, "a.go", []byte("package a\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		cfg := tools.DefaultConfig()
+		cfg.Grants, cfg.Always = []string{tools.GrantFSWrite}, []string{"edit"}
+		set, err := tools.New(tools.Env{FS: m, Session: workspace.Session{Root: "/workspace"}}, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, _ := json.Marshal(map[string]any{"path": "a.go", "edits": []tools.Replacement{{OldText: "package a", NewText: "package b"}}})
+		r := set.Call(ctx, "edit", raw, tools.CallOptions{})
+		if tc.err != "" {
+			if errKind(r) != tc.err {
+				t.Errorf("%d changes meanwhile: %s, want %s", tc.meddles, r.Text, tc.err)
+			}
+			continue
+		}
+		data, _ := m.FS.ReadFile(ctx, "a.go", 100)
+		if r.IsError || string(data) != tc.want {
+			t.Errorf("%d changes meanwhile: %s; the file holds %q, want %q", tc.meddles, r.Text, data, tc.want)
+		}
+	}
+}

@@ -53,10 +53,82 @@ func (s *Set) lockForChange(ctx context.Context, c *call, p string) (name string
 	return name, unlock, err
 }
 
+// changeName resolves a path write or edit is to change, refusing the
+// workspace root and, without asking the workspace, a name the protect
+// globs match as written (the guard refuses it too, and where links lead).
+func (s *Set) changeName(p string) (string, error) {
+	name, err := s.resolve(p)
+	if err != nil {
+		return "", err
+	}
+	if name == "." {
+		return "", newError(workspace.ErrNotAFile, "the workspace root is a directory, not a file")
+	}
+	if workspace.Protect(s.cfg.Protect).Match(name) {
+		return "", &fs.PathError{Op: "change", Path: name, Err: &workspace.ProtectedError{Name: name, Protect: s.cfg.Protect}}
+	}
+	return name, nil
+}
+
+// swapped reports whether write and edit change a file with one swap
+// (workspace.Swap with its conditions and lock): when the session's view
+// is the guard alone. Under a scope's rules they check, lock and write
+// step by step, as the rules want each step asked.
+func (s *Set) swapped() bool { return !s.scoped() }
+
+// write replaces or creates a file with one swap under the file's lock:
+// one round trip to an agent (the guard's check, the lock, what was there
+// and the write, in one step), two when a link is to be checked, more only
+// for a new directory or a failure to describe. Emptying a file takes the
+// lock first, to look before it writes.
 func (s *Set) write(ctx context.Context, p writeArgs, c *call) (Result, error) {
 	if p.Path == "" || p.Content == nil {
 		return Result{}, invalid("path and content are required")
 	}
+	if *p.Content == "" || !s.swapped() {
+		return s.writeLocked(ctx, p, c)
+	}
+	name, err := s.changeName(p.Path)
+	if err != nil {
+		return Result{}, err
+	}
+	req := workspace.SwapRequest{Name: name, Data: []byte(*p.Content), Perm: 0o644, Root: s.root, Lock: true}
+	res, err := workspace.Swap(ctx, c.fsys, req)
+	if errors.Is(err, workspace.ErrNotFound) { // a parent is missing: make it, and swap again
+		if err := workspace.MkdirAll(ctx, c.fsys, path.Dir(name), 0o755); err != nil {
+			return Result{}, err
+		}
+		res, err = workspace.Swap(ctx, c.fsys, req)
+	}
+	if errors.Is(err, workspace.ErrNotAFile) { // say what is there
+		if info, serr := c.fsys.Stat(ctx, name); serr == nil && !info.Mode().IsRegular() {
+			return Result{}, notRegular(name, info.Mode())
+		}
+	}
+	if err != nil {
+		return Result{}, err
+	}
+	return writeResult(name, len(req.Data), res.Old == nil), nil
+}
+
+func notRegular(name string, m fs.FileMode) error {
+	return newError(workspace.ErrNotAFile, "%s is a %s; write replaces regular files only", name, describeMode(m))
+}
+
+func writeResult(name string, n int, created bool) Result {
+	verb := "Replaced"
+	if created {
+		verb = "Created"
+	}
+	return Result{
+		Text:       fmt.Sprintf("%s %s (%d bytes).", verb, name, n),
+		Structured: &WriteResult{Path: name, Bytes: n, Created: created},
+	}
+}
+
+// writeLocked is write step by step: the check, the lock, a look at what is
+// there, the write.
+func (s *Set) writeLocked(ctx context.Context, p writeArgs, c *call) (Result, error) {
 	name, unlock, err := s.lockForChange(ctx, c, p.Path)
 	if err != nil {
 		return Result{}, err
@@ -73,22 +145,14 @@ func (s *Set) write(ctx context.Context, p writeArgs, c *call) (Result, error) {
 	case err != nil:
 		return Result{}, err
 	case !info.Mode().IsRegular():
-		return Result{}, newError(workspace.ErrNotAFile, "%s is a %s; write replaces regular files only", name, describeMode(info.Mode()))
+		return Result{}, notRegular(name, info.Mode())
 	case info.Size() > 0 && *p.Content == "":
 		return Result{}, invalid("refusing to empty %s, which has %s of content; to delete it use bash (rm), or write the content it should keep", name, kb(info.Size()))
 	}
 	if err := c.fsys.WriteFile(ctx, name, []byte(*p.Content), 0o644); err != nil {
 		return Result{}, err
 	}
-	verb := "Replaced"
-	if created {
-		verb = "Created"
-	}
-	n := len(*p.Content)
-	return Result{
-		Text:       fmt.Sprintf("%s %s (%d bytes).", verb, name, n),
-		Structured: &WriteResult{Path: name, Bytes: n, Created: created},
-	}, nil
+	return writeResult(name, len(*p.Content), created), nil
 }
 
 func describeMode(m fs.FileMode) string {

@@ -357,14 +357,42 @@ func (g *guardFS) WriteFile(ctx context.Context, name string, data []byte, perm 
 	return g.inner.WriteFile(ctx, name, data, perm)
 }
 
-// Swap checks the change as WriteFile does, then swaps through the inner
+// Swap checks the change as WriteFile does, and swaps through the inner
 // file system's SwapFS when it has one (one call on Docker), or with
-// SwapGeneric over it.
+// SwapGeneric over it. It does not resolve the name first: it checks the
+// name as written, and where the caller's Real condition or, without one,
+// a CheckChange of this call just before says it leads — else the name
+// itself, a guess that it has no links — and makes the swap write only
+// there (SwapRequest.Real). When the name leads elsewhere, that swap
+// writes nothing and reports where: the guard checks that and swaps again.
+// So the file written is always one the guard checked, at the cost of one
+// swap more for a name through a link.
 func (g *guardFS) Swap(ctx context.Context, req SwapRequest) (SwapResult, error) {
-	if err := g.checkOnly(ctx, "write", req.Name); err != nil {
-		return SwapResult{}, err
+	const op = "write"
+	if g.protect.Match(req.Name) {
+		return SwapResult{}, g.refuse(op, req.Name, req.Name)
 	}
-	return Swap(ctx, g.inner, req)
+	own := req.Real == "" // the Real condition is the guard's own, not the caller's
+	if own {
+		req.Real = req.Name
+		g.mu.Lock()
+		if c := g.checked; c.ctx == ctx && c.name == req.Name {
+			req.Real = c.real
+		}
+		g.checked.ctx = nil
+		g.mu.Unlock()
+	}
+	for range 8 {
+		if req.Real != req.Name && g.protect.Match(req.Real) {
+			return SwapResult{}, g.refuse(op, req.Name, req.Real)
+		}
+		res, err := Swap(ctx, g.inner, req)
+		if err != nil || !res.Unmet || !own || res.Real == req.Real {
+			return res, err // an Unmet left is the caller's own condition's
+		}
+		req.Real = res.Real
+	}
+	return SwapResult{}, &fs.PathError{Op: op, Path: req.Name, Err: errLinkLoop}
 }
 
 func (g *guardFS) Mkdir(ctx context.Context, name string, perm fs.FileMode) error {

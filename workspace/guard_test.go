@@ -301,3 +301,54 @@ func TestGuardCheckedOnce(t *testing.T) {
 		t.Errorf("a change after another change: %v, want it resolved again and refused", err)
 	}
 }
+
+// TestGuardSwap: the guard's swap writes only where it checked — the name
+// itself at first, then where the swap reports the name leads (one swap
+// more) — and leaves a condition of the caller's to the caller.
+func TestGuardSwap(t *testing.T) {
+	ctx := context.Background()
+	inner := &countingSwap{FS: memfs.New()}
+	for _, d := range []string{".git", "d"} {
+		if err := inner.Mkdir(ctx, d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, l := range [][2]string{{"d", "dl"}, {".git", "gl"}} {
+		if err := inner.Symlink(ctx, l[0], l[1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g := workspace.Guard(inner, "/workspace", workspace.Protect{".git/**"})
+	swap := func(req workspace.SwapRequest) (workspace.SwapResult, int, error) {
+		inner.swaps = 0
+		req.Root, req.Perm = "/workspace", 0o644
+		res, err := workspace.Swap(ctx, g, req)
+		return res, inner.swaps, err
+	}
+	if res, n, err := swap(workspace.SwapRequest{Name: "d/f", Data: []byte("1")}); err != nil || res.Real != "d/f" || res.Unmet || n != 1 {
+		t.Errorf("swap of a name without links: %+v, %d swaps, %v; want d/f in 1", res, n, err)
+	}
+	if res, n, err := swap(workspace.SwapRequest{Name: "dl/f", Data: []byte("2")}); err != nil || res.Real != "d/f" || res.Unmet || n != 2 {
+		t.Errorf("swap through a link: %+v, %d swaps, %v; want d/f in 2", res, n, err)
+	}
+	if _, _, err := swap(workspace.SwapRequest{Name: "gl/config", Data: []byte("x")}); !errors.Is(err, workspace.ErrProtected) {
+		t.Errorf("swap through a link into .git: %v, want it refused", err)
+	}
+	if _, n, err := swap(workspace.SwapRequest{Name: "f", Real: ".git/f", Data: []byte("x")}); !errors.Is(err, workspace.ErrProtected) || n != 0 {
+		t.Errorf("swap on the caller's condition that it leads into .git: %v after %d swaps, want it refused before any", err, n)
+	}
+	res, n, err := swap(workspace.SwapRequest{Name: "dl/f", Real: "dl/f", Data: []byte("x")})
+	if err != nil || !res.Unmet || res.Real != "d/f" || n != 1 {
+		t.Errorf("swap on the caller's condition, unmet: %+v, %d swaps, %v; want it unmet after 1", res, n, err)
+	}
+	res, _, err = swap(workspace.SwapRequest{Name: "d/f", Data: []byte("x"), Max: 10, OldSum: workspace.Sum([]byte("other"))})
+	if err != nil || !res.Unmet {
+		t.Errorf("swap on the caller's sum, unmet: %+v, %v; want it unmet", res, err)
+	}
+	if data, _ := inner.ReadFile(ctx, "d/f", 10); string(data) != "2" {
+		t.Errorf("d/f holds %q after unmet swaps, want 2", data)
+	}
+	if _, err := inner.Lstat(ctx, ".git/config"); !errors.Is(err, workspace.ErrNotFound) {
+		t.Errorf(".git/config: %v, want none written", err)
+	}
+}

@@ -1,7 +1,9 @@
 package workspace
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"io/fs"
 )
@@ -19,6 +21,29 @@ type SwapRequest struct {
 	// Max bounds the old contents returned: a file over Max bytes is
 	// described, its contents are not returned.
 	Max int64
+
+	// The conditions, each unset by default. A swap checks them in the
+	// step that writes, once it has read what it reports of the old file;
+	// when one does not hold it writes nothing and returns, with no error,
+	// a result with Unmet set that describes the file as it found it
+	// (Real, Old and OldData; New nil). A request that sets none is never
+	// Unmet.
+
+	// Real, when set, is where Name must lead: the swap writes only when
+	// Name's real name (RealPath) is Real. A caller that checked Real (a
+	// guard refusing protected names) so knows that the file written is the
+	// one it checked, without resolving Name first.
+	Real string
+	// OldSum, when not empty, is the SHA-256 of the contents the file must hold:
+	// the swap writes only over a regular file of at most Max bytes whose
+	// contents have that sum. An edit computed from contents read earlier
+	// replaces them only if no one changed them since.
+	OldSum []byte
+	// Lock holds the write lock of the real name (Lock) from the reading of
+	// the old file to the end of the write, so that writers who lock the
+	// file do not come in between. A caller holding that lock leaves it
+	// unset.
+	Lock bool
 }
 
 // SwapResult is what a swap replaced and what it left.
@@ -34,6 +59,28 @@ type SwapResult struct {
 	// New describes Real just after the write (as Lstat does); nil when it
 	// could not be read (a concurrent removal, say).
 	New fs.FileInfo
+	// Unmet says a condition of the request did not hold: nothing was
+	// written, and New is nil.
+	Unmet bool
+}
+
+// Met reports whether res, found for req, meets req's conditions; a swap
+// writes only when it does. Adapters that implement SwapFS call it.
+func (req SwapRequest) Met(res SwapResult) bool {
+	if req.Real != "" && res.Real != req.Real {
+		return false
+	}
+	if len(req.OldSum) > 0 {
+		sum := sha256.Sum256(res.OldData)
+		return res.OldData != nil && res.Old != nil && res.Old.Mode().IsRegular() && bytes.Equal(sum[:], req.OldSum)
+	}
+	return true
+}
+
+// Sum is the SHA-256 of data, as SwapRequest.OldSum wants it.
+func Sum(data []byte) []byte {
+	sum := sha256.Sum256(data)
+	return sum[:]
 }
 
 // Swap writes req.Data to req.Name as WriteFile does and returns what the
@@ -42,9 +89,11 @@ type SwapResult struct {
 // succeeds has written, even when ctx ended meanwhile (an adapter checks
 // ctx before the write, not after), so that what it replaced is never lost.
 //
-// Old, OldData and New are read around the write, not under a lock with it:
-// a concurrent writer of the same file can slip in between, as it can
-// between WriteFile and a Stat.
+// Old, OldData and New are read around the write, not under a lock with it
+// (unless req.Lock holds off the writers that lock): a concurrent writer of
+// the same file can slip in between, as it can between WriteFile and a Stat.
+// The conditions of req (Real, OldSum) are checked against what was read,
+// in the same step.
 func Swap(ctx context.Context, fsys FileSystem, req SwapRequest) (SwapResult, error) {
 	if s, ok := fsys.(SwapFS); ok {
 		return s.Swap(ctx, req)
@@ -59,6 +108,16 @@ func SwapGeneric(ctx context.Context, fsys FileSystem, req SwapRequest) (SwapRes
 	real, err := RealPath(ctx, fsys, req.Root, req.Name)
 	if err != nil {
 		return SwapResult{}, err
+	}
+	if req.Lock {
+		unlock, err := Lock(ctx, fsys, real)
+		if err != nil {
+			return SwapResult{}, err
+		}
+		defer unlock()
+		if err := ctx.Err(); err != nil { // taken as ctx ended
+			return SwapResult{}, err
+		}
 	}
 	res := SwapResult{Real: real}
 	res.Old, err = fsys.Lstat(ctx, real)
@@ -77,6 +136,10 @@ func SwapGeneric(ctx context.Context, fsys FileSystem, req SwapRequest) (SwapRes
 		case res.OldData == nil:
 			res.OldData = []byte{}
 		}
+	}
+	if !req.Met(res) {
+		res.Unmet = true
+		return res, nil
 	}
 	if err := fsys.WriteFile(ctx, req.Name, req.Data, req.Perm); err != nil {
 		return SwapResult{}, err

@@ -11,6 +11,8 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 
@@ -40,6 +42,10 @@ type Backend struct {
 	// files counted at their full size; 0 is
 	// dockerexec.DefaultMaxWorkspaceBytes.
 	MaxWorkspaceBytes int64
+	// HandoffDir is where each container gets a directory through which
+	// its egress connections reach the daemon without crossing the attach
+	// stream (dockerexec.Spec.HandoffDir); "" carries them on the stream.
+	HandoffDir string
 }
 
 var (
@@ -72,14 +78,35 @@ func (d *Backend) start(ctx context.Context, spec backend.Spec, prof policy.Prof
 		return nil, fmt.Errorf("docker backend: %w", err)
 	}
 	prof.Image = ref
-	c, err := dockerexec.Start(ctx, d.Client, dockerexec.Spec{Profile: prof, Labels: spec.Labels, Agent: d.Agent, WorkspaceDir: spec.Source, MaxWorkspaceBytes: d.MaxWorkspaceBytes})
+	c, err := dockerexec.Start(ctx, d.Client, dockerexec.Spec{Profile: prof, Labels: spec.Labels, Agent: d.Agent, WorkspaceDir: spec.Source, MaxWorkspaceBytes: d.MaxWorkspaceBytes, HandoffDir: d.HandoffDir})
 	if err != nil {
 		return nil, fmt.Errorf("docker backend: %w", err)
 	}
 	return &backend.Instance{
 		FS: dockerfs.New(c), Bash: c.Bash(), Root: policy.WorkspaceDir, ID: c.Name(), Close: c.Close,
-		Done: c.Agent().Done(), Err: c.Agent().Err, Accept: c.Agent().Accept,
+		Done: c.Agent().Done(), Err: c.Agent().Err, Accept: c.Accept,
 	}, nil
+}
+
+// DefaultHandoffDir is where a daemon keeps its containers' handoff
+// directories (Backend.HandoffDir) for the engine cli talks to: "" when the
+// engine is not reached through a Unix socket of this host, and so may not
+// share its filesystem. A daemon that runs as root uses
+// /run/sandboxd/handoff; any other, $XDG_RUNTIME_DIR/sandboxd-handoff, or
+// a directory of its uid in the temporary directory. A directory that is
+// not the daemon's own and closed to others is refused when a container
+// starts.
+func DefaultHandoffDir(cli client.APIClient) string {
+	if !strings.HasPrefix(cli.DaemonHost(), "unix://") {
+		return ""
+	}
+	switch {
+	case os.Geteuid() == 0:
+		return "/run/sandboxd/handoff"
+	case os.Getenv("XDG_RUNTIME_DIR") != "":
+		return filepath.Join(os.Getenv("XDG_RUNTIME_DIR"), "sandboxd-handoff")
+	}
+	return filepath.Join(os.TempDir(), fmt.Sprintf("sandboxd-handoff-%d", os.Geteuid()))
 }
 
 // Reap removes the containers and volumes carrying labels whose owner has

@@ -336,7 +336,7 @@ func (p *Pod) Agent() *agent.Client { return p.agent }
 func (p *Pod) Instance() *backend.Instance {
 	inst := &backend.Instance{
 		FS: p.agent, Bash: p.agent, Root: policy.WorkspaceDir, ID: p.b.o.namespace + "/" + p.name, Close: p.Close,
-		Done: p.agent.Done(), Err: p.agentErr,
+		Done: p.agent.Done(), Err: p.agentErr, Accept: p.agent.Accept,
 	}
 	if p.b.o.replica != "" {
 		inst.Publish = p.publish

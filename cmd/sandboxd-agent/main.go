@@ -119,7 +119,9 @@ func serve(root, envAllow, shell string, sync bool, listen string) int {
 		go reapOrphans(ctx, log, byPidfd)
 	}
 
-	fsys, err := localfs.New(root, localfs.WithSync(sync))
+	// The agent is the one writer in the container that locks: its locks
+	// need no lock files.
+	fsys, err := localfs.New(root, localfs.WithSync(sync), localfs.WithProcessLocks())
 	if err != nil {
 		log.Error("cannot open the workspace", "err", err)
 		return 1

@@ -296,7 +296,7 @@ func dockerBackend(ctx context.Context, sio stdio, cli *client.Client, image str
 			return nil, "", err
 		}
 	}
-	return &docker.Backend{Client: cli, Agent: agent}, ref, nil
+	return &docker.Backend{Client: cli, Agent: agent, HandoffDir: docker.DefaultHandoffDir(cli)}, ref, nil
 }
 
 // ensureImage returns the reference of image: an image definition's name

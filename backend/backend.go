@@ -166,6 +166,11 @@ type Instance struct {
 	// of the daemon to adopt it ([Adopter]); the session host calls it once
 	// the session has its workspace, before the session serves a call.
 	Publish func(ctx context.Context, rec Record) error
+	// Leave, when not nil, is Close for a run that stops while others of
+	// its daemon go on (replicas, [Adopter]): it releases what this run
+	// holds and leaves the workspace, and the session in it, for another
+	// run to adopt. It is called once, instead of Close.
+	Leave func(ctx context.Context) error
 }
 
 // Ended reports whether the workspace is unusable: Done is closed. It never

@@ -67,7 +67,8 @@ func (d *daemon) waitLog(want string, n int) {
 // is served through the other, alternately; a replica killed with SIGKILL
 // loses nothing (the other serves its sessions, files intact); a replica
 // that starts after it leaves the live replica's sessions alone and takes
-// over the dead one's.
+// over the dead one's; a replica stopped with SIGTERM leaves its sessions
+// to the others.
 func TestReplicas(t *testing.T) {
 	if os.Getenv(k8stest.EnvKubeconfig) == "" {
 		k8stest.Unavailable(t, os.ErrNotExist)
@@ -120,10 +121,15 @@ func TestReplicas(t *testing.T) {
 	if pods := daemonPods(t, name); len(pods) != 2 {
 		t.Errorf("pods of the daemon: %v, want the two sessions'", pods)
 	}
-	b.do(acmeToken, "DELETE", "/v1/sessions/"+s.ID, nil, http.StatusNoContent, nil)
-	c.do(acmeToken, "DELETE", "/v1/sessions/"+idle.ID, nil, http.StatusNoContent, nil)
-	b.stop()
+	// c stops as a rolling update stops it (SIGTERM): it leaves its session
+	// to the others, and b takes it over, files intact.
 	c.stop()
+	if got := b.bash(idle.ID, "cat kept.txt"); got != "kept\n" {
+		t.Fatalf("c's session after c stopped: %q", got)
+	}
+	b.do(acmeToken, "DELETE", "/v1/sessions/"+s.ID, nil, http.StatusNoContent, nil)
+	b.do(acmeToken, "DELETE", "/v1/sessions/"+idle.ID, nil, http.StatusNoContent, nil)
+	b.stop()
 	if left := daemonPods(t, name); len(left) != 0 {
 		t.Errorf("left: %v", left)
 	}

@@ -82,6 +82,15 @@ func (b *sharedBackend) hold(w *sharedWorkspace) *backend.Instance {
 			w.rec = rec
 			return nil
 		},
+		Leave: func(context.Context) error {
+			b.mu.Lock()
+			defer b.mu.Unlock()
+			if w.holder == h {
+				w.holder = nil
+				close(h.done)
+			}
+			return nil
+		},
 		Close: func(ctx context.Context) error {
 			b.mu.Lock()
 			moved := h.moved
@@ -167,5 +176,36 @@ func TestAdoptAcrossReplicas(t *testing.T) {
 	}
 	if _, err := c.Get("acme", s.ID()); !errors.Is(err, runner.ErrNotFound) {
 		t.Fatalf("after Delete through the other replica: %v", err)
+	}
+}
+
+// TestShutdownLeavesSessionsToReplicas: a replica that stops leaves its
+// sessions' workspaces to the others (Instance.Leave), as in a rolling
+// update: the next request through another replica takes the session over,
+// files and settings intact.
+func TestShutdownLeavesSessionsToReplicas(t *testing.T) {
+	b := &sharedBackend{}
+	a := newManager(t, b, runner.WithLifetime(time.Hour, 0))
+	c := newManager(t, b, runner.WithLifetime(time.Hour, 0))
+	s := create(t, a, "acme", runner.Settings{Grants: []string{tools.GrantFSWrite}, Always: []string{"read", "edit"}})
+	ctx := context.Background()
+	if err := s.FS().WriteFile(ctx, "kept.txt", []byte("kept"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(s.Err(), runner.ErrShuttingDown) {
+		t.Errorf("the stopped replica's session ended with %v, want ErrShuttingDown", s.Err())
+	}
+	got, err := c.Get("acme", s.ID())
+	if err != nil {
+		t.Fatalf("the session after its replica stopped: %v", err)
+	}
+	if data, err := got.FS().ReadFile(ctx, "kept.txt", 1<<20); err != nil || string(data) != "kept" {
+		t.Fatalf("its file: %q, %v", data, err)
+	}
+	if in := got.Info(); !in.Created.Equal(s.Info().Created) || in.Settings.Grants[0] != tools.GrantFSWrite {
+		t.Fatalf("adopted info %+v", in)
 	}
 }

@@ -678,8 +678,10 @@ func (m *Manager) Stats() Stats {
 
 // Shutdown stops taking sessions, lets the calls in flight finish until ctx
 // ends (then cancels them), and removes every workspace the manager made,
-// pooled ones included. It returns once all are removed, with the errors
-// of those that could not be.
+// pooled ones included — but a session's workspace that other replicas of
+// the daemon may take over (Instance.Leave) is left to them, with its
+// session. It returns once all are removed or left, with the errors of
+// those that could not be.
 func (m *Manager) Shutdown(ctx context.Context) error {
 	m.mu.Lock()
 	if m.closing {
@@ -693,15 +695,23 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 	close(m.stopSweep)
 	<-m.swept
 
+	// Where other replicas share the sessions (Instance.Leave), each is
+	// left to them: its calls end, its workspace lives on, and the next
+	// request for it, through any replica, takes it over.
 	errs := make([]error, len(all)+1)
 	var wg sync.WaitGroup
+	left := 0
 	for i, s := range all {
+		if s.inst.Leave != nil {
+			s.leave.Store(true)
+			left++
+		}
 		wg.Go(func() { errs[i] = s.close(ctx, ErrShuttingDown, true) })
 	}
 	errs[len(all)] = m.closePools(ctx)
 	wg.Wait()
 	m.deleting.Wait()
-	m.o.logger.Info("runner stopped", "sessions", len(all))
+	m.o.logger.Info("runner stopped", "sessions", len(all), "left_to_replicas", left)
 	return errors.Join(append(errs, m.unclaim(ctx))...)
 }
 

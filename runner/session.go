@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sandboxd/sandboxd/backend"
@@ -47,6 +48,9 @@ type Session struct {
 
 	closeOnce sync.Once
 	closeErr  error
+	// leave makes close leave the workspace for another replica
+	// (Instance.Leave) rather than remove it: set as the daemon stops.
+	leave atomic.Bool
 }
 
 // checkTools fails when a tool configuration cannot start a session — an
@@ -347,10 +351,18 @@ func (s *Session) close(ctx context.Context, cause error, drain bool) error {
 		if err := s.set.Close(rctx); err != nil {
 			s.m.o.logger.Warn("the session's background commands did not end in time", "session", s.id, "err", err)
 		}
-		s.closeErr = errors.Join(s.inst.Close(rctx), s.dropJournal(), s.base.close())
+		release := s.inst.Close
+		if s.leave.Load() && s.inst.Leave != nil {
+			release = s.inst.Leave
+		}
+		s.closeErr = errors.Join(release(rctx), s.dropJournal(), s.base.close())
 		cancel()
 		s.m.release(s.tenant)
-		s.m.o.logger.Info("session ended", "tenant", s.tenant, "session", s.id, "reason", cause.Error())
+		if s.leave.Load() && s.inst.Leave != nil {
+			s.m.o.logger.Info("session left to another replica", "tenant", s.tenant, "session", s.id, "workspace", s.inst.ID)
+		} else {
+			s.m.o.logger.Info("session ended", "tenant", s.tenant, "session", s.id, "reason", cause.Error())
+		}
 	})
 	return s.closeErr
 }

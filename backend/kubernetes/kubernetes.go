@@ -323,6 +323,7 @@ type Pod struct {
 	token string
 	epoch uint64
 	moved atomic.Bool
+	left  atomic.Bool // leave: Close leaves the pod to another replica
 }
 
 // Name is the pod's name.
@@ -339,9 +340,17 @@ func (p *Pod) Instance() *backend.Instance {
 		Done: p.agent.Done(), Err: p.agentErr, Accept: p.agent.Accept,
 	}
 	if p.b.o.replica != "" {
-		inst.Publish = p.publish
+		inst.Publish, inst.Leave = p.publish, p.leave
 	}
 	return inst
+}
+
+// leave closes this replica's stream to the pod and leaves the pod, and
+// its session, for another replica to take over (Backend.Adopt): a replica
+// that stops, as in a rolling update, loses no session.
+func (p *Pod) leave(ctx context.Context) error {
+	p.left.Store(true)
+	return p.Close(ctx)
 }
 
 // agentErr is why the agent's stream ended, wrapping backend.ErrMoved when
@@ -452,7 +461,7 @@ func (p *Pod) Close(ctx context.Context) error {
 		if p.stream != nil {
 			p.stream.Close()
 		}
-		if p.moved.Load() {
+		if p.moved.Load() || p.left.Load() {
 			p.release()
 			return
 		}

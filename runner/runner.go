@@ -529,7 +529,14 @@ func (m *Manager) Get(tenant, id string) (*Session, error) {
 	s := m.sessions[id]
 	if s != nil && s.tenant == tenant {
 		m.mu.Unlock()
-		return s, nil
+		if !s.inst.Ended() || s.inst.Err == nil || !errors.Is(s.inst.Err(), backend.ErrMoved) {
+			return s, nil
+		}
+		// Another replica took it over, and the watch that forgets it here
+		// has not run yet: forget it now, and take it back.
+		m.lose(s)
+		m.mu.Lock()
+		s = nil
 	}
 	err := m.gone(tenant, id)
 	_, lost := m.ended[id]

@@ -624,9 +624,7 @@ type metered struct {
 
 var errCapped = errors.New("the session's egress byte cap is spent")
 
-func (m *metered) count(n int, dir *atomic.Int64) error { return m.countN(int64(n), dir) }
-
-func (m *metered) countN(n int64, dir *atomic.Int64) error {
+func (m *metered) count(n int64, dir *atomic.Int64) error {
 	dir.Add(n)
 	if m.p.moved.Add(n) > m.p.policy.MaxBytes {
 		m.over.Store(true)
@@ -637,12 +635,12 @@ func (m *metered) countN(n int64, dir *atomic.Int64) error {
 }
 
 // countUp and countDown count bytes moved past the meter (pipe).
-func (m *metered) countUp(n int64) error   { return m.countN(n, &m.up) }
-func (m *metered) countDown(n int64) error { return m.countN(n, &m.down) }
+func (m *metered) countUp(n int64) error   { return m.count(n, &m.up) }
+func (m *metered) countDown(n int64) error { return m.count(n, &m.down) }
 
 func (m *metered) Read(b []byte) (int, error) {
 	n, err := m.Conn.Read(b)
-	if cerr := m.count(n, &m.down); cerr != nil {
+	if cerr := m.count(int64(n), &m.down); cerr != nil {
 		return n, cerr
 	}
 	return n, err
@@ -655,7 +653,7 @@ func (m *metered) Write(b []byte) (int, error) {
 		return 0, errCapped
 	}
 	n, err := m.Conn.Write(b)
-	if cerr := m.count(n, &m.up); cerr != nil {
+	if cerr := m.count(int64(n), &m.up); cerr != nil {
 		return n, cerr
 	}
 	return n, err

@@ -351,14 +351,15 @@ func (s *Session) close(ctx context.Context, cause error, drain bool) error {
 		if err := s.set.Close(rctx); err != nil {
 			s.m.o.logger.Warn("the session's background commands did not end in time", "session", s.id, "err", err)
 		}
+		leaving := s.leave.Load() && s.inst.Leave != nil
 		release := s.inst.Close
-		if s.leave.Load() && s.inst.Leave != nil {
+		if leaving {
 			release = s.inst.Leave
 		}
 		s.closeErr = errors.Join(release(rctx), s.dropJournal(), s.base.close())
 		cancel()
 		s.m.release(s.tenant)
-		if s.leave.Load() && s.inst.Leave != nil {
+		if leaving {
 			s.m.o.logger.Info("session left to another replica", "tenant", s.tenant, "session", s.id, "workspace", s.inst.ID)
 		} else {
 			s.m.o.logger.Info("session ended", "tenant", s.tenant, "session", s.id, "reason", cause.Error())

@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"os"
 	"os/signal"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -319,6 +320,20 @@ func spawnShim(adopted bool) (*shimProc, error) {
 	return s, nil
 }
 
+// reportDelayEnv, in the parent's environment, is passed on to its shims,
+// which hold the pid's report back that long (a duration): tests widen the
+// window a program would need to outrun the report.
+const reportDelayEnv = "SANDBOXD_PROCTREE_TEST_REPORT_DELAY"
+
+// shimEnv is a shim's whole environment.
+func shimEnv() []string {
+	env := []string{markerEnv + "=" + markerValue, "GOMAXPROCS=1"}
+	if d, ok := os.LookupEnv(reportDelayEnv); ok {
+		env = append(env, reportDelayEnv+"="+d)
+	}
+	return env
+}
+
 // forkShim starts /proc/self/exe as a shim, connected by a socket pair.
 func forkShim(adopted bool) (*shimProc, error) {
 	null, err := devNull()
@@ -336,7 +351,7 @@ func forkShim(adopted bool) (*shimProc, error) {
 		adopt.mu.Lock()
 	}
 	proc, err := os.StartProcess("/proc/self/exe", []string{"proctree-shim"}, &os.ProcAttr{
-		Env:   []string{markerEnv + "=" + markerValue, "GOMAXPROCS=1"},
+		Env:   shimEnv(),
 		Files: []*os.File{null, null, null, theirs},
 		// Own group: signals meant for the program's group (kill 0) miss
 		// it. SIGTERM when we die: the shim kills the tree, then itself.
@@ -569,6 +584,7 @@ func shim() int {
 	term := make(chan os.Signal, 1)
 	signal.Notify(term, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	closeOnExec() // a program gets stdin, stdout and stderr, nothing else
+	reportDelay, _ = time.ParseDuration(os.Getenv(reportDelayEnv))
 	conn := os.NewFile(connFD, "conn")
 	send := func(m shimMsg) { conn.Write(m.encode()) }
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
@@ -680,11 +696,8 @@ func readFrame(conn *os.File) frame {
 // may serve another: not after SIGTERM, nor when what the next command would
 // inherit is no longer want.
 func serve(s shimSpec, f frame, term <-chan os.Signal, send func(shimMsg), want inherited) bool {
-	pid, err := syscall.ForkExec(s.Path, s.Argv, &syscall.ProcAttr{
-		Dir:   s.Dir,
-		Env:   s.Env,
-		Files: []uintptr{uintptr(f.stdio[0]), uintptr(f.stdio[1]), uintptr(f.stdio[2])},
-		Sys:   &syscall.SysProcAttr{Setpgid: true},
+	pid, ended, err := startProgram(s, f, func(pid int) {
+		send(shimMsg{Pid: pid}) // if the parent is gone, SIGTERM is on its way
 	})
 	for _, fd := range f.stdio {
 		unix.Close(fd) // the program has its copies: its output ends with it
@@ -698,8 +711,7 @@ func serve(s shimSpec, f frame, term <-chan os.Signal, send func(shimMsg), want 
 		send(m)
 		return false
 	}
-	send(shimMsg{Pid: pid}) // if the parent is gone, SIGTERM is on its way
-	r := startReaper(pid)
+	r := startReaper(pid, ended)
 
 	killed := false
 	var end mainEnd
@@ -716,6 +728,81 @@ func serve(s shimSpec, f frame, term <-chan os.Signal, send func(shimMsg), want 
 	again := !killed && readInherited() == want
 	send(shimMsg{Done: true, Last: !again})
 	return again
+}
+
+// untraced is set once a traced start failed with EPERM and an untraced one
+// did not: ptrace is not allowed here (a seccomp profile, Yama's
+// ptrace_scope 3), and the shim starts its programs without it from then on.
+var untraced bool
+
+// reportDelay holds the pid's report back, to widen the window a program
+// would need to escape before it: a test's knob (reportDelayEnv), zero
+// otherwise.
+var reportDelay time.Duration
+
+// startProgram starts the program in a process group of its own and calls
+// report with its pid before the program runs an instruction of its own:
+// the program is started traced (PTRACE_TRACEME), so that it stops at its
+// exec, and is let go (PTRACE_DETACH) only after report returns. A program
+// that kills the shim at once (kill -9 $PPID) so cannot outrun the report
+// that tells the parent which group to kill. A program the shim does not
+// live to let go dies with it (PR_SET_PDEATHSIG), so no program ever runs
+// that the parent was not told of. The program's own exec is the traced one
+// (a set-user-ID program started directly gains no privilege from it; what
+// the program starts in turn does, as usual).
+//
+// ended is the program's end when it ended before it could be let go
+// (killed meanwhile), already reaped; nil otherwise. Where ptrace is not
+// allowed it starts the program untraced and reports the pid after: the
+// guarantee is then the group's kill, as far as the report got out.
+func startProgram(s shimSpec, f frame, report func(pid int)) (pid int, ended *mainEnd, err error) {
+	// The tracer is the thread that forked; the thread's end would be the
+	// parent's death to PR_SET_PDEATHSIG. Unlocked again before return, a
+	// thread the runtime never ends.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	attr := &syscall.ProcAttr{
+		Dir:   s.Dir,
+		Env:   s.Env,
+		Files: []uintptr{uintptr(f.stdio[0]), uintptr(f.stdio[1]), uintptr(f.stdio[2])},
+		Sys:   &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL, Ptrace: !untraced},
+	}
+	pid, err = syscall.ForkExec(s.Path, s.Argv, attr)
+	if err == syscall.EPERM && attr.Sys.Ptrace {
+		attr.Sys.Ptrace = false
+		if pid, err = syscall.ForkExec(s.Path, s.Argv, attr); err == nil {
+			untraced = true
+		}
+	}
+	if err != nil {
+		return 0, nil, err
+	}
+	if attr.Sys.Ptrace {
+		// The exec stops the program with a SIGTRAP; a kill meanwhile ends it instead.
+		var ws syscall.WaitStatus
+		for {
+			_, err = syscall.Wait4(pid, &ws, 0, nil)
+			if err == syscall.EINTR {
+				continue
+			}
+			if err != nil || !ws.Stopped() || ws.StopSignal() == syscall.SIGTRAP {
+				break
+			}
+			// A signal from elsewhere came first: deliver it, and wait
+			// on for the exec's stop.
+			syscall.PtraceCont(pid, int(ws.StopSignal()))
+		}
+		if err == nil && !ws.Stopped() {
+			report(pid)
+			return pid, &mainEnd{ws, monotonic()}, nil
+		}
+	}
+	time.Sleep(reportDelay)
+	report(pid)
+	if attr.Sys.Ptrace {
+		syscall.PtraceDetach(pid) // and the SIGTRAP it stopped on is dropped
+	}
+	return pid, nil, nil
 }
 
 // inherited is the part of the shim's state that its programs inherit and
@@ -772,10 +859,12 @@ type reaper struct {
 // has ended it asks at once whether any other child is left (WNOHANG), and
 // closes gone before it reports the program's end if none is: a command that
 // leaves nothing behind then costs no look at /proc.
-func startReaper(mainPid int) *reaper {
+//
+// ended, when not nil, is the program's end, already reaped.
+func startReaper(mainPid int, ended *mainEnd) *reaper {
 	r := &reaper{main: make(chan mainEnd, 1), reaped: make(chan struct{}, 1), gone: make(chan struct{})}
 	go func() {
-		var pending *mainEnd // the program's end, not yet reported
+		pending := ended // the program's end, not yet reported
 		defer func() {
 			close(r.gone)
 			if pending != nil {

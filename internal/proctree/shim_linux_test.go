@@ -144,6 +144,26 @@ func TestShimKilled(t *testing.T) {
 	pidsGone(t, dir, false, "background", "main")
 }
 
+// A program that kills its shim as its first act does not escape with its
+// tree: it runs only once the shim has told the parent its process group,
+// however long the shim takes to (here the report is held back 300ms).
+func TestShimKilledByItsProgram(t *testing.T) {
+	CloseIdle() // a shim started with the delay below
+	t.Setenv(reportDelayEnv, "300ms")
+	defer CloseIdle()
+	dir := t.TempDir()
+	p, err := Start(t.Context(), Spec{Argv: []string{"bash", "-c", "cd " + dir + "; sleep 600 & echo $! > background; echo $$ > main; " +
+		// pidsGone knows the background job once it is sleep (a reused pid is not)
+		`while [ "$(cat /proc/$!/comm)" != sleep ]; do :; done; kill -9 $PPID; exec sleep 600`}, Env: os.Environ()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if exit, err := p.Wait(); err == nil || exit.Code != -1 {
+		t.Errorf("Wait = %+v, %v; want an error", exit, err)
+	}
+	pidsGone(t, dir, false, "background", "main")
+}
+
 // A command that stops the shim, once or again and again, does not stop the
 // tree kill: the context ends once the shim has been seen stopped.
 func TestShimStopped(t *testing.T) {

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -277,33 +278,48 @@ func TestFailureIsErrorWithKind(t *testing.T) {
 	}
 }
 
+// The SDK sends tools/list_changed from a timer a few milliseconds after a
+// change, one for each burst of changes: in a synctest bubble, where its
+// clock moves only when every goroutine waits, the notifications a change
+// makes have all arrived once the bubble has slept past that timer.
 func TestLoadSkillSendsListChanged(t *testing.T) {
-	c, _ := start(t, fixture{grants: []string{tools.GrantFSWrite}, files: map[string]string{"a.txt": "x\n"}})
-	res := call(t, c, "load_skill", map[string]any{"skill": "workspace.edit"})
-	if res.IsError {
-		t.Fatalf("load_skill: %s", text(res))
-	}
-	select {
-	case <-c.listChanged:
-	case <-time.After(5 * time.Second):
-		t.Fatal("no tools/list_changed after load_skill")
-	}
-	if got, want := toolNames(t, c), []string{"edit", "find", "grep", "journal_list", "journal_revert", "journal_show", "load_skill", "ls", "read", "write"}; !slices.Equal(got, want) {
-		t.Errorf("tools after load_skill = %v, want %v", got, want)
-	}
-	res = call(t, c, "edit", map[string]any{"path": "a.txt", "edits": []map[string]string{{"oldText": "x", "newText": "y"}}})
-	var ed tools.EditResult
-	structured(t, res, &ed)
-	if res.IsError || ed.Replaced != 1 || !strings.Contains(ed.Diff, "+y") {
-		t.Errorf("edit after load_skill = %+v (%s)", ed, text(res))
-	}
-	// Loading it again changes nothing, and says so without a notification.
-	call(t, c, "load_skill", map[string]any{"skill": "edit"})
-	select {
-	case <-c.listChanged:
-		t.Error("tools/list_changed for a skill already active")
-	case <-time.After(50 * time.Millisecond):
-	}
+	synctest.Test(t, func(t *testing.T) {
+		c, _ := start(t, fixture{grants: []string{tools.GrantFSWrite}, files: map[string]string{"a.txt": "x\n"}})
+		notified := func() int {
+			time.Sleep(time.Second) // the bubble's clock: all timers due meanwhile fire
+			synctest.Wait()         // and what they send has arrived
+			n := 0
+			for len(c.listChanged) > 0 {
+				<-c.listChanged
+				n++
+			}
+			return n
+		}
+		if n := notified(); n != 0 {
+			t.Errorf("%d tools/list_changed before load_skill", n)
+		}
+		res := call(t, c, "load_skill", map[string]any{"skill": "workspace.edit"})
+		if res.IsError {
+			t.Fatalf("load_skill: %s", text(res))
+		}
+		if notified() == 0 {
+			t.Fatal("no tools/list_changed after load_skill")
+		}
+		if got, want := toolNames(t, c), []string{"edit", "find", "grep", "journal_list", "journal_revert", "journal_show", "load_skill", "ls", "read", "write"}; !slices.Equal(got, want) {
+			t.Errorf("tools after load_skill = %v, want %v", got, want)
+		}
+		res = call(t, c, "edit", map[string]any{"path": "a.txt", "edits": []map[string]string{{"oldText": "x", "newText": "y"}}})
+		var ed tools.EditResult
+		structured(t, res, &ed)
+		if res.IsError || ed.Replaced != 1 || !strings.Contains(ed.Diff, "+y") {
+			t.Errorf("edit after load_skill = %+v (%s)", ed, text(res))
+		}
+		// Loading it again changes nothing, and says so without a notification.
+		call(t, c, "load_skill", map[string]any{"skill": "edit"})
+		if n := notified(); n != 0 {
+			t.Errorf("%d tools/list_changed for a skill already active", n)
+		}
+	})
 }
 
 func TestReadImageIsImageContent(t *testing.T) {

@@ -288,7 +288,8 @@ const escapes = `
 	(sleep 600 & echo $! > doublefork) &
 	setsid bash -c 'sleep 600 & echo $! > setsid-child' &
 	for f in background nohup setsid doublefork setsid-child; do
-		until [ -s $f ]; do sleep 0.01; done
+		# until it is sleep: a check that saw the forked shell would miss it
+		until [ -s $f ] && [ "$(cat /proc/$(cat $f)/comm 2>/dev/null)" = sleep ]; do sleep 0.01; done
 	done
 	echo started
 `

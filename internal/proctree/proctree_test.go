@@ -163,6 +163,7 @@ func TestGroupKill(t *testing.T) {
 	exit, _, err := bash(t, t.Context(), true, `
 		cd `+dir+`
 		sleep 600 & echo $! > bg
+		`+untilSleep+`
 		setsid bash -c 'echo $$ > escaped.tmp; mv escaped.tmp escaped; exec sleep 600' &
 		until [ -e escaped ]; do sleep 0.01; done # it has left the group
 		exit 0`)

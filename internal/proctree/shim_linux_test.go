@@ -31,13 +31,19 @@ func escapes(dir string) string {
 		setsid bash -c 'sleep 600 & echo $! > setsid-child' &
 		( trap '' TERM HUP; exec sleep 600 ) & echo $! > ignores-term
 		for f in background nohup setsid doublefork setsid-child ignores-term; do
-			until [ -s $f ]; do sleep 0.01; done
+			# until it is sleep: alive does not know the forked shell
+			until [ -s $f ] && [ "$(cat /proc/$(cat $f)/comm 2>/dev/null)" = sleep ]; do sleep 0.01; done
 		done
 		echo started
 	`, dir)
 }
 
 var escapeFiles = []string{"background", "nohup", "setsid", "doublefork", "setsid-child", "ignores-term"}
+
+// untilSleep, after "sleep 600 &", waits until the background job is sleep:
+// alive, which knows a process by its command line (so that a reused pid is
+// not taken for it), would take the forked shell for a process gone.
+const untilSleep = `until [ "$(cat /proc/$!/comm 2>/dev/null)" = sleep ]; do sleep 0.01; done`
 
 // checkGone fails the test unless every escape recorded in dir has ended
 // (see pidsGone).
@@ -131,7 +137,7 @@ func TestShimDescriptors(t *testing.T) {
 // group goes with it.
 func TestShimKilled(t *testing.T) {
 	dir := t.TempDir()
-	p, err := Start(t.Context(), Spec{Argv: []string{"bash", "-c", "cd " + dir + "; sleep 600 & echo $! > background; echo $$ > main; exec sleep 600"}, Env: os.Environ()})
+	p, err := Start(t.Context(), Spec{Argv: []string{"bash", "-c", "cd " + dir + "; sleep 600 & echo $! > background; echo $$ > main; " + untilSleep + "; exec sleep 600"}, Env: os.Environ()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,9 +158,7 @@ func TestShimKilledByItsProgram(t *testing.T) {
 	t.Setenv(reportDelayEnv, "300ms")
 	defer CloseIdle()
 	dir := t.TempDir()
-	p, err := Start(t.Context(), Spec{Argv: []string{"bash", "-c", "cd " + dir + "; sleep 600 & echo $! > background; echo $$ > main; " +
-		// pidsGone knows the background job once it is sleep (a reused pid is not)
-		`while [ "$(cat /proc/$!/comm)" != sleep ]; do :; done; kill -9 $PPID; exec sleep 600`}, Env: os.Environ()})
+	p, err := Start(t.Context(), Spec{Argv: []string{"bash", "-c", "cd " + dir + "; sleep 600 & echo $! > background; echo $$ > main; " + untilSleep + "; kill -9 $PPID; exec sleep 600"}, Env: os.Environ()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -318,7 +322,7 @@ func TestShimReuse(t *testing.T) {
 	shimOf := func(oom int, also ...string) int {
 		t.Helper()
 		var out bytes.Buffer
-		script := "cd " + dir + "; sleep 600 & echo $! > background; echo $PPID; " + strings.Join(also, "; ")
+		script := "cd " + dir + "; sleep 600 & echo $! > background; " + untilSleep + "; echo $PPID; " + strings.Join(also, "; ")
 		p, err := Start(t.Context(), Spec{Argv: []string{"bash", "-c", script}, Env: os.Environ(), Stdout: &out, OOMScoreAdj: oom})
 		if err != nil {
 			t.Fatal(err)

@@ -244,6 +244,10 @@ func (d *memDaemon) waitLog(t *testing.T, s string, within time.Duration) {
 // refuses a body before reading it all). Every answer must be a success or
 // a 503 with Retry-After.
 func (d *memDaemon) concurrently(t *testing.T, n int, request func(i int) (*http.Request, error)) map[int]int {
+	// acme's connections of its own, as another tenant's client would have:
+	// bolt, on the default client, never reuses one the daemon broke off.
+	client := &http.Client{Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
 	var mu sync.Mutex
 	codes := map[int]int{}
 	var wg sync.WaitGroup
@@ -256,7 +260,7 @@ func (d *memDaemon) concurrently(t *testing.T, n int, request func(i int) (*http
 			}
 			req.Header.Set("Authorization", "Bearer "+acmeToken)
 			code := 0
-			if resp, err := http.DefaultClient.Do(req); err == nil {
+			if resp, err := client.Do(req); err == nil {
 				body, _ := io.ReadAll(resp.Body)
 				resp.Body.Close()
 				code = resp.StatusCode

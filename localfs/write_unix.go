@@ -184,3 +184,40 @@ func createTemp(dfd int, base string, perm fs.FileMode) (string, int, error) {
 	}
 	return "", -1, unix.EEXIST
 }
+
+var _ workspace.AppendFS = (*FS)(nil)
+
+// AppendFile appends data to the named regular file, creating it with perm
+// (less the umask) when it does not exist: one open(2) with O_APPEND through
+// the root, one write, no temporary file. A link is followed inside the
+// workspace; what is not a regular file by stat(2) fails with
+// workspace.ErrNotAFile before it is opened, and the descriptor is checked
+// with fstat(2) before the write (a pipe swapped in meanwhile is opened with
+// O_NONBLOCK, never waited on). With sync (WithSync), the data is flushed
+// before it returns.
+func (f *FS) AppendFile(ctx context.Context, name string, data []byte, perm fs.FileMode) error {
+	return do0(ctx, f, "append", name, true, func(name string) error {
+		if info, err := f.root.Stat(name); err == nil && !info.Mode().IsRegular() {
+			return workspace.ErrNotAFile
+		}
+		file, err := f.root.OpenFile(name, os.O_WRONLY|os.O_APPEND|os.O_CREATE|syscall.O_NONBLOCK|syscall.O_NOCTTY, perm)
+		if err != nil {
+			return err
+		}
+		defer file.Close()
+		if info, err := file.Stat(); err != nil {
+			return err
+		} else if !info.Mode().IsRegular() {
+			return workspace.ErrNotAFile
+		}
+		if _, err := file.Write(data); err != nil {
+			return err
+		}
+		if f.opts.sync {
+			if err := file.Sync(); err != nil {
+				return err
+			}
+		}
+		return file.Close()
+	})
+}

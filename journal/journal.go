@@ -271,7 +271,8 @@ type Journal struct {
 	base     map[string]manEntry // the baseline manifest; nil until the first Exec
 	baseTime time.Time           // when the baseline's listing began
 	active   *Session
-	tail     segment // the segment commits are appended to
+	tail     segment   // the segment commits are appended to
+	dropped  []*Commit // pruned, their contents not yet removed (pruneBatch)
 }
 
 // Open opens the journal of the workspace fsys, loading the commits already
@@ -571,23 +572,15 @@ func (j *Journal) commit(ctx context.Context, message string, changes []Change) 
 	return c, nil
 }
 
-// prune drops the commits past maxCommits and the kept contents nothing
-// else refers to. Failures leave garbage behind, never a damaged journal.
+// prune drops the commits past maxCommits and, every pruneBatch commits
+// dropped, the kept contents nothing else refers to. Failures leave garbage
+// behind, never a damaged journal.
 func (j *Journal) prune(ctx context.Context) {
 	if j.maxCommits <= 0 || len(j.commits) <= j.maxCommits {
 		return
 	}
 	drop := j.commits[:len(j.commits)-j.maxCommits]
 	j.commits = slices.Clone(j.commits[len(drop):])
-	live := map[string]bool{}
-	for _, c := range j.commits {
-		for _, ch := range c.Changes {
-			live[ch.Before.Hash], live[ch.After.Hash] = true, true
-		}
-	}
-	for _, m := range j.base {
-		live[m.state.Hash] = true
-	}
 	for i, c := range drop {
 		for _, h := range c.inline { // held by a later record, or by no one
 			if j.inlined[h] == c.ID {
@@ -607,6 +600,23 @@ func (j *Journal) prune(ctx context.Context) {
 		case lastOfSegment && j.commits[0].seg != c.seg: // no commit kept is in it
 			_ = j.store.Remove(ctx, j.segmentName(c.seg))
 		}
+	}
+	// Which contents are still referred to is a look at every commit kept:
+	// done once for a batch of dropped commits, not for each.
+	j.dropped = append(j.dropped, drop...)
+	if len(j.dropped) < pruneBatch {
+		return
+	}
+	live := map[string]bool{}
+	for _, c := range j.commits {
+		for _, ch := range c.Changes {
+			live[ch.Before.Hash], live[ch.After.Hash] = true, true
+		}
+	}
+	for _, m := range j.base {
+		live[m.state.Hash] = true
+	}
+	for _, c := range j.dropped {
 		for _, ch := range c.Changes {
 			for _, h := range []string{ch.Before.Hash, ch.After.Hash} {
 				if h != "" && !live[h] {
@@ -616,4 +626,8 @@ func (j *Journal) prune(ctx context.Context) {
 			}
 		}
 	}
+	j.dropped = nil
 }
+
+// pruneBatch is how many dropped commits wait for their contents' removal.
+const pruneBatch = 32

@@ -925,3 +925,44 @@ func TestSmallContentsInRecords(t *testing.T) {
 	}
 	read("y")
 }
+
+// TestPruneRemovesContentsInBatches: the contents only pruned commits
+// referred to are removed from the store, a batch of pruned commits at a
+// time, never those a kept commit needs.
+func TestPruneRemovesContentsInBatches(t *testing.T) {
+	ctx := context.Background()
+	fsys, store := memfs.New(), memfs.New()
+	j, err := journal.Open(ctx, fsys, journal.WithStore(store), journal.WithMaxCommits(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	objects := func() int {
+		n := 0
+		shards, _ := store.ReadDir(ctx, "objects")
+		for _, s := range shards {
+			objs, _ := store.ReadDir(ctx, path.Join("objects", s.Name()))
+			n += len(objs)
+		}
+		return n
+	}
+	big := func(i int) []byte { return bytes.Repeat([]byte{byte('a' + i%26), byte(i)}, 4<<10) } // over the records' 4 KiB
+	const writes = 70
+	for i := range writes {
+		if _, err := j.Record(ctx, "write", func(f workspace.FileSystem) error {
+			return f.WriteFile(ctx, "f", big(i), 0o644)
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The three contents the two commits kept refer to, and at most a
+	// batch of pruned ones' waiting.
+	if n := objects(); n > 3+32 || n < 3 {
+		t.Fatalf("%d objects kept after %d writes with two commits kept", n, writes)
+	}
+	if _, err := j.Revert(ctx, journal.RevertRequest{To: writes - 1}); err != nil {
+		t.Fatal(err)
+	}
+	if data, _ := fsys.ReadFile(ctx, "f", 1<<20); !bytes.Equal(data, big(writes-2)) {
+		t.Fatal("the kept commit's before-image was removed")
+	}
+}

@@ -365,7 +365,17 @@ func (j *Journal) readBlob(ctx context.Context, hash string) ([]byte, error) {
 	if p, ok := j.pending[hash]; ok {
 		return p, nil
 	}
-	if id, ok := j.inlined[hash]; ok {
+	id, ok := j.inlined[hash]
+	if !ok { // its record was pruned: a later one may hold it too
+		for _, c := range slices.Backward(j.commits) {
+			if slices.Contains(c.inline, hash) {
+				id, ok = c.ID, true
+				j.inlined[hash] = id
+				break
+			}
+		}
+	}
+	if ok {
 		data, err := j.readInline(ctx, id, hash)
 		if err != nil {
 			return nil, err
@@ -582,15 +592,9 @@ func (j *Journal) prune(ctx context.Context) {
 	drop := j.commits[:len(j.commits)-j.maxCommits]
 	j.commits = slices.Clone(j.commits[len(drop):])
 	for i, c := range drop {
-		for _, h := range c.inline { // held by a later record, or by no one
+		for _, h := range c.inline { // held by a later record (readBlob finds it), or by no one
 			if j.inlined[h] == c.ID {
 				delete(j.inlined, h)
-				for _, k := range slices.Backward(j.commits) {
-					if slices.Contains(k.inline, h) {
-						j.inlined[h] = k.ID
-						break
-					}
-				}
 			}
 		}
 		lastOfSegment := i == len(drop)-1 || drop[i+1].seg != c.seg

@@ -11,6 +11,7 @@ import (
 	"io/fs"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/sandboxd/sandboxd/textedit"
 	"github.com/sandboxd/sandboxd/workspace"
@@ -640,7 +641,7 @@ func (c *Client) Swap(ctx context.Context, req workspace.SwapRequest) (workspace
 	in := req.Data
 	if req.Edit != nil {
 		e, ok := req.Edit.(textedit.Edit)
-		if !ok { // an edit the agent cannot run: step by step
+		if !ok || !utf8Edit(e) { // an edit the agent cannot be sent as it is: step by step
 			return workspace.SwapGeneric(ctx, c, req)
 		}
 		// The edit travels as the input, in chunks as data would.
@@ -660,6 +661,18 @@ func (c *Client) Swap(ctx context.Context, req workspace.SwapRequest) (workspace
 		return workspace.SwapResult{}, badReply(opSwap, req.Name, err)
 	}
 	return res, nil
+}
+
+// utf8Edit reports whether e's texts are UTF-8, which JSON carries
+// unchanged (it would replace what is not, and the agent would apply
+// another edit than e; the matching refuses such text anyway).
+func utf8Edit(e textedit.Edit) bool {
+	for _, r := range e.Replacements {
+		if !utf8.ValidString(r.OldText) || !utf8.ValidString(r.NewText) {
+			return false
+		}
+	}
+	return true
 }
 
 // Mkdir creates one directory.

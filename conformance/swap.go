@@ -102,6 +102,8 @@ var swapCases = []swapCase{
 		msg: "edits[0].oldText occurs 2 times, at lines 1, 2; add surrounding lines to make it unique"},
 	{name: "EditNotUTF8", layout: l(`f: "caf\xe9"`), req: swapEdit("f", false, "caf", "x"), err: is(workspace.ErrNotUTF8),
 		msg: "the file is not valid UTF-8 (Latin-1, say); edit would replace the bytes it cannot decode, so it refuses. Rewrite it with write or bash"},
+	{name: "EditTextNotUTF8", layout: l("f: abc"), req: swapEdit("f", false, "b\xff", "x"), err: invalid,
+		msg: "edits[0] is not valid UTF-8"},
 	{name: "EditOverlap", layout: l("f: abcd"), req: swapEdit("f", false, "abc", "x", "cd", "y"), err: invalid,
 		msg: "edits[0] and edits[1] overlap; merge them into one block"},
 	{name: "EditNoChange", layout: l("f: abc"), req: swapEdit("f", false, "b", "b"), err: invalid,

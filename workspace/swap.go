@@ -133,10 +133,11 @@ func Sum(data []byte) []byte {
 }
 
 // Swap writes req.Data (or req.Edit's result) to req.Name as WriteFile does
-// and returns what the write replaced: through the adapter's SwapFS when it has one, otherwise
-// with SwapGeneric. A swap that fails has written nothing; one that
-// succeeds has written, even when ctx ended meanwhile (an adapter checks
-// ctx before the write, not after), so that what it replaced is never lost.
+// and returns what the write replaced: through the adapter's SwapFS when it
+// has one, otherwise with SwapGeneric. A swap that fails has written
+// nothing; one that succeeds has written, even when ctx ended meanwhile (an
+// adapter checks ctx before the write, not after), so that what it replaced
+// is never lost.
 //
 // Old, OldData and New are read around the write, not under a lock with it
 // (unless req.Lock holds off the writers that lock): a concurrent writer of

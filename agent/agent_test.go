@@ -10,12 +10,14 @@ import (
 	"io"
 	"io/fs"
 	"net"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/sandboxd/sandboxd/memfs"
+	"github.com/sandboxd/sandboxd/textedit"
 	"github.com/sandboxd/sandboxd/workspace"
 )
 
@@ -537,6 +539,10 @@ func TestHostileAnswers(t *testing.T) {
 		{"swap written elsewhere", swapReal, `{"real":"g","new":{"n":"g","s":1,"m":420}}`},
 		{"swap written over other contents", swapSum, `{"real":"f","old":{"n":"f","s":3,"m":420},"oldData":"b3Ro","hasData":true,"new":{"n":"f","s":1,"m":420}}`},
 		{"swap written over nothing read", swapSum, `{"real":"f","old":{"n":"f","s":3,"m":420},"new":{"n":"f","s":1,"m":420}}`},
+		{"edit written over contents it does not apply to", swapEdit, `{"real":"f","old":{"n":"f","s":3,"m":420},"oldData":"b3Ro","hasData":true,"new":{"n":"f","s":3,"m":420}}`},
+		{"edit written over nothing read", swapEdit, `{"real":"f","old":{"n":"f","s":3,"m":420},"new":{"n":"f","s":3,"m":420}}`},
+		{"edit written over no file", swapEdit, `{"real":"f","new":{"n":"f","s":3,"m":420}}`},
+		{"edit written over a directory", swapEdit, `{"real":"f","old":{"n":"f","s":0,"m":2147484141},"new":{"n":"f","s":3,"m":420}}`},
 		{"run bad signal", run, `{"exitCode":-1,"signal":"rm -rf /"}`},
 		{"run bad exit", run, `{"exitCode":100000}`},
 		{"run negative duration", run, `{"exitCode":0,"duration":-5}`},
@@ -577,6 +583,13 @@ func swapReal(c *Client) error {
 // swapSum is a swap on condition that f holds "old".
 func swapSum(c *Client) error {
 	_, err := c.Swap(context.Background(), workspace.SwapRequest{Name: "f", Data: []byte("x"), Max: 4, OldSum: workspace.Sum([]byte("old"))})
+	return err
+}
+
+// swapEdit is a swap that edits f's "old" into "new".
+func swapEdit(c *Client) error {
+	_, err := c.Swap(context.Background(), workspace.SwapRequest{Name: "f", Max: 4,
+		Edit: textedit.Edit{Replacements: []textedit.Replacement{{OldText: "old", NewText: "new"}}}})
 	return err
 }
 
@@ -935,5 +948,30 @@ func TestHelloNamesTheShell(t *testing.T) {
 		if got := workspace.ShellOf(c); got != tt.want || c.Agent().Shell != tt.want {
 			t.Errorf("%T: the client says the shell is %q (%+v), want %q", tt.bash, got, c.Agent(), tt.want)
 		}
+	}
+}
+
+// TestSwapEditComputedHere: what an edit wrote is not taken from the agent
+// (which sends none) but computed by the client from the old contents the
+// agent reports, and the edit itself travels as the call's input.
+func TestSwapEditComputedHere(t *testing.T) {
+	c, f := newFake(t)
+	edit := textedit.Edit{Replacements: []textedit.Replacement{{OldText: "old", NewText: "new"}}, Fuzzy: true}
+	got := make(chan textedit.Edit, 1)
+	go func() {
+		fr, req := f.next()
+		var e textedit.Edit
+		if err := json.Unmarshal(fr.payload, &e); err != nil || !req.Edit || req.Size != int64(len(fr.payload)) {
+			t.Errorf("the call: %+v with input %q (%v)", req, fr.payload, err)
+		}
+		got <- e
+		f.write(replyFrame(fr.id, `{"real":"f","old":{"n":"f","s":5,"m":420},"oldData":"b2xkIGE=","hasData":true,"new":{"n":"f","s":5,"m":420}}`))
+	}()
+	res, err := c.Swap(context.Background(), workspace.SwapRequest{Name: "f", Max: 10, Edit: edit})
+	if err != nil || string(res.OldData) != "old a" || string(res.Data) != "new a" {
+		t.Fatalf("Swap = %+v, %v; want old %q, data %q", res, err, "old a", "new a")
+	}
+	if e := <-got; !reflect.DeepEqual(e, edit) {
+		t.Errorf("the agent was sent %+v, want %+v", e, edit)
 	}
 }

@@ -11,7 +11,9 @@ import (
 	"io/fs"
 	"sync"
 	"time"
+	"unicode/utf8"
 
+	"github.com/sandboxd/sandboxd/textedit"
 	"github.com/sandboxd/sandboxd/workspace"
 )
 
@@ -627,15 +629,30 @@ func (c *Client) WriteFile(ctx context.Context, name string, data []byte, perm f
 }
 
 // Swap writes a file and returns what it replaced, in one round trip: the
-// agent runs workspace.Swap, with the request's conditions and its lock.
-// The result is checked: a clean name, old contents only of a regular file
-// and within req.Max, and a write only where the conditions hold as far as
-// the answer shows.
+// agent runs workspace.Swap, with the request's conditions and its lock,
+// and applies the request's Edit when it is a textedit.Edit (another
+// Editor is applied here, with SwapGeneric's several round trips). The
+// result is checked: a clean name, old contents only of a regular file and
+// within req.Max, a write only where the conditions hold as far as the
+// answer shows, and an edit's result computed here from the old contents.
 func (c *Client) Swap(ctx context.Context, req workspace.SwapRequest) (workspace.SwapResult, error) {
 	wreq := request{Op: opSwap, Name: req.Name, Perm: uint32(req.Perm), Size: int64(len(req.Data)), Root: req.Root, Max: req.Max,
 		Real: req.Real, Sum: req.OldSum, Lock: req.Lock}
+	in := req.Data
+	if req.Edit != nil {
+		e, ok := req.Edit.(textedit.Edit)
+		if !ok || !utf8Edit(e) { // an edit the agent cannot be sent as it is: step by step
+			return workspace.SwapGeneric(ctx, c, req)
+		}
+		// The edit travels as the input, in chunks as data would.
+		var err error
+		if in, err = json.Marshal(e); err != nil {
+			return workspace.SwapResult{}, err
+		}
+		wreq.Edit, wreq.Size = true, int64(len(in))
+	}
 	// The old contents travel as base64 in the reply.
-	body, err := c.roundTrip(ctx, wreq, req.Data, max(c.opts.maxResponse, 2*max(req.Max, 0)+64<<10))
+	body, err := c.roundTrip(ctx, wreq, in, max(c.opts.maxResponse, 2*max(req.Max, 0)+64<<10))
 	if err != nil {
 		return workspace.SwapResult{}, err
 	}
@@ -644,6 +661,18 @@ func (c *Client) Swap(ctx context.Context, req workspace.SwapRequest) (workspace
 		return workspace.SwapResult{}, badReply(opSwap, req.Name, err)
 	}
 	return res, nil
+}
+
+// utf8Edit reports whether e's texts are UTF-8, which JSON carries
+// unchanged (it would replace what is not, and the agent would apply
+// another edit than e; the matching refuses such text anyway).
+func utf8Edit(e textedit.Edit) bool {
+	for _, r := range e.Replacements {
+		if !utf8.ValidString(r.OldText) || !utf8.ValidString(r.NewText) {
+			return false
+		}
+	}
+	return true
 }
 
 // Mkdir creates one directory.

@@ -70,8 +70,9 @@ import (
 // ProtocolVersion is the version of the wire protocol this package speaks.
 // Client and server must speak the same one; 2 added the swap operation, 3
 // the swap's conditions (real, sum, lock: a swap of protocol 2 would ignore
-// them and write).
-const ProtocolVersion = 3
+// them and write), 4 the swap's edit (one of protocol 3 would write nothing
+// over the file).
+const ProtocolVersion = 4
 
 const (
 	// MaxFrame bounds a frame's length (everything after the 4-byte length).
@@ -194,6 +195,7 @@ type request struct {
 	Real    string                 `json:"real,omitempty"` // swap: where name must lead
 	Sum     []byte                 `json:"sum,omitempty"`  // swap: the SHA-256 the old contents must have
 	Lock    bool                   `json:"lock,omitempty"` // swap: under the file's write lock
+	Edit    bool                   `json:"edit,omitempty"` // swap: the input is a textedit.Edit in JSON, to apply in place of data
 	Walk    *workspace.WalkRequest `json:"walk,omitempty"`
 	Grep    *workspace.GrepRequest `json:"grep,omitempty"`
 	Run     *runRequest            `json:"run,omitempty"`
@@ -250,7 +252,8 @@ func encodeSwap(res workspace.SwapResult) wireSwap {
 // file and within the request's bound, names that are Real's; Unmet only
 // for a request with conditions, and then with no new file; a write only
 // where the conditions hold, as far as the answer shows it (the real name,
-// the old contents' sum).
+// the old contents' sum); for an edit, old contents it applies to, its
+// result (Data) computed from them here.
 func decodeSwap(body []byte, req workspace.SwapRequest) (workspace.SwapResult, error) {
 	var w wireSwap
 	if err := json.Unmarshal(body, &w); err != nil {
@@ -291,6 +294,14 @@ func decodeSwap(body []byte, req workspace.SwapRequest) (workspace.SwapResult, e
 		return workspace.SwapResult{}, errors.New("an unmet swap reported a new file")
 	case !res.Unmet && !req.Met(res):
 		return workspace.SwapResult{}, errors.New("a swap wrote where its conditions did not hold")
+	case !res.Unmet && req.Edit != nil:
+		// What an edit wrote is not sent: it is the edit of the old
+		// contents, computed here again rather than believed.
+		data, err := req.Edited(res)
+		if err != nil {
+			return workspace.SwapResult{}, fmt.Errorf("an edit that does not apply to the old contents reported written: %w", err)
+		}
+		res.Data = data
 	}
 	return res, nil
 }

@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sync/semaphore"
 
+	"github.com/sandboxd/sandboxd/textedit"
 	"github.com/sandboxd/sandboxd/workspace"
 )
 
@@ -365,14 +366,27 @@ func (c *serverConn) serve(call *serverCall) ([]byte, error) {
 		if err != nil {
 			return nil, err
 		}
-		// The old contents are held as a read's are.
+		// The old contents are held as a read's are, twice for an edit
+		// (its result).
 		if fi, err := fsys.Stat(ctx, req.Name); err == nil && fi.Mode().IsRegular() && fi.Size() <= req.Max {
-			if err := c.hold(call, fi.Size()); err != nil {
+			held := fi.Size()
+			if req.Edit {
+				held *= 2
+			}
+			if err := c.hold(call, held); err != nil {
 				return nil, err
 			}
 		}
-		res, err := workspace.Swap(ctx, fsys, workspace.SwapRequest{Name: req.Name, Data: data, Perm: fs.FileMode(req.Perm), Root: req.Root, Max: req.Max,
-			Real: req.Real, OldSum: req.Sum, Lock: req.Lock})
+		sreq := workspace.SwapRequest{Name: req.Name, Data: data, Perm: fs.FileMode(req.Perm), Root: req.Root, Max: req.Max,
+			Real: req.Real, OldSum: req.Sum, Lock: req.Lock}
+		if req.Edit {
+			var e textedit.Edit
+			if err := json.Unmarshal(data, &e); err != nil {
+				return nil, workspace.Errorf(workspace.ErrInvalidArgument, "swap: the edit: %v", err)
+			}
+			sreq.Edit, sreq.Data = e, nil
+		}
+		res, err := workspace.Swap(ctx, fsys, sreq)
 		if err != nil {
 			return nil, err
 		}

@@ -83,7 +83,9 @@
 //   - workspace.Swap and SwapGeneric, each held to the same table: the real
 //     name written, the old file (its contents within Max, empty for an
 //     empty file) and the new one, the bits kept, the errors WriteFile gives
-//     and nothing written when it fails.
+//     and nothing written when it fails; with an Edit (textedit), what it
+//     wrote, and the matching's errors with their kind and message;
+//   - workspace.AppendFile and AppendFileGeneric, held to the same trees.
 //
 // # What TestBash checks
 //

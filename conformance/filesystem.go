@@ -26,6 +26,9 @@ func TestFileSystem(t *testing.T, h FileSystemHarness) {
 	for _, c := range swapFSCases() {
 		h.runCase(t, c)
 	}
+	for _, c := range appendFSCases() {
+		h.runCase(t, c)
+	}
 	for _, c := range walkCases {
 		h.runWalk(t, c)
 	}

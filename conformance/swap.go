@@ -2,10 +2,12 @@ package conformance
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io/fs"
 	"path"
 
+	"github.com/sandboxd/sandboxd/textedit"
 	"github.com/sandboxd/sandboxd/workspace"
 )
 
@@ -20,7 +22,10 @@ type swapCase struct {
 	req    workspace.SwapRequest // Root is the fixture's; Max 1 MiB when 0
 	want   string
 	err    errs
-	after  []string
+	// msg, for an edit's failure, is the matching's message (textedit's),
+	// which its *fs.PathError with Op "edit" must carry unchanged.
+	msg   string
+	after []string
 }
 
 var swapCases = []swapCase{
@@ -73,7 +78,65 @@ var swapCases = []swapCase{
 		want: `f: was file 3 "old", now file 3`, after: l("f: new")},
 	{name: "LockedCreate", layout: l("d/"), req: workspace.SwapRequest{Name: "d/f", Data: []byte("new"), Perm: 0o644, Lock: true, Real: "d/f"},
 		want: "d/f: was none, now file 3", after: l("d/", "d/f: new")},
+	// An edit (SwapRequest.Edit): the new contents are the old ones with the
+	// edit applied, in the step that reads them; a failure writes nothing.
+	{name: "Edit", layout: l(`f: "a\nb\nc\n"`), req: swapEdit("f", false, "b", "B"),
+		want: `f: was file 6 "a\nb\nc\n", now file 6, wrote "a\nB\nc\n"`, after: l(`f: "a\nB\nc\n"`)},
+	{name: "EditBlocks", layout: l(`f: "a\r\nb\r\nc\r\n"`), req: swapEdit("f", false, "c\n", "C\nD\n", "a\n", ""),
+		want: `f: was file 9 "a\r\nb\r\nc\r\n", now file 9, wrote "b\r\nC\r\nD\r\n"`, after: l(`f: "b\r\nC\r\nD\r\n"`)},
+	{name: "EditFuzzy", layout: l("f: say(“hi”)"), req: swapEdit("f", true, `say("hi")`, "bye"),
+		want: `f: was file 13 "say(“hi”)", now file 3, wrote "bye"`, after: l("f: bye")},
+	{name: "EditLocked", layout: l("f: old"), req: lockedEdit(swapEdit("f", false, "old", "new")),
+		want: `f: was file 3 "old", now file 3, wrote "new"`, after: l("f: new")},
+	{name: "EditExactlyMax", layout: l("f: 12345"), req: maxEdit(swapEdit("f", false, "3", "x"), 5),
+		want: `f: was file 5 "12345", now file 5, wrote "12x45"`, after: l("f: 12x45")},
+	{name: "EditThroughLink", layout: l("f: old", "l => f"), req: swapEdit("l", false, "old", "new"),
+		want: `f: was file 3 "old", now file 3, wrote "new"`, after: l("f: new", "l => f")},
+	{name: "EditNoMatch", layout: l("f: abc"), req: swapEdit("f", false, "abd", "x"), err: is(workspace.ErrNoMatch),
+		msg: "edits[0].oldText was not found. It must match the file exactly; read the file again and copy the text"},
+	{name: "EditNoMatchFuzzyOff", layout: l("f: say(“hi”)"), req: swapEdit("f", false, `say("hi")`, "bye"), err: is(workspace.ErrNoMatch),
+		msg: "edits[0].oldText was not found. It must match the file exactly; read the file again and copy the text"},
+	{name: "EditEmptyFile", layout: l("f"), req: swapEdit("f", false, "x", "y"), err: is(workspace.ErrNoMatch),
+		msg: "edits[0].oldText was not found. It must match the file exactly; read the file again and copy the text"},
+	{name: "EditAmbiguous", layout: l(`f: "ab\nab\n"`), req: swapEdit("f", false, "ab", "x"), err: is(workspace.ErrAmbiguous),
+		msg: "edits[0].oldText occurs 2 times, at lines 1, 2; add surrounding lines to make it unique"},
+	{name: "EditNotUTF8", layout: l(`f: "caf\xe9"`), req: swapEdit("f", false, "caf", "x"), err: is(workspace.ErrNotUTF8),
+		msg: "the file is not valid UTF-8 (Latin-1, say); edit would replace the bytes it cannot decode, so it refuses. Rewrite it with write or bash"},
+	{name: "EditTextNotUTF8", layout: l("f: abc"), req: swapEdit("f", false, "b\xff", "x"), err: invalid,
+		msg: "edits[0] is not valid UTF-8"},
+	{name: "EditOverlap", layout: l("f: abcd"), req: swapEdit("f", false, "abc", "x", "cd", "y"), err: invalid,
+		msg: "edits[0] and edits[1] overlap; merge them into one block"},
+	{name: "EditNoChange", layout: l("f: abc"), req: swapEdit("f", false, "b", "b"), err: invalid,
+		msg: "the edits change nothing: each newText equals the text it replaces"},
+	{name: "EditMissing", req: swapEdit("f", false, "a", "b"), err: notFound},
+	{name: "EditParentMissing", req: swapEdit("no/f", false, "a", "b"), err: notFound},
+	{name: "EditDirectory", layout: l("d/x"), req: swapEdit("d", false, "a", "b"), err: notAFile},
+	{name: "EditFIFO", layout: l("p|"), req: swapEdit("p", false, "a", "b"), err: notAFile},
+	{name: "EditOverMax", layout: l("f: 123456"), req: maxEdit(swapEdit("f", false, "1", "x"), 5), err: tooLarge},
+	{name: "EditLinkOut", layout: l("l => $OUTSIDE/secret"), req: swapEdit("l", false, "a", "b"), err: outside},
+	{name: "EditDanglingLink", layout: l("l => f"), req: swapEdit("l", false, "a", "b"), err: notFound},
+	// Unmet conditions come first, whatever the edit would say.
+	{name: "EditRealUnmetThroughLink", layout: l("f: old", "l => f"), req: swapIf(swapEdit("l", false, "nowhere", "x"), "l", nil),
+		want: `f: was file 3 "old", now none (unmet)`, after: l("f: old", "l => f")},
+	{name: "EditSumUnmet", layout: l("f: other"), req: swapIf(swapEdit("f", false, "other", "x"), "", []byte("old")),
+		want: `f: was file 5 "other", now none (unmet)`, after: l("f: other")},
+	{name: "EditSumMet", layout: l("f: old"), req: swapIf(swapEdit("f", false, "old", "new"), "f", []byte("old")),
+		want: `f: was file 3 "old", now file 3, wrote "new"`, after: l("f: new")},
 }
+
+// swapEdit is an edit of name: pairs of old and new text, as textedit takes
+// them.
+func swapEdit(name string, fuzzy bool, pairs ...string) workspace.SwapRequest {
+	e := textedit.Edit{Fuzzy: fuzzy}
+	for i := 0; i+1 < len(pairs); i += 2 {
+		e.Replacements = append(e.Replacements, textedit.Replacement{OldText: pairs[i], NewText: pairs[i+1]})
+	}
+	return workspace.SwapRequest{Name: name, Perm: 0o644, Edit: e}
+}
+
+func lockedEdit(req workspace.SwapRequest) workspace.SwapRequest { req.Lock = true; return req }
+
+func maxEdit(req workspace.SwapRequest, max int64) workspace.SwapRequest { req.Max = max; return req }
 
 // swapIf is req on condition that its name leads to real (when not "") and
 // that the file holds old (when not nil).
@@ -107,6 +170,9 @@ func swapFSCases() []fsCase {
 
 func swapOp(c swapCase, generic bool) op {
 	desc := fmt.Sprintf("workspace.Swap(%q, %q)", c.req.Name, c.req.Data)
+	if c.req.Edit != nil {
+		desc = fmt.Sprintf("workspace.Swap(%q, edit %+v)", c.req.Name, c.req.Edit)
+	}
 	swap := workspace.Swap
 	if generic {
 		desc, swap = "workspace.SwapGeneric"+desc[len("workspace.Swap"):], workspace.SwapGeneric
@@ -118,6 +184,10 @@ func swapOp(c swapCase, generic bool) op {
 			req.Max = 1 << 20
 		}
 		res, err := swap(ctx, x.FS, req)
+		var pe *fs.PathError
+		if c.msg != "" && err != nil && (!errors.As(err, &pe) || pe.Op != "edit" || pe.Err.Error() != c.msg) {
+			return "", fmt.Errorf("%v: want an *fs.PathError with Op %q and the message %q", err, "edit", c.msg) // of no kind
+		}
 		if err != nil {
 			return "", err
 		}
@@ -137,7 +207,8 @@ func swapOp(c swapCase, generic bool) op {
 }
 
 // describeSwap writes a result as "real: was …, now …", each side "none" or
-// the type, a file's size and, when returned, its contents.
+// the type, a file's size and, when returned, its contents, and what an
+// edit wrote.
 func describeSwap(res workspace.SwapResult) string {
 	side := func(fi fs.FileInfo, data []byte) string {
 		switch {
@@ -151,6 +222,9 @@ func describeSwap(res workspace.SwapResult) string {
 		return fmt.Sprintf("file %d", fi.Size())
 	}
 	s := fmt.Sprintf("%s: was %s, now %s", res.Real, side(res.Old, res.OldData), side(res.New, nil))
+	if res.Data != nil {
+		s += fmt.Sprintf(", wrote %q", res.Data)
+	}
 	if res.Unmet {
 		s += " (unmet)"
 	}

@@ -259,3 +259,8 @@ func (t *timedFS) Remove(ctx context.Context, name string) error {
 	defer t.timed()()
 	return t.FileSystem.Remove(ctx, name)
 }
+
+func (t *timedFS) AppendFile(ctx context.Context, name string, data []byte, perm fs.FileMode) error {
+	defer t.timed()()
+	return workspace.AppendFile(ctx, t.FileSystem, name, data, perm)
+}

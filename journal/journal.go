@@ -38,11 +38,14 @@
 // Commits can be listed (List), shown as a unified diff (Show) and reverted
 // to (Revert), which is itself a commit and can be reverted in turn.
 //
-// The store holds one record per commit (commits/) and kept contents under
-// their hash (objects/); the before- and after-images of a small file
-// (up to 4 KiB) that Record's writes report are kept in the commit's
-// record instead, so a small write costs the store one file. A Record whose
-// commit cannot be stored is rolled back like one that fails.
+// The store holds the commits' records (commits/, appended to segments of
+// up to 64 records, one a line) and kept contents under their hash
+// (objects/); the before- and after-images of a small file (up to 4 KiB)
+// that Record's writes report are kept in the commit's record instead, so a
+// small write costs the store one append (one write on a store that is a
+// workspace.AppendFS). A Record whose commit cannot be stored is rolled
+// back like one that fails; a record cut short (a crash during its append)
+// is no commit.
 //
 // Limits. Files over MaxBlobBytes have no before-image: a change to one is
 // recorded (by size) but cannot be restored or reverted, and Exec reports it
@@ -58,13 +61,11 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
 	"path"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -152,6 +153,10 @@ type Commit struct {
 	Changes []Change  `json:"changes"`
 
 	inline []string // the hashes of the contents its record holds
+	// Where its record is: in the segment whose first commit is seg, at
+	// offset at, n bytes; seg 0 for a record in a file of its own.
+	seg   int
+	at, n int
 }
 
 // record is a commit as the store keeps it: with, inline, the contents of
@@ -266,6 +271,8 @@ type Journal struct {
 	base     map[string]manEntry // the baseline manifest; nil until the first Exec
 	baseTime time.Time           // when the baseline's listing began
 	active   *Session
+	tail     segment   // the segment commits are appended to
+	dropped  []*Commit // pruned, their contents not yet removed (pruneBatch)
 }
 
 // Open opens the journal of the workspace fsys, loading the commits already
@@ -281,36 +288,8 @@ func Open(ctx context.Context, fsys workspace.FileSystem, opts ...Option) (*Jour
 	if c, ok := fsys.(ChmodFS); ok && j.chmod == nil {
 		j.chmod = c.Chmod
 	}
-	entries, err := j.store.ReadDir(ctx, j.commitsDir())
-	if errors.Is(err, workspace.ErrNotFound) {
-		return j, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("journal: %w", err)
-	}
-	for _, e := range entries {
-		id, err := strconv.Atoi(strings.TrimSuffix(e.Name(), ".json"))
-		if err != nil || !strings.HasSuffix(e.Name(), ".json") {
-			continue
-		}
-		data, err := j.store.ReadFile(ctx, j.commitName(id), 64<<20)
-		if err != nil {
-			return nil, fmt.Errorf("journal: %w", err)
-		}
-		var c Commit
-		rec := record{Commit: &c}
-		if err := json.Unmarshal(data, &rec); err != nil || c.ID != id || !c.wellFormed() {
-			return nil, fmt.Errorf("journal: commit %d is damaged (%v): move %s aside to start a new journal", id, err, j.commitName(id))
-		}
-		for h := range rec.Inline { // checked when read (readBlob)
-			j.inlined[h] = id
-			c.inline = append(c.inline, h)
-		}
-		j.commits = append(j.commits, &c)
-	}
-	slices.SortFunc(j.commits, func(a, b *Commit) int { return a.ID - b.ID })
-	if n := len(j.commits); n > 0 {
-		j.nextID = j.commits[n-1].ID + 1
+	if err := j.load(ctx); err != nil {
+		return nil, err
 	}
 	return j, nil
 }
@@ -386,7 +365,17 @@ func (j *Journal) readBlob(ctx context.Context, hash string) ([]byte, error) {
 	if p, ok := j.pending[hash]; ok {
 		return p, nil
 	}
-	if id, ok := j.inlined[hash]; ok {
+	id, ok := j.inlined[hash]
+	if !ok { // its record was pruned: a later one may hold it too
+		for _, c := range slices.Backward(j.commits) {
+			if slices.Contains(c.inline, hash) {
+				id, ok = c.ID, true
+				j.inlined[hash] = id
+				break
+			}
+		}
+	}
+	if ok {
 		data, err := j.readInline(ctx, id, hash)
 		if err != nil {
 			return nil, err
@@ -416,13 +405,13 @@ func checked(data []byte, hash string) ([]byte, error) {
 
 // readInline reads the contents of hash from the record of commit id.
 func (j *Journal) readInline(ctx context.Context, id int, hash string) ([]byte, error) {
-	raw, err := j.store.ReadFile(ctx, j.commitName(id), 64<<20)
+	c, err := j.get(id)
+	if err != nil {
+		return nil, errAltered
+	}
+	rec, err := j.readRecord(ctx, c)
 	if err != nil {
 		return nil, err
-	}
-	var rec record
-	if err := json.Unmarshal(raw, &rec); err != nil {
-		return nil, errAltered
 	}
 	data, ok := rec.Inline[hash]
 	if !ok {
@@ -581,19 +570,7 @@ func (j *Journal) commit(ctx context.Context, message string, changes []Change) 
 			}
 		}
 	}
-	data, err := json.MarshalIndent(rec, "", "  ")
-	if err != nil {
-		return nil, err
-	}
-	// The commits' directory is made when a write finds it missing, not
-	// looked for before each commit.
-	err = j.store.WriteFile(ctx, j.commitName(c.ID), data, 0o600)
-	if errors.Is(err, workspace.ErrNotFound) {
-		if err = workspace.MkdirAll(ctx, j.store, j.commitsDir(), 0o700); err == nil {
-			err = j.store.WriteFile(ctx, j.commitName(c.ID), data, 0o600)
-		}
-	}
-	if err != nil {
+	if err := j.appendRecord(ctx, rec); err != nil {
 		return nil, fmt.Errorf("journal: %w", err)
 	}
 	j.nextID++
@@ -605,14 +582,35 @@ func (j *Journal) commit(ctx context.Context, message string, changes []Change) 
 	return c, nil
 }
 
-// prune drops the commits past maxCommits and the kept contents nothing
-// else refers to. Failures leave garbage behind, never a damaged journal.
+// prune drops the commits past maxCommits and, every pruneBatch commits
+// dropped, the kept contents nothing else refers to. Failures leave garbage
+// behind, never a damaged journal.
 func (j *Journal) prune(ctx context.Context) {
 	if j.maxCommits <= 0 || len(j.commits) <= j.maxCommits {
 		return
 	}
 	drop := j.commits[:len(j.commits)-j.maxCommits]
 	j.commits = slices.Clone(j.commits[len(drop):])
+	for i, c := range drop {
+		for _, h := range c.inline { // held by a later record (readBlob finds it), or by no one
+			if j.inlined[h] == c.ID {
+				delete(j.inlined, h)
+			}
+		}
+		lastOfSegment := i == len(drop)-1 || drop[i+1].seg != c.seg
+		switch {
+		case c.seg == 0:
+			_ = j.store.Remove(ctx, j.commitName(c.ID))
+		case lastOfSegment && j.commits[0].seg != c.seg: // no commit kept is in it
+			_ = j.store.Remove(ctx, j.segmentName(c.seg))
+		}
+	}
+	// Which contents are still referred to is a look at every commit kept:
+	// done once for a batch of dropped commits, not for each.
+	j.dropped = append(j.dropped, drop...)
+	if len(j.dropped) < pruneBatch {
+		return
+	}
 	live := map[string]bool{}
 	for _, c := range j.commits {
 		for _, ch := range c.Changes {
@@ -622,19 +620,7 @@ func (j *Journal) prune(ctx context.Context) {
 	for _, m := range j.base {
 		live[m.state.Hash] = true
 	}
-	for _, c := range drop {
-		for _, h := range c.inline { // held by a later record, or by no one
-			if j.inlined[h] == c.ID {
-				delete(j.inlined, h)
-				for _, k := range slices.Backward(j.commits) {
-					if slices.Contains(k.inline, h) {
-						j.inlined[h] = k.ID
-						break
-					}
-				}
-			}
-		}
-		_ = j.store.Remove(ctx, j.commitName(c.ID))
+	for _, c := range j.dropped {
 		for _, ch := range c.Changes {
 			for _, h := range []string{ch.Before.Hash, ch.After.Hash} {
 				if h != "" && !live[h] {
@@ -644,4 +630,8 @@ func (j *Journal) prune(ctx context.Context) {
 			}
 		}
 	}
+	j.dropped = nil
 }
+
+// pruneBatch is how many dropped commits wait for their contents' removal.
+const pruneBatch = 32

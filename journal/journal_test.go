@@ -1,6 +1,7 @@
 package journal_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -432,10 +433,89 @@ func TestPruneKeepsTheNewest(t *testing.T) {
 	if _, err := j.Revert(ctx, journal.RevertRequest{To: 0}); !errors.Is(err, workspace.ErrNotFound) {
 		t.Fatalf("start after pruning: %v", err)
 	}
-	// The contents only commit 1 referenced ("a") are gone; "b" (commit 3's
-	// before) stays.
-	if _, err := fsys.Lstat(ctx, ".sandboxd/journal/commits/00000001.json"); !errors.Is(err, workspace.ErrNotFound) {
-		t.Fatal("commit 1 kept")
+	// Opened again, the journal keeps the same two.
+	again, err := journal.Open(ctx, fsys, journal.WithMaxCommits(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := again.List(); len(l) != 2 || l[0].ID != 4 || l[1].ID != 3 {
+		t.Fatalf("reopened: %+v", l)
+	}
+}
+
+// TestSegments: records are appended to segments; a segment goes once
+// every commit in it is pruned, a journal opened again has the commits it
+// kept (and their small contents, kept in the records) and numbers on
+// after them, a record cut short is no commit and is cut off before the
+// next append, and a damaged one fails Open, naming the segment.
+func TestSegments(t *testing.T) {
+	ctx := context.Background()
+	fsys, store := memfs.New(), memfs.New()
+	open := func() *journal.Journal {
+		t.Helper()
+		j, err := journal.Open(ctx, fsys, journal.WithStore(store), journal.WithMaxCommits(70))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return j
+	}
+	write := func(j *journal.Journal, n int) {
+		t.Helper()
+		for range n {
+			if _, err := j.Record(ctx, "write", func(f workspace.FileSystem) error {
+				data, _ := f.ReadFile(ctx, "f", 100)
+				return f.WriteFile(ctx, "f", append(data, 'x'), 0o644)
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	segments := func() []string {
+		t.Helper()
+		entries, err := store.ReadDir(ctx, "commits")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, e := range entries {
+			names = append(names, e.Name())
+		}
+		return names
+	}
+	j := open()
+	write(j, 150) // segments of 64: 1-64, 65-128, 129-150; commits 81-150 kept
+	if got, want := segments(), []string{"00000065.log", "00000129.log"}; !slices.Equal(got, want) {
+		t.Fatalf("segments %q, want %q", got, want)
+	}
+	j = open()
+	if l := j.List(); len(l) != 70 || l[0].ID != 150 || l[69].ID != 81 {
+		t.Fatalf("reopened: %d commits, %d to %d", len(l), l[len(l)-1].ID, l[0].ID)
+	}
+	if _, err := j.Revert(ctx, journal.RevertRequest{To: 100}); err != nil {
+		t.Fatal(err)
+	}
+	if data, _ := fsys.ReadFile(ctx, "f", 200); len(data) != 100 {
+		t.Fatalf("reverted to commit 100: %d bytes, want 100", len(data))
+	}
+	// A record cut short, as a crash mid-append would leave it.
+	if err := workspace.AppendFile(ctx, store, "commits/00000129.log", []byte(`{"id":152,"chan`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	j = open()
+	if l := j.List(); l[0].ID != 151 {
+		t.Fatalf("after a record cut short: newest %d, want 151", l[0].ID)
+	}
+	write(j, 1)
+	j = open()
+	if l := j.List(); l[0].ID != 152 || l[1].ID != 151 {
+		t.Fatalf("after the next append: %+v", l[:2])
+	}
+	// A damaged record.
+	if err := workspace.AppendFile(ctx, store, "commits/00000129.log", []byte("{}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := journal.Open(ctx, fsys, journal.WithStore(store)); err == nil || !strings.Contains(err.Error(), "commits/00000129.log is damaged") {
+		t.Fatalf("a damaged record: %v, want it refused", err)
 	}
 }
 
@@ -558,17 +638,21 @@ func tamper(t *testing.T, fsys workspace.FileSystem, dir string) int {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var rec map[string]any
-		if err := json.Unmarshal(data, &rec); err != nil {
-			t.Fatal(err)
+		var out []byte
+		for line := range bytes.Lines(data) { // a segment holds a record a line
+			var rec map[string]any
+			if err := json.Unmarshal(line, &rec); err != nil {
+				t.Fatal(err)
+			}
+			inline, _ := rec["inline"].(map[string]any)
+			for h := range inline {
+				inline[h] = []byte("attacker's choice")
+				n++
+			}
+			line, _ = json.Marshal(rec)
+			out = append(append(out, line...), '\n')
 		}
-		inline, _ := rec["inline"].(map[string]any)
-		for h := range inline {
-			inline[h] = []byte("attacker's choice")
-			n++
-		}
-		data, _ = json.Marshal(rec)
-		if err := fsys.WriteFile(ctx, name, data, 0o600); err != nil {
+		if err := fsys.WriteFile(ctx, name, out, 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -840,4 +924,45 @@ func TestSmallContentsInRecords(t *testing.T) {
 		t.Fatal(err)
 	}
 	read("y")
+}
+
+// TestPruneRemovesContentsInBatches: the contents only pruned commits
+// referred to are removed from the store, a batch of pruned commits at a
+// time, never those a kept commit needs.
+func TestPruneRemovesContentsInBatches(t *testing.T) {
+	ctx := context.Background()
+	fsys, store := memfs.New(), memfs.New()
+	j, err := journal.Open(ctx, fsys, journal.WithStore(store), journal.WithMaxCommits(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	objects := func() int {
+		n := 0
+		shards, _ := store.ReadDir(ctx, "objects")
+		for _, s := range shards {
+			objs, _ := store.ReadDir(ctx, path.Join("objects", s.Name()))
+			n += len(objs)
+		}
+		return n
+	}
+	big := func(i int) []byte { return bytes.Repeat([]byte{byte('a' + i%26), byte(i)}, 4<<10) } // over the records' 4 KiB
+	const writes = 70
+	for i := range writes {
+		if _, err := j.Record(ctx, "write", func(f workspace.FileSystem) error {
+			return f.WriteFile(ctx, "f", big(i), 0o644)
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The three contents the two commits kept refer to, and at most a
+	// batch of pruned ones' waiting.
+	if n := objects(); n > 3+32 || n < 3 {
+		t.Fatalf("%d objects kept after %d writes with two commits kept", n, writes)
+	}
+	if _, err := j.Revert(ctx, journal.RevertRequest{To: writes - 1}); err != nil {
+		t.Fatal(err)
+	}
+	if data, _ := fsys.ReadFile(ctx, "f", 1<<20); !bytes.Equal(data, big(writes-2)) {
+		t.Fatal("the kept commit's before-image was removed")
+	}
 }

@@ -215,14 +215,19 @@ func (r *recorder) WriteFile(ctx context.Context, name string, data []byte, perm
 // The swap resolves names against the journal's root and returns old
 // contents up to the journal's bound, or req.Max when larger (conditions on
 // the old contents are checked against those); the caller is given them
-// within req.Max, as Swap promises.
+// within req.Max, as Swap promises. A swap with an Edit keeps req.Max, the
+// edit's bound: its old contents are all there when it writes, and what it
+// wrote is its result's Data.
 func (r *recorder) Swap(ctx context.Context, req workspace.SwapRequest) (workspace.SwapResult, error) {
 	if err := ctx.Err(); err != nil {
 		return workspace.SwapResult{}, err
 	}
 	ctx = context.WithoutCancel(ctx)
 	limit := req.Max
-	req.Root, req.Max = r.j.root, max(req.Max, r.j.maxBlob)
+	req.Root = r.j.root
+	if req.Edit == nil { // an edit's old contents are within Max, or it fails
+		req.Max = max(req.Max, r.j.maxBlob)
+	}
 	res, err := workspace.Swap(ctx, r.FileSystem, req)
 	if err != nil {
 		return workspace.SwapResult{}, err
@@ -237,8 +242,12 @@ func (r *recorder) Swap(ctx context.Context, req workspace.SwapRequest) (workspa
 		}
 		r.before[res.Real], r.deep[res.Real] = e, false
 	}
-	if res.New != nil && res.New.Mode().IsRegular() && res.New.Size() == int64(len(req.Data)) {
-		r.written[res.Real] = written{mode: res.New.Mode() & modeBits, data: bytes.Clone(req.Data)}
+	data := req.Data
+	if req.Edit != nil {
+		data = res.Data
+	}
+	if res.New != nil && res.New.Mode().IsRegular() && res.New.Size() == int64(len(data)) {
+		r.written[res.Real] = written{mode: res.New.Mode() & modeBits, data: bytes.Clone(data)}
 	} else {
 		delete(r.written, res.Real)
 	}

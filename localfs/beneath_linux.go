@@ -17,12 +17,16 @@ var noOpenat2 atomic.Bool
 // relative links that stay below dirfd and refuses ".." above it, absolute
 // links and /proc magic links. A failure may mean only that the name needs
 // the slower resolution (EXDEV, ELOOP, EAGAIN), or that the system lacks the
-// call (errors.ErrUnsupported).
-func openBeneath(dirfd int, name string, flags int) (int, error) {
+// call (errors.ErrUnsupported). With noLinks, any link in name fails it
+// (ELOOP): what is opened is then name itself, not where links lead.
+func openBeneath(dirfd int, name string, flags int, noLinks bool) (int, error) {
 	if noOpenat2.Load() {
 		return -1, errors.ErrUnsupported
 	}
 	how := unix.OpenHow{Flags: uint64(flags), Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_MAGICLINKS}
+	if noLinks {
+		how.Resolve |= unix.RESOLVE_NO_SYMLINKS
+	}
 	fd, err := ignoringEINTR(func() (int, error) { return unix.Openat2(dirfd, name, &how) })
 	if err == unix.ENOSYS {
 		noOpenat2.Store(true)

@@ -25,7 +25,7 @@ func TestOpenBeneath(t *testing.T) {
 		{"d/f", true}, {"ld/f", true}, {"d/../d/f", true},
 		{"../ws/d/f", false}, {"up/ws/d/f", false}, {"abs/f", false}, {"lo", false}, {"/etc/passwd", false},
 	} {
-		fd, err := openBeneath(int(root.Fd()), c.name, unix.O_RDONLY|unix.O_CLOEXEC)
+		fd, err := openBeneath(int(root.Fd()), c.name, unix.O_RDONLY|unix.O_CLOEXEC, false)
 		if err == nil {
 			unix.Close(fd)
 		}

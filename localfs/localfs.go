@@ -46,8 +46,9 @@ import (
 // FS is a workspace on local disk. It is safe for concurrent use.
 type FS struct {
 	root  *os.Root
-	abs   string // the root's absolute path, as given
-	canon string // abs with every link resolved
+	dir   *os.File // the root, open, for calls relative to its descriptor (Swap)
+	abs   string   // the root's absolute path, as given
+	canon string   // abs with every link resolved
 	opts  options
 	locks workspace.KeyedMutex[string]
 }
@@ -113,12 +114,20 @@ func New(dir string, opts ...Option) (*FS, error) {
 		o.lockDir = filepath.Join(os.TempDir(), "sandboxd-locks-"+userID())
 		o.defaultLockDir = true
 	}
-	return &FS{root: root, abs: abs, canon: canon, opts: o}, nil
+	rootDir, err := root.Open(".")
+	if err != nil {
+		root.Close()
+		return nil, &fs.PathError{Op: "open", Path: dir, Err: kindOf(err)}
+	}
+	return &FS{root: root, dir: rootDir, abs: abs, canon: canon, opts: o}, nil
 }
 
 // Close releases the directory. Operations after Close fail with
 // workspace.ErrUnavailable.
-func (f *FS) Close() error { return f.root.Close() }
+func (f *FS) Close() error {
+	f.dir.Close()
+	return f.root.Close()
+}
 
 // Dir returns the workspace root's absolute path on the host, as given to New.
 func (f *FS) Dir() string { return f.abs }

@@ -46,6 +46,11 @@ func (f *FS) Lock(ctx context.Context, name string) (unlock func(), err error) {
 	if real, err := f.realPath(ctx, name); err == nil {
 		key = real
 	}
+	return f.lockReal(ctx, name, key)
+}
+
+// lockReal is Lock of name, whose real name (its links resolved) is key.
+func (f *FS) lockReal(ctx context.Context, name, key string) (unlock func(), err error) {
 	release, err := f.locks.Lock(ctx, key)
 	if err != nil {
 		return nil, &fs.PathError{Op: "lock", Path: name, Err: err}

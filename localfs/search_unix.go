@@ -198,7 +198,7 @@ func (r fileReader) readFile(ctx context.Context, name string, max int64, buf []
 	if r.root < 0 || ctx.Err() != nil {
 		return r.ReadFile(ctx, name, max)
 	}
-	fd, err := openBeneath(r.root, name, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY|unix.O_CLOEXEC)
+	fd, err := openBeneath(r.root, name, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY|unix.O_CLOEXEC, false)
 	if err != nil {
 		return r.ReadFile(ctx, name, max)
 	}

@@ -90,23 +90,31 @@ func (f *FS) replace(ctx context.Context, name string, data []byte, perm fs.File
 	}
 	defer dir.Close()
 	dfd := int(dir.Fd())
-
-	// A new file is created with perm, less the umask. An existing file's
-	// replacement is created private and given the file's bits once written.
 	var st unix.Stat_t
-	existing := false
 	switch err := unix.Fstatat(dfd, base, &st, unix.AT_SYMLINK_NOFOLLOW); {
 	case err == unix.ENOENT:
+		return f.writeEntry(dir, base, nil, data, perm, nil)
 	case err != nil:
 		return err
 	case st.Mode&unix.S_IFMT == unix.S_IFLNK:
 		return linkError{}
 	case st.Mode&unix.S_IFMT != unix.S_IFREG:
 		return workspace.ErrNotAFile
-	default:
-		existing, perm = true, 0o600
 	}
+	return f.writeEntry(dir, base, &st, data, perm, nil)
+}
 
+// writeEntry puts data in place of base in the open directory dir: old is
+// base's lstat(2) when it is a regular file, nil when there is none. A new
+// file is created with perm, less the umask; an existing file's
+// replacement is created private and given the file's bits (and owner,
+// where the process may) once written. When st is not nil it is set to the
+// new file's stat(2).
+func (f *FS) writeEntry(dir *os.File, base string, old *unix.Stat_t, data []byte, perm fs.FileMode, st *unix.Stat_t) error {
+	dfd := int(dir.Fd())
+	if old != nil {
+		perm = 0o600
+	}
 	tmpName, fd, err := createTemp(dfd, base, perm)
 	if err != nil {
 		return err
@@ -117,9 +125,9 @@ func (f *FS) replace(ctx context.Context, name string, data []byte, perm fs.File
 		if _, err := tmp.Write(data); err != nil {
 			return err
 		}
-		if existing {
-			unix.Fchown(fd, int(st.Uid), int(st.Gid)) // where the process may
-			if err := unix.Fchmod(fd, uint32(st.Mode)&0o7777); err != nil {
+		if old != nil {
+			unix.Fchown(fd, int(old.Uid), int(old.Gid)) // where the process may
+			if err := unix.Fchmod(fd, uint32(old.Mode)&0o7777); err != nil {
 				return err
 			}
 		}
@@ -128,10 +136,15 @@ func (f *FS) replace(ctx context.Context, name string, data []byte, perm fs.File
 				return err
 			}
 		}
+		if st != nil {
+			if err := unix.Fstat(fd, st); err != nil {
+				return err
+			}
+		}
 		return tmp.Close()
 	}()
 	if err == nil {
-		if existing {
+		if old != nil {
 			err = replaceEntry(dfd, tmpName, base)
 		} else {
 			err = unix.Renameat(dfd, tmpName, dfd, base)
@@ -170,4 +183,41 @@ func createTemp(dfd int, base string, perm fs.FileMode) (string, int, error) {
 		}
 	}
 	return "", -1, unix.EEXIST
+}
+
+var _ workspace.AppendFS = (*FS)(nil)
+
+// AppendFile appends data to the named regular file, creating it with perm
+// (less the umask) when it does not exist: one open(2) with O_APPEND through
+// the root, one write, no temporary file. A link is followed inside the
+// workspace; what is not a regular file by stat(2) fails with
+// workspace.ErrNotAFile before it is opened, and the descriptor is checked
+// with fstat(2) before the write (a pipe swapped in meanwhile is opened with
+// O_NONBLOCK, never waited on). With sync (WithSync), the data is flushed
+// before it returns.
+func (f *FS) AppendFile(ctx context.Context, name string, data []byte, perm fs.FileMode) error {
+	return do0(ctx, f, "append", name, true, func(name string) error {
+		if info, err := f.root.Stat(name); err == nil && !info.Mode().IsRegular() {
+			return workspace.ErrNotAFile
+		}
+		file, err := f.root.OpenFile(name, os.O_WRONLY|os.O_APPEND|os.O_CREATE|syscall.O_NONBLOCK|syscall.O_NOCTTY, perm)
+		if err != nil {
+			return err
+		}
+		defer file.Close()
+		if info, err := file.Stat(); err != nil {
+			return err
+		} else if !info.Mode().IsRegular() {
+			return workspace.ErrNotAFile
+		}
+		if _, err := file.Write(data); err != nil {
+			return err
+		}
+		if f.opts.sync {
+			if err := file.Sync(); err != nil {
+				return err
+			}
+		}
+		return file.Close()
+	})
 }

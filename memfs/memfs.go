@@ -30,6 +30,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sandboxd/sandboxd/workspace"
@@ -41,6 +42,7 @@ var (
 	_ workspace.MkdirAllFS  = (*FS)(nil)
 	_ workspace.RemoveAllFS = (*FS)(nil)
 	_ workspace.LockFS      = (*FS)(nil)
+	_ workspace.AppendFS    = (*FS)(nil)
 )
 
 // DefaultRoot is the absolute path of a memfs workspace unless WithRoot says
@@ -136,6 +138,10 @@ type node struct {
 	data    []byte           // regular file
 	target  string           // symbolic link
 	entries map[string]*node // directory
+	// grown says an append has taken the spare capacity of data for the
+	// node that replaced this one (AppendFile): a node is never changed,
+	// but the first append after it may write past its length.
+	grown atomic.Bool
 }
 
 func (n *node) isDir() bool  { return n.mode.IsDir() }
@@ -454,6 +460,38 @@ func (f *FS) WriteFile(ctx context.Context, name string, data []byte, perm fs.Fi
 		return err
 	}
 	f.put(l, &node{mode: mode, modTime: f.now(), data: data})
+	return nil
+}
+
+// AppendFile appends data to the named regular file, or creates it with
+// perm less the umask, as WriteFile would; its cost is data's, not the
+// file's (the file is replaced by a node sharing its bytes, whose spare
+// capacity only the first append after it takes).
+func (f *FS) AppendFile(ctx context.Context, name string, data []byte, perm fs.FileMode) error {
+	if err := ctxErr(ctx, "open", name); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	l, err := f.resolve(name, true)
+	if err != nil {
+		return pathErr("open", name, err)
+	}
+	n := &node{mode: f.perm(perm), modTime: f.now()}
+	if l.n != nil {
+		if !l.n.mode.IsRegular() {
+			return pathErr("open", name, workspace.ErrNotAFile)
+		}
+		n.mode, n.data = l.n.mode, l.n.data
+		if !l.n.grown.CompareAndSwap(false, true) { // its spare capacity is another's
+			n.data = slices.Clip(n.data)
+		}
+	}
+	if err := f.reserve("write", name, int64(len(data))); err != nil {
+		return err
+	}
+	n.data = append(n.data, data...)
+	f.put(l, n)
 	return nil
 }
 

@@ -1247,3 +1247,32 @@ func TestChanges(t *testing.T) {
 		t.Errorf("Changes of the last 1000 writes: %d names, %v", len(names), ok)
 	}
 }
+
+// TestAppendToSharedFile: appends to two names of one file (a hard link)
+// each write past the file they found, not into each other's bytes, though
+// an append takes over the spare capacity of what it replaced.
+func TestAppendToSharedFile(t *testing.T) {
+	ctx := context.Background()
+	f := memfs.New()
+	if err := f.WriteFile(ctx, "a", []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, step := range []struct{ name, data string }{{"a", "1"}, {"a", "2"}} {
+		if err := f.AppendFile(ctx, step.name, []byte(step.data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := f.Link("a", "b"); err != nil {
+		t.Fatal(err)
+	}
+	for _, step := range []struct{ name, data string }{{"a", "3"}, {"b", "4"}, {"a", "5"}, {"b", "6"}} {
+		if err := f.AppendFile(ctx, step.name, []byte(step.data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for name, want := range map[string]string{"a": "x1235", "b": "x1246"} {
+		if got, _ := f.ReadFile(ctx, name, 100); string(got) != want {
+			t.Errorf("%s holds %q, want %q", name, got, want)
+		}
+	}
+}

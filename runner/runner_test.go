@@ -664,7 +664,7 @@ func TestJournalStoreOutsideTheWorkspace(t *testing.T) {
 	if _, err := s.FS().Lstat(context.Background(), ".sandboxd"); !errors.Is(err, workspace.ErrNotFound) {
 		t.Fatalf(".sandboxd in the workspace: %v, want none", err)
 	}
-	stores, _ := filepath.Glob(filepath.Join(tmp, "sandboxd-journal-*", "commits", "*.json"))
+	stores, _ := filepath.Glob(filepath.Join(tmp, "sandboxd-journal-*", "commits", "*.log"))
 	if len(stores) != 1 {
 		t.Fatalf("journal commits in the daemon's directory: %q, want one", stores)
 	}

@@ -6,45 +6,11 @@ import (
 	"io/fs"
 	"strings"
 	"testing"
-	"unicode/utf8"
 
 	"github.com/sandboxd/sandboxd/journal"
 	"github.com/sandboxd/sandboxd/tools"
 	"github.com/sandboxd/sandboxd/workspace"
 )
-
-// FuzzApplyEdits checks the edit matcher: it never panics, keeps a BOM and
-// valid UTF-8, and where the plain rule applies (one exact occurrence, no
-// "\r") it is exactly a single replacement.
-func FuzzApplyEdits(f *testing.F) {
-	f.Add("a\nb\nc\n", "b", "B", true)
-	f.Add("\ufeffx\r\ny\r\n", "x\ny", "z\n", true)
-	f.Add("if  x {\n\treturn\n}", "if x {\n return\n}", "", true)
-	f.Add("“quoted” — dash", "\"quoted\" - dash", "q", true)
-	f.Add("aaa", "aa", "b", false)
-	f.Add("caf\xe9", "caf", "x", true)
-	f.Add("x \u00a0\u2003y\n", "x y", "z", true)
-	f.Add("a\r\r\nb", "\r\nb", "c", true)
-	f.Fuzz(func(t *testing.T, content, old, repl string, fuzzy bool) {
-		out, lines, err := tools.ApplyEdits([]byte(content), []tools.Replacement{{OldText: old, NewText: repl}}, fuzzy)
-		if err != nil {
-			if out != nil || lines != nil {
-				t.Fatal("a failed edit returned content")
-			}
-			return
-		}
-		if !utf8.Valid(out) || len(lines) != 1 || lines[0] < 1 {
-			t.Fatalf("bad result %q %v", out, lines)
-		}
-		if strings.HasPrefix(content, "\ufeff") != strings.HasPrefix(string(out), "\ufeff") && !strings.HasPrefix(repl, "\ufeff") {
-			t.Fatalf("BOM not kept: %q -> %q", content, out)
-		}
-		plain := !strings.Contains(content+old+repl, "\r") && strings.Count(content, old) == 1 && !strings.HasPrefix(content, "\ufeff")
-		if plain && string(out) != strings.Replace(content, old, repl, 1) {
-			t.Fatalf("ApplyEdits(%q, %q→%q) = %q", content, old, repl, out)
-		}
-	})
-}
 
 // FuzzToolPaths feeds arbitrary paths to the path-taking tools over a
 // workspace with links in and out: nothing panics, every failure has a kind

@@ -133,15 +133,24 @@ func fileKind(m fs.FileMode) string {
 // there, to say what it is.
 func (s *Set) load(ctx context.Context, fsys workspace.FileSystem, name, tool string) ([]byte, error) {
 	data, err := fsys.ReadFile(ctx, name, s.cfg.MaxFileBytes)
+	if err != nil {
+		return nil, s.explain(ctx, fsys, name, tool, err)
+	}
+	return data, nil
+}
+
+// explain is err, a failure to read name as a regular file within the
+// limit, with what is there said when it is not one (a look, Stat).
+func (s *Set) explain(ctx context.Context, fsys workspace.FileSystem, name, tool string, err error) error {
 	if errors.Is(err, workspace.ErrNotAFile) || errors.Is(err, workspace.ErrFileTooLarge) {
 		if _, serr := s.regularFile(ctx, fsys, name, tool); serr != nil {
-			return nil, serr
+			return serr
 		}
 		if errors.Is(err, workspace.ErrFileTooLarge) { // shrunk since
-			return nil, s.tooLarge(name, s.cfg.MaxFileBytes+1)
+			return s.tooLarge(name, s.cfg.MaxFileBytes+1)
 		}
 	}
-	return data, err
+	return err
 }
 
 func (s *Set) read(ctx context.Context, p readArgs, c *call) (Result, error) {

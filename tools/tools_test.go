@@ -12,6 +12,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"unicode/utf8"
 
@@ -444,53 +445,6 @@ func TestEditTool(t *testing.T) {
 	}
 }
 
-func TestApplyEdits(t *testing.T) {
-	type R = tools.Replacement
-	tests := []struct {
-		name    string
-		content string
-		edits   []R
-		fuzzy   bool
-		want    string
-		lines   []int
-		kind    *workspace.Kind
-	}{
-		{"one", "a\nb\nc\n", []R{{"b", "B"}}, true, "a\nB\nc\n", []int{2}, nil},
-		{"several", "a\nb\nc\n", []R{{"c\n", "C\nD\n"}, {"a\n", ""}}, true, "b\nC\nD\n", []int{2, 1}, nil},
-		{"lines shift", "a\nb\nc\n", []R{{"a", "x\ny\nz"}, {"c", "C"}}, true, "x\ny\nz\nb\nC\n", []int{1, 5}, nil},
-		{"missing", "abc", []R{{"abd", "x"}}, true, "", nil, workspace.ErrNoMatch},
-		{"twice", "ab ab", []R{{"ab", "x"}}, true, "", nil, workspace.ErrAmbiguous},
-		{"overlapping occurrences", "aaa", []R{{"aa", "x"}}, true, "", nil, workspace.ErrAmbiguous},
-		{"overlap", "abcd", []R{{"abc", "x"}, {"cd", "y"}}, true, "", nil, workspace.ErrInvalidArgument},
-		{"adjacent", "abcd", []R{{"ab", "x"}, {"cd", "y"}}, true, "xy", []int{1, 1}, nil},
-		{"empty old", "abc", []R{{"", "x"}}, true, "", nil, workspace.ErrInvalidArgument},
-		{"no change", "abc", []R{{"b", "b"}}, true, "", nil, workspace.ErrInvalidArgument},
-		{"latin1", "caf\xe9", []R{{"caf", "x"}}, true, "", nil, workspace.ErrNotUTF8},
-		{"crlf kept", "a\r\nb\r\n", []R{{"a\nb", "x\ny"}}, true, "x\r\ny\r\n", []int{1}, nil},
-		{"crlf old text", "a\r\nb\r\n", []R{{"a\r\nb", "z"}}, true, "z\r\n", []int{1}, nil},
-		{"lf file, crlf old text", "a\nb\n", []R{{"a\r\nb", "z"}}, true, "z\n", []int{1}, nil},
-		{"mixed endings kept", "a\r\nb\nc\r\n", []R{{"b", "B"}}, true, "a\r\nB\nc\r\n", []int{2}, nil},
-		{"bom kept", "\ufeffx = 1\n", []R{{"x = 1", "x = 2"}}, true, "\ufeffx = 2\n", []int{1}, nil},
-		{"fuzzy whitespace", "if  x {\n\treturn\t1   \n}\n", []R{{"if x {\n  return 1\n}", "if x { return 2 }"}}, true, "if x { return 2 }\n", []int{1}, nil},
-		{"fuzzy quotes and dashes", "say(“hi”) – ok\n", []R{{"say(\"hi\") - ok", "done"}}, true, "done\n", []int{1}, nil},
-		{"fuzzy off", "say(“hi”)\n", []R{{"say(\"hi\")", "x"}}, false, "", nil, workspace.ErrNoMatch},
-		{"fuzzy ambiguous", "a  b\na\tb\n", []R{{"a b ", "x"}}, true, "", nil, workspace.ErrAmbiguous},
-		{"exact wins over fuzzy", "a  b\na b\n", []R{{"a b", "x"}}, true, "a  b\nx\n", []int{2}, nil},
-	}
-	for _, tt := range tests {
-		got, lines, err := tools.ApplyEdits([]byte(tt.content), tt.edits, tt.fuzzy)
-		if tt.kind != nil {
-			if !strings.HasPrefix(err.Error(), tt.kind.Name()+":") {
-				t.Errorf("%s: err %v, want %s", tt.name, err, tt.kind.Name())
-			}
-			continue
-		}
-		if err != nil || string(got) != tt.want || !reflect.DeepEqual(lines, tt.lines) {
-			t.Errorf("%s: %q %v %v, want %q %v", tt.name, got, lines, err, tt.want, tt.lines)
-		}
-	}
-}
-
 func TestSkillsAndLimits(t *testing.T) {
 	ctx := context.Background()
 	fsys := memfs.New()
@@ -646,60 +600,57 @@ func TestNamesCannotSpoofListings(t *testing.T) {
 	}
 }
 
-// meddler is a memfs whose file changes under the reader: after each of
-// the first n reads of name it writes the file anew, as another writer
-// would between an edit's reading and its write.
-type meddler struct {
-	*memfs.FS
-	name string
-	n    int
-}
-
-func (m *meddler) ReadFile(ctx context.Context, name string, max int64) ([]byte, error) {
-	data, err := m.FS.ReadFile(ctx, name, max)
-	if err == nil && name == m.name && m.n > 0 {
-		m.n--
-		err = m.FS.WriteFile(ctx, name, append(slices.Clone(data), "meddled\n"...), 0o644)
-	}
-	return data, err
-}
-
-// TestEditChangedMeanwhile: edit writes only over the contents it read;
-// when the file changed in between it reads it again and applies the edits
-// to what is there, so no one's change is lost, and gives up after a few
-// tries.
-func TestEditChangedMeanwhile(t *testing.T) {
+// TestEditConcurrentWriters: an edit reads, edits and writes the file in one
+// step under its lock, so edits and other writers that lock the file do not
+// lose each other's changes.
+func TestEditConcurrentWriters(t *testing.T) {
 	ctx := context.Background()
-	for _, tc := range []struct {
-		meddles int
-		want    string
-		err     string
-	}{
-		{1, "package b\nmeddled\n", ""},
-		{3, "package b\nmeddled\nmeddled\nmeddled\n", ""},
-		{10, "", "Unavailable"},
-	} {
-		m := &meddler{FS: memfs.New(), name: "a.go", n: tc.meddles}
-		if err := m.FS.WriteFile(ctx, "a.go", []byte("package a\n"), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		cfg := tools.DefaultConfig()
-		cfg.Grants, cfg.Always = []string{tools.GrantFSWrite}, []string{"edit"}
-		set, err := tools.New(tools.Env{FS: m, Session: workspace.Session{Root: "/workspace"}}, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		raw, _ := json.Marshal(map[string]any{"path": "a.go", "edits": []tools.Replacement{{OldText: "package a", NewText: "package b"}}})
-		r := set.Call(ctx, "edit", raw, tools.CallOptions{})
-		if tc.err != "" {
-			if errKind(r) != tc.err {
-				t.Errorf("%d changes meanwhile: %s, want %s", tc.meddles, r.Text, tc.err)
+	fsys := memfs.New()
+	const n = 20
+	var initial strings.Builder
+	for i := range n {
+		fmt.Fprintf(&initial, "line %d\n", i)
+	}
+	if err := fsys.WriteFile(ctx, "a.txt", []byte(initial.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := tools.DefaultConfig()
+	cfg.Grants, cfg.Always = []string{tools.GrantFSWrite}, []string{"edit"}
+	set, err := tools.New(tools.Env{FS: fsys, Session: workspace.Session{Root: "/workspace"}}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { // an edit of line i
+			raw, _ := json.Marshal(map[string]any{"path": "a.txt", "edits": []tools.Replacement{{OldText: fmt.Sprintf("line %d\n", i), NewText: fmt.Sprintf("edited %d\n", i)}}})
+			if r := set.Call(ctx, "edit", raw, tools.CallOptions{}); r.IsError {
+				t.Errorf("edit %d: %s", i, r.Text)
 			}
-			continue
-		}
-		data, _ := m.FS.ReadFile(ctx, "a.go", 100)
-		if r.IsError || string(data) != tc.want {
-			t.Errorf("%d changes meanwhile: %s; the file holds %q, want %q", tc.meddles, r.Text, data, tc.want)
+		})
+		wg.Go(func() { // another writer, which locks: appends a line
+			unlock, err := workspace.Lock(ctx, fsys, "a.txt")
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer unlock()
+			data, err := fsys.ReadFile(ctx, "a.txt", 1<<20)
+			if err == nil {
+				err = fsys.WriteFile(ctx, "a.txt", fmt.Appendf(data, "appended %d\n", i), 0o644)
+			}
+			if err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	data, _ := fsys.ReadFile(ctx, "a.txt", 1<<20)
+	for i := range n {
+		for _, want := range []string{fmt.Sprintf("edited %d\n", i), fmt.Sprintf("appended %d\n", i)} {
+			if !strings.Contains(string(data), want) {
+				t.Errorf("the file lost %q:\n%s", want, data)
+			}
 		}
 	}
 }

@@ -87,6 +87,13 @@ type MkdirAllFS interface {
 	MkdirAll(ctx context.Context, name string, perm fs.FileMode) error
 }
 
+// AppendFS is a FileSystem that appends to a file without rewriting it.
+// Its AppendFile must leave the tree AppendFileGeneric leaves.
+type AppendFS interface {
+	FileSystem
+	AppendFile(ctx context.Context, name string, data []byte, perm fs.FileMode) error
+}
+
 // RemoveAllFS is a FileSystem with its own RemoveAll.
 type RemoveAllFS interface {
 	FileSystem

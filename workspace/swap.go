@@ -15,6 +15,16 @@ type SwapRequest struct {
 	Name string
 	Data []byte
 	Perm fs.FileMode
+	// Edit, when set, computes the new contents from the old ones, in place
+	// of Data: the swap applies it to what it read, in the step that writes
+	// (under the lock with Lock), so no writer that locks comes in between
+	// and the file need not travel to the caller and back. The old file
+	// must be a regular file of at most Max bytes: else the swap fails with
+	// ErrNotFound, ErrNotAFile or ErrFileTooLarge. When Edit fails, the swap
+	// writes nothing and returns Edit's error in an *fs.PathError whose Op
+	// is "edit". Unmet conditions come first: they are reported as such,
+	// whatever Edit would have said.
+	Edit Editor
 	// Root is the workspace root as an absolute path, used as RealPath uses
 	// it to resolve Name.
 	Root string
@@ -62,6 +72,45 @@ type SwapResult struct {
 	// Unmet says a condition of the request did not hold: nothing was
 	// written, and New is nil.
 	Unmet bool
+	// Data is what a swap with an Edit wrote: Edit's result from OldData.
+	// It is nil for a swap without one, and when Unmet.
+	Data []byte
+}
+
+// An Editor computes a file's new contents from its old contents, for a
+// swap with SwapRequest.Edit (textedit.Edit is the edit tool's). Apply must
+// be a function of old alone: an adapter may apply it where the file is
+// (an agent) and its client again to check what it reports. Its errors
+// should carry a Kind.
+type Editor interface {
+	Apply(old []byte) ([]byte, error)
+}
+
+// Edited is what a swap for req writes over the file res describes (when
+// req's conditions hold): req.Data, or req.Edit's result from res.OldData,
+// with the errors SwapRequest.Edit describes. Adapters that implement SwapFS
+// call it.
+func (req SwapRequest) Edited(res SwapResult) ([]byte, error) {
+	if req.Edit == nil {
+		return req.Data, nil
+	}
+	var kind *Kind
+	switch {
+	case res.Old == nil:
+		kind = ErrNotFound
+	case !res.Old.Mode().IsRegular():
+		kind = ErrNotAFile
+	case res.OldData == nil:
+		kind = ErrFileTooLarge
+	}
+	if kind != nil {
+		return nil, PathError("edit", req.Name, kind)
+	}
+	data, err := req.Edit.Apply(res.OldData)
+	if err != nil {
+		return nil, &fs.PathError{Op: "edit", Path: req.Name, Err: err}
+	}
+	return data, nil
 }
 
 // Met reports whether res, found for req, meets req's conditions; a swap
@@ -83,11 +132,12 @@ func Sum(data []byte) []byte {
 	return sum[:]
 }
 
-// Swap writes req.Data to req.Name as WriteFile does and returns what the
-// write replaced: through the adapter's SwapFS when it has one, otherwise
-// with SwapGeneric. A swap that fails has written nothing; one that
-// succeeds has written, even when ctx ended meanwhile (an adapter checks
-// ctx before the write, not after), so that what it replaced is never lost.
+// Swap writes req.Data (or req.Edit's result) to req.Name as WriteFile does
+// and returns what the write replaced: through the adapter's SwapFS when it
+// has one, otherwise with SwapGeneric. A swap that fails has written
+// nothing; one that succeeds has written, even when ctx ended meanwhile (an
+// adapter checks ctx before the write, not after), so that what it replaced
+// is never lost.
 //
 // Old, OldData and New are read around the write, not under a lock with it
 // (unless req.Lock holds off the writers that lock): a concurrent writer of
@@ -141,7 +191,14 @@ func SwapGeneric(ctx context.Context, fsys FileSystem, req SwapRequest) (SwapRes
 		res.Unmet = true
 		return res, nil
 	}
-	if err := fsys.WriteFile(ctx, req.Name, req.Data, req.Perm); err != nil {
+	data, err := req.Edited(res)
+	if err != nil {
+		return SwapResult{}, err
+	}
+	if req.Edit != nil {
+		res.Data = data
+	}
+	if err := fsys.WriteFile(ctx, req.Name, data, req.Perm); err != nil {
 		return SwapResult{}, err
 	}
 	if info, err := fsys.Lstat(context.WithoutCancel(ctx), real); err == nil {

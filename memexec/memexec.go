@@ -112,6 +112,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/sandboxd/sandboxd/localexec"
 	"github.com/sandboxd/sandboxd/memfs"
@@ -144,7 +145,49 @@ type Bash struct {
 	pending map[string]bool // names collect left different between the two sides
 	shared  map[string]bool // host files with other hard links, as last seen
 
+	kept     *watcher    // the last Run's watch, for the next (see keep)
+	keptTill *time.Timer // drops kept keepWatch after the last Run
+
 	watchOff bool // tests: collect looks at everything
+}
+
+// keepWatch is how long a Run's watch is kept for the next Run.
+const keepWatch = 10 * time.Second
+
+// keep leaves w, the watch of a Run that has collected, to the next Run,
+// unless another is kept already, w is broken or the Bash is closed: then
+// it ends w. Called with sem held.
+func (b *Bash) keep(w *watcher) {
+	switch {
+	case w == nil:
+	case w.broken || b.kept != nil || b.closed:
+		w.close()
+	default:
+		b.kept = w
+		if b.keptTill == nil {
+			b.keptTill = time.AfterFunc(keepWatch, b.dropKept)
+		} else {
+			b.keptTill.Reset(keepWatch)
+		}
+	}
+}
+
+// takeKept returns the kept watch, if any, and keeps it no more. Called
+// with sem held.
+func (b *Bash) takeKept() *watcher {
+	w := b.kept
+	b.kept = nil
+	return w
+}
+
+// dropKept ends the kept watch: no Run came for it.
+func (b *Bash) dropKept() {
+	b.sem <- struct{}{}
+	w := b.takeKept()
+	<-b.sem
+	if w != nil {
+		w.close()
+	}
 }
 
 // changeLog is the optional interface of a FileSystem that remembers where
@@ -274,7 +317,7 @@ func (b *Bash) Run(ctx context.Context, cmd workspace.Command) (workspace.Result
 	}
 	var w *watcher
 	if !b.watchOff {
-		w = b.watch(b.dirs())
+		w = b.watch(b.takeKept(), b.dirs())
 	}
 	b.running.Add(1)
 	defer b.running.Done()
@@ -284,6 +327,7 @@ func (b *Bash) Run(ctx context.Context, cmd workspace.Command) (workspace.Result
 	// ctx: they are in the directory, as they would be on a disk.
 	b.sem <- struct{}{}
 	notes, err := b.collect(context.WithoutCancel(ctx), w)
+	b.keep(w)
 	<-b.sem
 	if cmd.Output != nil {
 		for _, n := range notes {
@@ -320,6 +364,9 @@ func (b *Bash) Close() error {
 	b.running.Wait()
 	b.sem <- struct{}{}
 	defer func() { <-b.sem }()
+	if w := b.takeKept(); w != nil {
+		w.close()
+	}
 	b.snap = nil
 	return removeAll(b.parent)
 }

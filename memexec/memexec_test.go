@@ -711,17 +711,40 @@ func TestWatchedChanges(t *testing.T) {
 			[]string{"d/ 755", "d/e/ 755", "d/e/f 644 bbbb", "g 644 gggg"}},
 		{"mkdir -p n/m && echo x > n/m/y",
 			[]string{"d/ 755", "d/e/ 755", "d/e/f 644 bbbb", "g 644 gggg", "n/ 755", "n/m/ 755", "n/m/y 644 x\n"}},
+		// Rewrites only the watch sees, in directories a kept watch did
+		// not have: made by the last command, renamed by it.
+		{"touch -r n/m/y /tmp/.memexec-ref-$$; printf 'z\\n' > n/m/y; touch -r /tmp/.memexec-ref-$$ n/m/y; rm /tmp/.memexec-ref-$$",
+			[]string{"d/ 755", "d/e/ 755", "d/e/f 644 bbbb", "g 644 gggg", "n/ 755", "n/m/ 755", "n/m/y 644 z\n"}},
 		{"mv d/e d/r",
-			[]string{"d/ 755", "d/r/ 755", "d/r/f 644 bbbb", "g 644 gggg", "n/ 755", "n/m/ 755", "n/m/y 644 x\n"}},
+			[]string{"d/ 755", "d/r/ 755", "d/r/f 644 bbbb", "g 644 gggg", "n/ 755", "n/m/ 755", "n/m/y 644 z\n"}},
+		{"touch -r d/r/f /tmp/.memexec-ref-$$; printf cccc > d/r/f; touch -r /tmp/.memexec-ref-$$ d/r/f; rm /tmp/.memexec-ref-$$",
+			[]string{"d/ 755", "d/r/ 755", "d/r/f 644 cccc", "g 644 gggg", "n/ 755", "n/m/ 755", "n/m/y 644 z\n"}},
 		{"printf oooo > " + outside + "; ln " + outside + " o",
-			[]string{"d/ 755", "d/r/ 755", "d/r/f 644 bbbb", "g 644 gggg", "n/ 755", "n/m/ 755", "n/m/y 644 x\n", "o 644 oooo"}},
+			[]string{"d/ 755", "d/r/ 755", "d/r/f 644 cccc", "g 644 gggg", "n/ 755", "n/m/ 755", "n/m/y 644 z\n", "o 644 oooo"}},
 		{"printf pppp > " + outside,
-			[]string{"d/ 755", "d/r/ 755", "d/r/f 644 bbbb", "g 644 gggg", "n/ 755", "n/m/ 755", "n/m/y 644 x\n", "o 644 pppp"}},
+			[]string{"d/ 755", "d/r/ 755", "d/r/f 644 cccc", "g 644 gggg", "n/ 755", "n/m/ 755", "n/m/y 644 z\n", "o 644 pppp"}},
 	}
 	for _, s := range steps {
 		sh(t, b, s.script)
 		if got := tree(t, fsys); !slices.Equal(got, s.want) {
 			t.Fatalf("after %q the workspace is\n  %s\nwant\n  %s", s.script, strings.Join(got, "\n  "), strings.Join(s.want, "\n  "))
+		}
+	}
+	// A directory made again, by the workspace or by a command, then
+	// rewritten in a way only the watch sees.
+	rewrite := "touch -r n/m/y /tmp/.memexec-ref-$$; printf 'w\\n' > n/m/y; touch -r /tmp/.memexec-ref-$$ n/m/y; rm /tmp/.memexec-ref-$$"
+	for _, remake := range []func(){
+		func() {
+			must(t, fsys.RemoveAll(ctx, "n/m"))
+			must(t, fsys.MkdirAll(ctx, "n/m", 0o755))
+			must(t, fsys.WriteFile(ctx, "n/m/y", []byte("q\n"), 0o644))
+		},
+		func() { sh(t, b, "rm -r n/m; mkdir n/m; echo q > n/m/y") },
+	} {
+		remake()
+		sh(t, b, rewrite)
+		if got, err := fsys.ReadFile(ctx, "n/m/y", 1<<10); err != nil || string(got) != "w\n" {
+			t.Errorf("n/m/y = %q, %v; want the command's rewrite", got, err)
 		}
 	}
 }

@@ -15,31 +15,50 @@ const watchMask = unix.IN_MODIFY | unix.IN_CLOSE_WRITE | unix.IN_ATTRIB | unix.I
 	unix.IN_DELETE | unix.IN_MOVED_FROM | unix.IN_MOVED_TO | unix.IN_DELETE_SELF | unix.IN_MOVE_SELF |
 	unix.IN_ONLYDIR | unix.IN_DONT_FOLLOW
 
-// watcher records, while one command runs, where in the host directory
+// watcher records, while a command runs, where in the host directory
 // something changed: an inotify instance with a watch on every directory.
-// It lives for one Run only, so that idle workspaces hold no instance (a
-// user has few: fs.inotify.max_user_instances, 128 by default).
+// Adding a hundred watches costs a Run milliseconds, so a Run leaves its
+// watcher to the next (Bash.keep) for keepWatch; an idle workspace holds no
+// instance longer than that (a user has few: fs.inotify.max_user_instances,
+// 128 by default).
 type watcher struct {
-	fd   int
-	dirs map[int]string // watch descriptor → directory name
+	fd     int
+	dirs   map[int]string // watch descriptor → directory name
+	wds    map[string]int // directory name → watch descriptor
+	broken bool           // its events no longer tell it all: not to be kept
 }
 
-// watch starts watching dirs (names relative to the host root, "." the
-// root). It returns nil when it cannot watch them all: collect then looks
-// at everything.
-func (b *Bash) watch(dirs []string) *watcher {
-	fd, err := unix.InotifyInit1(unix.IN_NONBLOCK | unix.IN_CLOEXEC)
-	if err != nil {
-		return nil
+// watch returns a watch on every directory of dirs (names relative to the
+// host root, "." the root): kept, a watcher an earlier Run left, drained of
+// what happened since and given the directories it lacks, or a new one. It
+// returns nil when it cannot watch them all: collect then looks at
+// everything.
+func (b *Bash) watch(kept *watcher, dirs []string) *watcher {
+	w := kept
+	if w != nil && !w.drain() {
+		w.close()
+		w = nil
 	}
-	w := &watcher{fd: fd, dirs: make(map[int]string, len(dirs))}
+	if w == nil {
+		fd, err := unix.InotifyInit1(unix.IN_NONBLOCK | unix.IN_CLOEXEC)
+		if err != nil {
+			return nil
+		}
+		w = &watcher{fd: fd, dirs: make(map[int]string, len(dirs)), wds: make(map[string]int, len(dirs))}
+	}
 	for _, d := range dirs {
-		wd, err := unix.InotifyAddWatch(fd, b.hostPath(d), watchMask)
+		if _, ok := w.wds[d]; ok {
+			continue
+		}
+		wd, err := unix.InotifyAddWatch(w.fd, b.hostPath(d), watchMask)
 		if err != nil {
 			w.close()
 			return nil
 		}
-		w.dirs[wd] = d
+		if old, ok := w.dirs[wd]; ok { // the same directory under another name: not to be told apart
+			delete(w.wds, old)
+		}
+		w.dirs[wd], w.wds[d] = d, wd
 	}
 	return w
 }
@@ -49,12 +68,22 @@ func (b *Bash) watch(dirs []string) *watcher {
 // need wait for: a goroutine waits.
 func (w *watcher) close() { go unix.Close(w.fd) }
 
-// changes ends the watch and returns the names of the entries the events
-// name, each standing for what lies under it. ok is false when the events
-// do not tell it all — the queue overflowed, or a directory moved (its
-// watch would name it wrongly) — and everything must be looked at.
+// drain discards the events queued since the last read: what the Run that
+// takes the watcher must not count (its prepare's own writes). It reports
+// false when the watcher's names can no longer be trusted (a directory
+// moved, or the queue overflowed and may have lost that news).
+func (w *watcher) drain() bool {
+	_, ok := w.changes()
+	return ok
+}
+
+// changes returns the names of the entries the events queued so far name,
+// each standing for what lies under it. ok is false when the events do not
+// tell it all — the queue overflowed, or a directory moved (its watch would
+// name it wrongly) — and everything must be looked at; the watcher is then
+// broken, not to be kept.
 func (w *watcher) changes() (names []string, ok bool) {
-	defer w.close()
+	defer func() { w.broken = w.broken || !ok }()
 	buf := make([]byte, 64<<10)
 	for {
 		n, err := unix.Read(w.fd, buf)
@@ -77,7 +106,15 @@ func (w *watcher) changes() (names []string, ok bool) {
 				ev.Mask&unix.IN_ISDIR != 0 && ev.Mask&(unix.IN_MOVED_FROM|unix.IN_MOVED_TO) != 0:
 				return nil, false
 			case ev.Mask&unix.IN_IGNORED != 0:
-				continue // its removal is its parent's IN_DELETE
+				// The directory is gone (its removal is its parent's
+				// IN_DELETE): a later one of that name needs a watch.
+				if d, ok := w.dirs[int(ev.Wd)]; ok {
+					delete(w.dirs, int(ev.Wd))
+					if w.wds[d] == int(ev.Wd) {
+						delete(w.wds, d)
+					}
+				}
+				continue
 			}
 			dir, known := w.dirs[int(ev.Wd)]
 			if !known {

@@ -3,8 +3,10 @@
 package memexec
 
 // watcher is Linux's (inotify); elsewhere collect looks at everything.
-type watcher struct{}
+type watcher struct{ broken bool }
 
-func (b *Bash) watch([]string) *watcher { return nil }
+func (b *Bash) watch(*watcher, []string) *watcher { return nil }
+
+func (w *watcher) close() {}
 
 func (w *watcher) changes() ([]string, bool) { return nil, false }

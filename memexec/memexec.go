@@ -364,6 +364,9 @@ func (b *Bash) Close() error {
 	b.running.Wait()
 	b.sem <- struct{}{}
 	defer func() { <-b.sem }()
+	if b.keptTill != nil {
+		b.keptTill.Stop()
+	}
 	if w := b.takeKept(); w != nil {
 		w.close()
 	}

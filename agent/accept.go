@@ -15,6 +15,18 @@ import (
 	"github.com/sandboxd/sandboxd/workspace"
 )
 
+// Listen makes the agent listen on addr as the first Accept does, and
+// returns once it listens: from then on a program's connection to addr waits
+// in the listen backlog for an Accept, where before Listen it would be
+// refused. A caller that hands the workspace to programs right after
+// starting its Accept loop calls Listen first, so that no program connects
+// before anything listens. It fails as Accept does for an address that is
+// not loopback or not the one the stream listens on.
+func (c *Client) Listen(ctx context.Context, addr string) error {
+	_, err := c.roundTrip(ctx, request{Op: opListen, Name: addr, Addr: addr}, nil, 0)
+	return err
+}
+
 // acceptHeader is the header of the first Data frame of an Accept call: the
 // agent accepted a connection.
 type acceptHeader struct {

@@ -235,3 +235,44 @@ func TestAcceptHostileAgent(t *testing.T) {
 		})
 	}
 }
+
+// TestListenBeforeAccept: once Listen returns, a program's connection is
+// taken at once (it waits in the backlog) and is the next Accept's; before
+// it, nothing listened. Listen refuses what Accept refuses.
+func TestListenBeforeAccept(t *testing.T) {
+	c := connect(t, memfs.New(), nil)
+	addr := freeAddr(t)
+	if conn, err := net.Dial("tcp", addr); err == nil {
+		conn.Close()
+		t.Fatal("something listened before Listen")
+	}
+	ctx := t.Context()
+	if err := c.Listen(ctx, addr); err != nil {
+		t.Fatal(err)
+	}
+	program, err := net.Dial("tcp", addr) // no Accept waits: the backlog holds it
+	if err != nil {
+		t.Fatalf("a connection right after Listen: %v", err)
+	}
+	defer program.Close()
+	if _, err := program.Write([]byte("early")); err != nil {
+		t.Fatal(err)
+	}
+	host, err := c.Accept(ctx, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer host.Close()
+	got := make([]byte, 5)
+	if _, err := io.ReadFull(host, got); err != nil || string(got) != "early" {
+		t.Errorf("read %q, %v; want what the program wrote before the Accept", got, err)
+	}
+	if err := c.Listen(ctx, addr); err != nil {
+		t.Errorf("Listen again on the same address: %v", err)
+	}
+	for _, other := range []string{freeAddr(t), "0.0.0.0:3128"} {
+		if err := c.Listen(ctx, other); !errors.Is(err, workspace.ErrInvalidArgument) {
+			t.Errorf("Listen(%q): %v; want ErrInvalidArgument", other, err)
+		}
+	}
+}

@@ -224,6 +224,7 @@ const (
 	opRun       = "run"
 	opAccept    = "accept"
 	opHandoff   = "handoff"
+	opListen    = "listen"
 )
 
 // wireSwap is a workspace.SwapResult as it crosses the stream.

@@ -448,6 +448,9 @@ func (c *serverConn) serve(call *serverCall) ([]byte, error) {
 		return nil, c.accept(call)
 	case opHandoff:
 		return nil, c.handoff(call)
+	case opListen:
+		_, err := c.acceptorFor(call.req.Addr)
+		return nil, err
 	}
 	return nil, &RemoteError{Kind: workspace.ErrInvalidArgument, Msg: fmt.Sprintf("unknown operation %q", req.Op)}
 }

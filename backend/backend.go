@@ -162,6 +162,11 @@ type Instance struct {
 	// proxy. It is nil where commands use the host's network (local,
 	// memory), and egress is not served.
 	Accept func(ctx context.Context, addr string) (net.Conn, error)
+	// Listen, when not nil, makes programs' connections to addr wait for
+	// Accept from its return on (agent.Client.Listen); before it, or
+	// before the first Accept where there is no Listen, they may be
+	// refused. The session host calls it before the session serves a call.
+	Listen func(ctx context.Context, addr string) error
 	// Publish, when not nil, keeps rec with the workspace, for another run
 	// of the daemon to adopt it ([Adopter]); the session host calls it once
 	// the session has its workspace, before the session serves a call.

@@ -96,20 +96,40 @@ func handoffSourceMissing(err error) bool {
 // (the daemon does not share the engine's filesystem), the connections are
 // carried on the stream instead. A container listens on one address.
 func (c *Container) Accept(ctx context.Context, addr string) (net.Conn, error) {
-	c.hmu.Lock()
-	if c.handoffAddr == "" {
-		c.handoffAddr = addr
-		c.handoff, c.handoffErr = c.startHandoff(ctx, addr)
-	}
-	listening, l := c.handoffAddr, c.handoff
-	c.hmu.Unlock()
-	if addr != listening {
-		return nil, fmt.Errorf("dockerexec: accept on %s: %w: the container listens on %s", addr, workspace.ErrInvalidArgument, listening)
+	l, err := c.listening(ctx, addr)
+	if err != nil {
+		return nil, err
 	}
 	if l != nil {
 		return l.Accept(ctx)
 	}
 	return c.agent.Accept(ctx, addr)
+}
+
+// Listen starts what the first Accept starts — the handoff, or else the
+// agent's listener for the stream — and returns once programs' connections
+// to addr wait for an Accept (agent.Client.Listen).
+func (c *Container) Listen(ctx context.Context, addr string) error {
+	l, err := c.listening(ctx, addr)
+	if err != nil || l != nil {
+		return err
+	}
+	return c.agent.Listen(ctx, addr)
+}
+
+// listening starts the handoff on the first call, and returns its listener
+// (nil when connections go on the stream).
+func (c *Container) listening(ctx context.Context, addr string) (*agent.HandoffListener, error) {
+	c.hmu.Lock()
+	defer c.hmu.Unlock()
+	if c.handoffAddr == "" {
+		c.handoffAddr = addr
+		c.handoff, c.handoffErr = c.startHandoff(ctx, addr)
+	}
+	if addr != c.handoffAddr {
+		return nil, fmt.Errorf("dockerexec: accept on %s: %w: the container listens on %s", addr, workspace.ErrInvalidArgument, c.handoffAddr)
+	}
+	return c.handoff, nil
 }
 
 // Handoff reports whether the container's connections are handed off to

@@ -43,8 +43,10 @@ func egressPolicy(op egress.Policy, tenant, session []string) (egress.Policy, er
 
 // serveEgress starts the session's egress proxy, when its policy allows
 // any destination and its workspace has no network of its own; it ends
-// with the session, and its connections with it.
-func (m *Manager) serveEgress(s *Session, p egress.Policy) {
+// with the session, and its connections with it. It returns once the
+// workspace listens on the proxy's address (Instance.Listen), so that the
+// session's first command finds the proxy there.
+func (m *Manager) serveEgress(ctx context.Context, s *Session, p egress.Policy) {
 	if !p.On() || s.inst.Accept == nil {
 		return
 	}
@@ -53,6 +55,11 @@ func (m *Manager) serveEgress(s *Session, p egress.Policy) {
 	if err != nil { // validated when the manager was made
 		m.o.logger.Error("egress proxy not started", "session", s.id, "err", err)
 		return
+	}
+	if s.inst.Listen != nil {
+		if err := s.inst.Listen(ctx, egress.ListenAddr); err != nil {
+			m.o.logger.Warn("egress: the workspace does not listen on the proxy's address yet; the first Accept will", "session", s.id, "err", err)
+		}
 	}
 	go func() {
 		err := px.Serve(s.ctx, func(ctx context.Context) (net.Conn, error) { return s.inst.Accept(ctx, egress.ListenAddr) })

@@ -22,6 +22,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/fstest"
 	"time"
@@ -392,7 +393,8 @@ func median(b *testing.B, s string) float64 {
 // agent's Accept does in a container.
 type loopbackBackend struct {
 	memory.Backend
-	addrs chan string // each workspace's listener
+	addrs   chan string  // each workspace's listener
+	listens atomic.Int32 // Listen calls on the proxy's address
 }
 
 func (b *loopbackBackend) Open(ctx context.Context, spec backend.Spec) (*backend.Instance, error) {
@@ -411,8 +413,36 @@ func (b *loopbackBackend) Open(ctx context.Context, spec backend.Spec) (*backend
 		defer stop()
 		return ln.Accept()
 	}
+	inst.Listen = func(ctx context.Context, addr string) error {
+		if addr == egress.ListenAddr {
+			b.listens.Add(1)
+		}
+		return nil
+	}
 	b.addrs <- ln.Addr().String()
 	return inst, nil
+}
+
+// TestEgressListensBeforeCreateReturns: a session's workspace listens on
+// the proxy's address before the session is handed out, so that its first
+// command, run at once, finds the proxy (the kubernetes TestEgress was
+// refused under load when only the proxy's Accept loop, started meanwhile,
+// made the agent listen).
+func TestEgressListensBeforeCreateReturns(t *testing.T) {
+	b := &loopbackBackend{addrs: make(chan string, 4)}
+	m, err := runner.New(context.Background(), b, runner.WithEgress(egress.Policy{Allow: []string{"a.test:80"}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Shutdown(context.Background())
+	s, err := m.Create(t.Context(), runner.CreateRequest{Tenant: "acme"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Delete(context.Background(), "acme", s.ID())
+	if n := b.listens.Load(); n != 1 {
+		t.Errorf("Listen was called %d times before Create returned; want once", n)
+	}
 }
 
 // TestEgressNarrowedByTenantAndSession: the operator allows two hosts, a

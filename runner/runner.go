@@ -434,6 +434,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Session, erro
 // workspace. It fails with ErrShuttingDown, s closed, once Shutdown has
 // begun.
 func (m *Manager) track(ctx context.Context, s *Session, out egress.Policy) error {
+	m.serveEgress(ctx, s, out) // before anyone can reach the session; it ends with it
 	m.mu.Lock()
 	if m.closing {
 		m.mu.Unlock()
@@ -442,7 +443,6 @@ func (m *Manager) track(ctx context.Context, s *Session, out egress.Policy) erro
 	}
 	m.sessions[s.id] = s
 	m.mu.Unlock()
-	m.serveEgress(s, out)
 	if inst := s.inst; inst.Done != nil {
 		go func() {
 			select {

@@ -84,7 +84,7 @@ func (d *Backend) start(ctx context.Context, spec backend.Spec, prof policy.Prof
 	}
 	return &backend.Instance{
 		FS: dockerfs.New(c), Bash: c.Bash(), Root: policy.WorkspaceDir, ID: c.Name(), Close: c.Close,
-		Done: c.Agent().Done(), Err: c.Agent().Err, Accept: c.Accept,
+		Done: c.Agent().Done(), Err: c.Agent().Err, Accept: c.Accept, Listen: c.Listen,
 	}, nil
 }
 

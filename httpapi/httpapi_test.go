@@ -751,3 +751,26 @@ func TestEventStreamStalled(t *testing.T) {
 		t.Error("the cut stream ended as if whole")
 	}
 }
+
+// A client that stops reading a download has it cut after the write
+// timeout, logged as a client that stopped reading, not as a broken
+// download.
+func TestDownloadStalled(t *testing.T) {
+	logs := &logLines{more: make(chan struct{}, 1)}
+	e := start(t, config{api: []httpapi.Option{httpapi.WithWriteTimeout(time.Second), httpapi.WithLogger(slog.New(slog.NewTextHandler(logs, nil)))}})
+	s := e.create(acmeToken, writer)
+	if res := e.call(acmeToken, s.ID, "bash", map[string]any{"command": "head -c 33554432 /dev/zero > big"}); res.IsError {
+		t.Fatalf("making the file: %+v", res)
+	}
+	req, _ := http.NewRequest("GET", e.url+"/v1/sessions/"+s.ID+"/files/big", nil)
+	req.Header.Set("Authorization", "Bearer "+acmeToken)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	logs.wait(t, `msg="call cut: its client stopped reading" tenant=acme session=`+s.ID+" tool=download", 60*time.Second)
+	if _, err := io.Copy(io.Discard, res.Body); err == nil {
+		t.Error("the cut download ended as if whole")
+	}
+}

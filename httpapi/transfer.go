@@ -435,8 +435,14 @@ func (s *Server) download(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		if started {
 			// The status is sent: cut the stream so the client sees a broken
-			// archive, never a short one that looks whole.
-			s.o.logger.Warn("download cut short", "tenant", tenantOf(r).Name, "session", sess.ID(), "error", err)
+			// archive, never a short one that looks whole. A client that
+			// stopped taking it is logged as calls' are, so that it is told
+			// from a download that broke.
+			if werr := writeFailure(w); werr != nil {
+				s.o.logger.Warn("call cut: its client stopped reading", "tenant", tenantOf(r).Name, "session", sess.ID(), "tool", "download", "error", werr)
+			} else {
+				s.o.logger.Warn("download cut short", "tenant", tenantOf(r).Name, "session", sess.ID(), "error", err)
+			}
 			panic(http.ErrAbortHandler)
 		}
 		s.fail(w, r, err)

@@ -208,6 +208,12 @@ func alive(pid int) bool {
 	return err != nil || string(b) == "sleep\x00600\x00"
 }
 
+// untilSleep, after "sleep 600 &", waits until the background job is sleep:
+// alive, which knows a process by its command line (so that a reused pid is
+// not taken for it), would take the forked shell for a process gone. Where
+// there is no /proc, it does not wait.
+const untilSleep = `until [ ! -e /proc/self ] || [ "$(cat /proc/$!/comm 2>/dev/null)" = sleep ]; do sleep 0.01; done`
+
 // goneTimeout bounds the wait for a killed process to end: only a hang
 // (a process that was never killed) outlasts it.
 const goneTimeout = 60 * time.Second

@@ -40,11 +40,6 @@ func escapes(dir string) string {
 
 var escapeFiles = []string{"background", "nohup", "setsid", "doublefork", "setsid-child", "ignores-term"}
 
-// untilSleep, after "sleep 600 &", waits until the background job is sleep:
-// alive, which knows a process by its command line (so that a reused pid is
-// not taken for it), would take the forked shell for a process gone.
-const untilSleep = `until [ "$(cat /proc/$!/comm 2>/dev/null)" = sleep ]; do sleep 0.01; done`
-
 // checkGone fails the test unless every escape recorded in dir has ended
 // (see pidsGone).
 func checkGone(t *testing.T, dir string, promised bool) {

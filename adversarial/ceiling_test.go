@@ -1,7 +1,9 @@
 package adversarial
 
 import (
+	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"reflect"
 	"slices"
@@ -9,7 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxd/sandboxd/conformance"
+	"github.com/sandboxd/sandboxd/memfs"
 	"github.com/sandboxd/sandboxd/runner"
+	"github.com/sandboxd/sandboxd/snapshot"
 	"github.com/sandboxd/sandboxd/sources"
 	"github.com/sandboxd/sandboxd/tools"
 	"github.com/sandboxd/sandboxd/workspace"
@@ -20,6 +25,13 @@ import (
 // the setting, nothing started), and requests that narrow it accepted.
 type ceilingCase struct {
 	widen, narrow []any
+	// absent are requests for what the tenant may not even learn exists
+	// (another tenant's snapshot): answered 404 naming the setting, as one
+	// that never was, nothing started.
+	absent []any
+	// setup makes what a case's values name before they are judged; it
+	// returns them.
+	setup func(t *testing.T) ceilingCase
 }
 
 // jsonName is a struct field's JSON name.
@@ -40,10 +52,39 @@ func TestCeilings(t *testing.T) {
 	op.ReadImages, op.FuzzyEdit = false, false
 	op.BashEnv = map[string]string{"HTTPS_PROXY": "http://proxy.invalid:3128"}
 	op.Sources = sources.Decls{{Name: "docs", Kind: sources.KindDir, Path: t.TempDir()}}
+	store, err := snapshot.Open(t.TempDir(), snapshot.WithSync(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	base := memfs.New()
+	conformance.Build(t, base, "README.md: the operator's template")
 	d := newDaemon(t, daemonConfig{backend: "memory", tools: &op, options: []runner.Option{
 		runner.WithGrants(tools.GrantFSWrite),
 		runner.WithLifetime(0, time.Hour), runner.WithIdleTimeout(0, time.Hour),
+		runner.WithSnapshots(store),
+		runner.WithTemplates(runner.Template{Name: "base", Source: func(ctx context.Context, w io.Writer) error {
+			return snapshot.WriteTree(ctx, base, w)
+		}}),
 	}})
+	// snapshotOf makes a session of the tenant whose token is given and
+	// returns a snapshot of it.
+	snapshotOf := func(t *testing.T, token string) string {
+		code, answer := d.do(t, token, "POST", "/v1/sessions", map[string]any{})
+		if code != http.StatusCreated {
+			t.Fatalf("a session to snapshot: %d %s", code, answer)
+		}
+		var s struct{ ID string }
+		json.Unmarshal(answer, &s)
+		defer d.do(t, token, "DELETE", "/v1/sessions/"+s.ID, nil)
+		code, answer = d.do(t, token, "POST", "/v1/sessions/"+s.ID+"/snapshots", nil)
+		if code != http.StatusCreated {
+			t.Fatalf("a snapshot: %d %s", code, answer)
+		}
+		var snap struct{ ID string }
+		json.Unmarshal(answer, &snap)
+		return snap.ID
+	}
 
 	judge := func(t *testing.T, name string, c ceilingCase, wrap func(any) any) {
 		for _, w := range c.widen {
@@ -51,6 +92,13 @@ func TestCeilings(t *testing.T) {
 			code, answer := d.do(t, boltToken, "POST", "/v1/sessions", body)
 			if (code != http.StatusForbidden && code != http.StatusBadRequest) || !strings.Contains(string(answer), name) {
 				t.Errorf("%s: %d %s; want 403 or 400 naming %s", jsonText(t, body), code, answer, name)
+			}
+		}
+		for _, a := range c.absent {
+			body := wrap(a)
+			code, answer := d.do(t, boltToken, "POST", "/v1/sessions", body)
+			if code != http.StatusNotFound || !strings.Contains(string(answer), name) {
+				t.Errorf("%s: %d %s; want 404 naming %s, as for one that never was", jsonText(t, body), code, answer, name)
 			}
 		}
 		for _, n := range c.narrow {
@@ -74,7 +122,12 @@ func TestCeilings(t *testing.T) {
 				continue
 			}
 			delete(cases, name)
-			t.Run(name, func(t *testing.T) { judge(t, name, c, func(v any) any { return wrap(name, v) }) })
+			t.Run(name, func(t *testing.T) {
+				if c.setup != nil {
+					c = c.setup(t)
+				}
+				judge(t, name, c, func(v any) any { return wrap(name, v) })
+			})
 		}
 		for name := range cases {
 			t.Errorf("a case for %s, which %s does not have", name, typ.Name())
@@ -103,6 +156,17 @@ func TestCeilings(t *testing.T) {
 			"lifetime":    {widen: []any{"87600h"}, narrow: []any{"10m"}},
 			"idleTimeout": {widen: []any{"87600h"}, narrow: []any{"10m"}},
 			"egress":      {widen: []any{[]string{"proxy.golang.org:443"}, []string{"go"}, []string{"*.golang.org:443"}}, narrow: []any{[]string{}}}, // the operator allows none
+			"secrets":     {widen: []any{[]string{"GITHUB_TOKEN"}}, narrow: []any{[]string{}}},                                                       // the operator declares none
+			// The operator gives bolt no secrets of its own (maxSecrets 0).
+			"secretValues": {widen: []any{[]map[string]any{{"name": "NPM_TOKEN", "value": "npm_x", "allow": []string{"proxy.golang.org:443"}}}}, narrow: []any{[]any{}}},
+			// A tenant starts from its own snapshots only: another's, one that
+			// never was, or a path to one, is 404 alike.
+			"snapshot": {setup: func(t *testing.T) ceilingCase {
+				acme := snapshotOf(t, acmeToken)
+				return ceilingCase{absent: []any{acme, "../" + acme, "snap-0000000000000000"}, narrow: []any{snapshotOf(t, boltToken)}}
+			}},
+			// Templates are the operator's to declare.
+			"template": {absent: []any{"undeclared", "../base"}, narrow: []any{"base"}},
 		}, func(name string, v any) any { return map[string]any{name: v} })
 	})
 
@@ -128,6 +192,7 @@ func TestCeilings(t *testing.T) {
 			"bashInheritEnv":     {widen: []any{true}},
 			"bashEnvAllow":       {widen: []any{[]string{"*"}}},
 			"bashSessionEnv":     {narrow: []any{true, false}}, // the session's own ID and root
+			"bashKeepState":      {narrow: []any{true, false}}, // its own cwd and exports: a call may set them anyway
 			"spillDir":           {widen: []any{".git/hooks"}, narrow: []any{tools.DefaultSpillDir}},
 			"spillKeep":          {widen: []any{51}, narrow: []any{1}},
 			"progressMs":         {widen: []any{3_600_000}, narrow: []any{50}},

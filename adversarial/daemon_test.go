@@ -19,8 +19,8 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/httpapi"
-	"github.com/sandboxd/sandboxd/internal/dockertest"
 	"github.com/sandboxd/sandboxd/runner"
+	"github.com/sandboxd/sandboxd/testharness/dockertest"
 )
 
 // daemonBackends runs f per backend of the daemon: memory always, docker

@@ -1,6 +1,8 @@
 package adversarial
 
 import (
+	"path"
+	"slices"
 	"strings"
 	"testing"
 
@@ -54,6 +56,43 @@ printf attacker > notes.txt; printf attacker > src/a.go; `
 			}
 			if got := w.sh(t, `cat notes.txt src/a.go`); got != "hello\npackage a\n" {
 				t.Fatalf("a failed run restored %q, want the workspace as it was", got)
+			}
+		}},
+		{"SandboxdDirIsTheDaemons", func(t *testing.T, w *world) {
+			// A run's own cut output is saved by sandboxd into .sandboxd/;
+			// then runs, failing, succeeding and out of scope, rewrite that
+			// file, plant others and remove the directory's entries: each is
+			// put back, and the output the daemon saved for the attacking run
+			// is kept.
+			const state = `cd .sandboxd && find . | sort | while read -r f; do stat -c '%n %a %F' "$f"; done && find . -type f | sort | xargs md5sum`
+			const attack = `for f in $(find .sandboxd -type f); do printf attacker > "$f"; done; mkdir -p .sandboxd/runtime/new; printf x > .sandboxd/planted; ` +
+				`printf x > .sandboxd/runtime/new/planted; chmod 0777 .sandboxd/runtime; seq 1 30000; `
+			for _, c := range []struct {
+				name   string
+				commit []string
+				end    string
+			}{{"failing", nil, "exit 1"}, {"succeeding", nil, "exit 0"}, {"outOfScope", []string{"docs/**"}, "exit 0"}} {
+				set := execSet(t, w, c.commit)
+				if er := exec(t, set, "seq 1 30000"); er.OutputPath == "" {
+					t.Fatalf("the first run's output was not saved: %+v", er)
+				}
+				before := w.sh(t, state)
+				er := exec(t, set, attack+c.end)
+				if !slices.Contains(er.Protected, ".sandboxd/planted") {
+					t.Errorf("%s: put back under .sandboxd/: %q", c.name, er.Protected)
+				}
+				if saved := w.sh(t, "cat "+er.OutputPath+" | wc -l"); er.OutputPath == "" || strings.TrimSpace(saved) != "30000" {
+					t.Errorf("%s: the output sandboxd saved for the run, %q, holds %s lines", c.name, er.OutputPath, saved)
+				}
+				var after []string // but the run's saved output
+				for line := range strings.Lines(w.sh(t, state)) {
+					if er.OutputPath == "" || !strings.Contains(line, path.Base(er.OutputPath)) {
+						after = append(after, line)
+					}
+				}
+				if got := strings.Join(after, ""); got != before {
+					t.Errorf("%s: .sandboxd/ after the run:\n%s\nwant as before:\n%s", c.name, got, before)
+				}
 			}
 		}},
 		{"OutOfScopePutBackForReal", func(t *testing.T, w *world) {

@@ -21,15 +21,13 @@ import (
 	"github.com/sandboxd/sandboxd/backend/docker"
 	"github.com/sandboxd/sandboxd/backend/local"
 	"github.com/sandboxd/sandboxd/backend/memory"
-	"github.com/sandboxd/sandboxd/dockerexec"
-	"github.com/sandboxd/sandboxd/dockerfs"
 	"github.com/sandboxd/sandboxd/httpapi"
-	"github.com/sandboxd/sandboxd/internal/agentbin"
-	"github.com/sandboxd/sandboxd/internal/dockertest"
 	"github.com/sandboxd/sandboxd/localexec"
 	"github.com/sandboxd/sandboxd/localfs"
 	"github.com/sandboxd/sandboxd/policy"
 	"github.com/sandboxd/sandboxd/runner"
+	"github.com/sandboxd/sandboxd/testharness/agentbin"
+	"github.com/sandboxd/sandboxd/testharness/dockertest"
 	"github.com/sandboxd/sandboxd/tools"
 	"github.com/sandboxd/sandboxd/workspace"
 	"github.com/sandboxd/sandboxd/workspaceshell"
@@ -50,9 +48,9 @@ var agentBuilt bool
 func TestMain(m *testing.M) {
 	os.Setenv("SANDBOXD_ADVERSARIAL_SECRET", fakeSecret)
 	os.Setenv("AWS_SECRET_ACCESS_KEY", fakeSecret)
-	agentBuilt = os.Getenv(dockerexec.EnvAgent) == ""
+	agentBuilt = os.Getenv(docker.EnvAgent) == ""
 	if p, err := agentbin.Path(); err == nil {
-		os.Setenv(dockerexec.EnvAgent, p)
+		os.Setenv(docker.EnvAgent, p)
 	}
 	dockertest.Main(m, "adversarial")
 }
@@ -96,7 +94,7 @@ func runAttacks(t *testing.T, attacks []attack) {
 	var once sync.Once
 	var p *dockertest.Pool
 	pool := func() *dockertest.Pool {
-		once.Do(func() { p = dockertest.NewPool(t, 3, dockerexec.Spec{}) })
+		once.Do(func() { p = dockertest.NewPool(t, 3, docker.Spec{}) })
 		return p
 	}
 	for _, a := range attacks {
@@ -131,7 +129,7 @@ func localWorld(t *testing.T) *world {
 
 func dockerWorld(t *testing.T, pool *dockertest.Pool) *world {
 	l := pool.Get(t)
-	w := &world{backend: "docker", fs: dockerfs.New(l.Container), bash: l.Bash(), root: policy.WorkspaceDir, outside: dockertest.OutsideDir, loan: l}
+	w := &world{backend: "docker", fs: l.Agent(), bash: l.Bash(), root: policy.WorkspaceDir, outside: dockertest.OutsideDir, loan: l}
 	w.fillOutside(t)
 	return w
 }
@@ -428,7 +426,7 @@ func sandboxdBinary(t testing.TB) string {
 	buildOnce.Do(func() {
 		_, file, _, _ := runtime.Caller(0)
 		if agentBuilt {
-			buildDir = filepath.Dir(os.Getenv(dockerexec.EnvAgent))
+			buildDir = filepath.Dir(os.Getenv(docker.EnvAgent))
 		} else if buildDir, buildErr = os.MkdirTemp("", "sandboxd-adversarial-"); buildErr != nil {
 			return
 		}

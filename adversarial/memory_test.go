@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/httpapi"
+	"github.com/sandboxd/sandboxd/tools"
 )
 
 // The daemon's memory belongs to no tenant: each attack below runs against
@@ -86,6 +87,62 @@ func TestDaemonMemory(t *testing.T) {
 			})
 			t.Logf("8 downloads of %d bytes: %v", fileSize, codes)
 		}},
+		{"KeptDetachedResults", func(t *testing.T, d *memDaemon, id string) {
+			// Detached reads of a 3.75 MiB image, 32 in each of 8 sessions
+			// (960 MiB, were every result kept until its session ends), each
+			// fetched once it ended and asked for again at the end. A result
+			// past its session's cap or the tenant's share is not kept, and
+			// its call says so, naming the limit.
+			sessions := []string{id}
+			for range 7 {
+				sessions = append(sessions, d.create(t, acmeToken, map[string]any{}))
+			}
+			image := pngOfSize(tools.MaxImageBytes)
+			var wg sync.WaitGroup
+			calls := make([][]string, len(sessions))
+			for i, sid := range sessions {
+				if code, body := d.do(t, acmeToken, "PUT", "/v1/sessions/"+sid+"/files/", makeTar(t, &tar.Header{Name: "big.png", Typeflag: tar.TypeReg, Size: int64(len(image)), Mode: 0o644}, string(image))); code >= 300 {
+					t.Fatalf("upload: %d %s", code, body)
+				}
+				wg.Go(func() {
+					for range 32 {
+						st, err := d.detach(acmeToken, sid, "read", map[string]any{"path": "big.png"})
+						if err == nil {
+							calls[i] = append(calls[i], st.ID)
+							st, err = d.callStatus(acmeToken, sid, st.ID, 60)
+						}
+						if err == nil && !st.Done {
+							err = fmt.Errorf("call %s not done after 60 s", st.ID)
+						}
+						if err != nil {
+							t.Error(err)
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			kept, gone := 0, 0
+			for i, sid := range sessions {
+				for _, call := range calls[i] {
+					st, err := d.callStatus(acmeToken, sid, call, 0)
+					switch {
+					case err != nil:
+						t.Error(err)
+					case st.Result != nil && len(st.Result.Content) == 2 && len(st.Result.Content[1].Data) == len(image):
+						kept++
+					case st.Error != nil && st.Error.Error == "ResultNotKept" && strings.Contains(st.Error.Message, "limits."):
+						gone++
+					default:
+						t.Errorf("call %s: neither its result nor why it is gone: %+v", call, st)
+					}
+				}
+			}
+			t.Logf("%d detached image reads: %d results kept, %d not", kept+gone, kept, gone)
+			if gone == 0 {
+				t.Error("every result was kept")
+			}
+		}},
 	} {
 		t.Run(a.name, func(t *testing.T) {
 			d := startMemDaemon(t)
@@ -109,6 +166,68 @@ func TestDaemonMemory(t *testing.T) {
 			}
 		})
 	}
+}
+
+// pngOfSize is a PNG of size bytes: a header of 64×64 pixels, then
+// padding, which is all read looks at before it sends an image.
+func pngOfSize(size int) []byte {
+	b := make([]byte, size)
+	copy(b, "\x89PNG\r\n\x1a\n\x00\x00\x00\x0dIHDR\x00\x00\x00\x40\x00\x00\x00\x40\x08\x06\x00\x00\x00")
+	return b
+}
+
+// detach starts a detached call, waiting for a slot of calls in flight
+// while the session has none free (429).
+func (d *memDaemon) detach(token, id, tool string, args map[string]any) (httpapi.CallStatus, error) {
+	var st httpapi.CallStatus
+	body, _ := json.Marshal(map[string]any{"arguments": args, "detach": true})
+	err := d.sendUntil(token, "POST", "/v1/sessions/"+id+"/tools/"+tool, body, http.StatusTooManyRequests, http.StatusAccepted, &st)
+	return st, err
+}
+
+// callStatus fetches a detached call's status, waiting up to wait seconds
+// for it to end, and retrying while the daemon's memory is in use (503).
+func (d *memDaemon) callStatus(token, id, call string, wait int) (httpapi.CallStatus, error) {
+	var st httpapi.CallStatus
+	err := d.sendUntil(token, "GET", fmt.Sprintf("/v1/sessions/%s/calls/%s?wait=%d", id, call, wait), nil, http.StatusServiceUnavailable, http.StatusOK, &st)
+	return st, err
+}
+
+// sendUntil sends a request again while it is answered retry, and decodes
+// an answer of want into out.
+func (d *memDaemon) sendUntil(token, method, path string, body []byte, retry, want int, out any) error {
+	for {
+		code, data, err := d.send(token, method, path, body)
+		switch {
+		case err != nil:
+			return err
+		case code == retry:
+			time.Sleep(50 * time.Millisecond)
+			continue
+		case code != want:
+			return fmt.Errorf("%s %s: %d %.300s", method, path, code, data)
+		}
+		return json.Unmarshal(data, out)
+	}
+}
+
+// acmeClient has connections of its own, as another tenant's would.
+var acmeClient = &http.Client{Transport: &http.Transport{}}
+
+// send makes one request off the test's goroutine.
+func (d *memDaemon) send(token, method, path string, body []byte) (int, []byte, error) {
+	req, err := http.NewRequest(method, d.url+path, bytes.NewReader(body))
+	if err != nil {
+		return 0, nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := acmeClient.Do(req)
+	if err != nil {
+		return 0, nil, fmt.Errorf("%s %s: %w", method, path, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, data, err
 }
 
 // stream starts acme's bash command as server-sent events and returns the
@@ -476,6 +595,36 @@ func TestDaemonFindings(t *testing.T) {
 				res := d.call(t, acmeToken, id, "bash", map[string]any{"command": "ls -a; ls -a .sandboxd 2>&1"})
 				if strings.Contains(strings.ToLower(res.Content[0].Text), "\nx\n") || strings.Contains(res.Content[0].Text, "SANDBOXD") || strings.Contains(res.Content[0].Text, "Sandboxd") {
 					t.Errorf("an upload wrote: %s", res.Content[0].Text)
+				}
+			})
+			t.Run("UploadThroughALinkIntoSandboxd", func(t *testing.T) {
+				// Links the session made into sandboxd's directory, by every
+				// spelling: the upload is judged where it lands, not by its name.
+				res := d.call(t, acmeToken, id, "bash", map[string]any{"command": "mkdir -p .sandboxd/runtime lk/sub && ln -s .sandboxd j && ln -s .sandboxd/runtime jr && " +
+					"ln -s ../.sandboxd lk/up && ln -s \"$PWD/.sandboxd\" abs && ln -s ../j lk/sub/twice && ln -s lk/up/runtime deep && echo ok"})
+				if res.IsError || !strings.Contains(res.Content[0].Text, "ok") {
+					t.Fatalf("making the links: %+v", res)
+				}
+				file := func(name string) []byte {
+					return makeTar(t, &tar.Header{Name: name, Typeflag: tar.TypeReg, Size: 2, Mode: 0o644}, "x\n")
+				}
+				for _, u := range []struct{ dir, entry string }{
+					{"j", "planted"}, {"jr", "planted"}, {"lk/up", "planted"}, {"abs", "planted"}, {"lk/sub/twice", "planted"}, {"deep", "planted"},
+					{"", "j/planted"}, {"", "jr/planted"}, {"lk", "up/planted"}, {"", "abs/runtime/planted"}, {"lk/sub", "twice/planted"},
+					{"j/runtime", "planted"}, {"", "deep/planted"},
+				} {
+					if code, body := d.do(t, acmeToken, "PUT", "/v1/sessions/"+id+"/files/"+u.dir, file(u.entry)); code < 400 || code >= 500 {
+						t.Errorf("upload of %s into %q: %d %s", u.entry, u.dir, code, body)
+					}
+				}
+				res = d.call(t, acmeToken, id, "bash", map[string]any{"command": "find .sandboxd -name planted"})
+				if strings.Contains(res.Content[0].Text, "planted") {
+					t.Errorf("an upload wrote into .sandboxd/: %s", res.Content[0].Text)
+				}
+				// A link that leads elsewhere in the workspace is still written through.
+				d.call(t, acmeToken, id, "bash", map[string]any{"command": "mkdir -p real && ln -s real fine"})
+				if code, body := d.do(t, acmeToken, "PUT", "/v1/sessions/"+id+"/files/fine", file("ok.txt")); code != http.StatusOK {
+					t.Errorf("upload through a link to real/: %d %s", code, body)
 				}
 			})
 		})

@@ -3,7 +3,9 @@ package agent
 import (
 	"bufio"
 	"context"
+	"crypto/rand"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,9 +13,7 @@ import (
 	"io/fs"
 	"sync"
 	"time"
-	"unicode/utf8"
 
-	"github.com/sandboxd/sandboxd/textedit"
 	"github.com/sandboxd/sandboxd/workspace"
 )
 
@@ -27,6 +27,9 @@ type Client struct {
 
 	wmu  sync.Mutex
 	wbuf []byte
+	// sealed is set, before any call, once the agent agreed to sealed
+	// frames (hello.Seal).
+	sealed bool
 
 	mu     sync.Mutex
 	calls  map[uint32]*call
@@ -55,6 +58,12 @@ type AgentInfo struct {
 	Version int    // protocol version
 	Build   string // the agent's build identifier
 	Shell   string // the program that runs scripts; "" when unknown
+	// Background says the agent keeps background commands itself
+	// (workspace.BackgroundBash), beyond this client's connection.
+	Background bool
+	// Boot names the agent's run: it changes when the agent starts again
+	// (its container did), and its background commands are then gone.
+	Boot string
 }
 
 // ClientOption configures NewClient.
@@ -67,6 +76,7 @@ type clientOptions struct {
 	explain     func() string
 	hangGrace   time.Duration
 	hangup      func() string
+	resync      bool
 }
 
 // DefaultHangGrace is how long after a call's deadline the client waits for
@@ -97,7 +107,7 @@ func WithCancelGrace(d time.Duration) ClientOption {
 
 // WithHangup sets what the client does when the agent stops answering, as
 // one that a command has frozen would: hangup is called once, and may take a
-// moment (dockerexec kills the container; its words go into the error), and
+// moment (the Docker backend kills the container; its words go into the error), and
 // then the client fails every call with workspace.ErrUnavailable, saying so.
 // Without it the client only closes its stream.
 //
@@ -118,9 +128,19 @@ func WithHangGrace(d time.Duration) ClientOption {
 	return func(o *clientOptions) { o.hangGrace = d }
 }
 
+// WithResync makes the client a new one on a stream that an earlier client
+// used and may have left in mid-frame — a container's standard input,
+// which the engine keeps open when an attached client goes: the client
+// sends the resync break and line before its Hello, so that the agent
+// ends what the earlier connection left (its calls are cancelled) and
+// serves this one from a clean start, and skips what the agent sent before
+// answering it (see sealTrailer). It needs an agent serving that stream
+// with Server.ServeShared.
+func WithResync() ClientOption { return func(o *clientOptions) { o.resync = true } }
+
 // WithEndExplained adds explain's words to the reason the stream ended —
 // when it ended otherwise than by Close — and so to every error the client
-// gives from then on. dockerexec uses it to say how the container ended
+// gives from then on. The Docker backend uses it to say how the container ended
 // (its exit code, an OOM kill). explain is called once, when the stream
 // ends, and may take a moment.
 func WithEndExplained(explain func() string) ClientOption {
@@ -154,9 +174,25 @@ func NewClient(rwc io.ReadWriteCloser, opts ...ClientOption) (*Client, error) {
 }
 
 func (c *Client) handshake(r *bufio.Reader) (AgentInfo, error) {
-	h, _ := json.Marshal(hello{Version: ProtocolVersion})
+	var nonce string
+	if c.opts.resync {
+		var raw [resyncNonce / 2]byte
+		rand.Read(raw[:])
+		nonce = hex.EncodeToString(raw[:])
+		if _, err := c.rwc.Write(append(make([]byte, resyncBreak), resyncLine(nonce)...)); err != nil {
+			return AgentInfo{}, err
+		}
+	}
+	h, _ := json.Marshal(hello{Version: ProtocolVersion, Seal: true})
 	if err := c.send(frameHello, 0, 0, h, nil); err != nil {
 		return AgentInfo{}, err
+	}
+	if nonce != "" {
+		// What the agent sent before its answer — the former connection's
+		// output — is skipped.
+		if _, err := awaitResync(r, nonce); err != nil {
+			return AgentInfo{}, fmt.Errorf("waiting for the agent to take the stream over: %w", err)
+		}
 	}
 	f, err := readFrame(r)
 	if err != nil {
@@ -169,7 +205,9 @@ func (c *Client) handshake(r *bufio.Reader) (AgentInfo, error) {
 	if theirs.Version != ProtocolVersion {
 		return AgentInfo{}, fmt.Errorf("the agent speaks protocol %d, this client %d", theirs.Version, ProtocolVersion)
 	}
-	return AgentInfo{Version: theirs.Version, Build: clip(theirs.Build), Shell: clip(theirs.Shell)}, nil
+	c.sealed = theirs.Seal
+	return AgentInfo{Version: theirs.Version, Build: clip(theirs.Build), Shell: clip(theirs.Shell),
+		Background: theirs.Background, Boot: clip(theirs.Boot)}, nil
 }
 
 // Agent describes the agent, as it announced itself.
@@ -274,6 +312,9 @@ func badReply(op, name string, err error) error {
 func (c *Client) send(typ, flags byte, id uint32, header, payload []byte) error {
 	c.wmu.Lock()
 	c.wbuf = appendFrame(c.wbuf[:0], typ, flags, id, header, payload)
+	if c.sealed {
+		c.wbuf = sealFrame(c.wbuf, 0)
+	}
 	_, err := c.rwc.Write(c.wbuf)
 	if cap(c.wbuf) > 2*chunkSize {
 		c.wbuf = nil
@@ -581,378 +622,4 @@ func jsonCall[T any](c *Client, ctx context.Context, req request, decode func([]
 		return zero, badReply(req.Op, req.Name, err)
 	}
 	return v, nil
-}
-
-func decodeInfo(body []byte) (fs.FileInfo, error) {
-	var w wireInfo
-	if err := json.Unmarshal(body, &w); err != nil {
-		return nil, err
-	}
-	if err := w.check(); err != nil {
-		return nil, err
-	}
-	return &fileInfo{w}, nil
-}
-
-// Stat describes the named file, following links.
-func (c *Client) Stat(ctx context.Context, name string) (fs.FileInfo, error) {
-	return jsonCall(c, ctx, request{Op: opStat, Name: name}, decodeInfo)
-}
-
-// Lstat describes the named file; a link is described itself.
-func (c *Client) Lstat(ctx context.Context, name string) (fs.FileInfo, error) {
-	return jsonCall(c, ctx, request{Op: opLstat, Name: name}, decodeInfo)
-}
-
-// ReadDir lists a directory. Each entry carries its information, so Info
-// costs no round trip.
-func (c *Client) ReadDir(ctx context.Context, name string) ([]fs.DirEntry, error) {
-	return jsonCall(c, ctx, request{Op: opReadDir, Name: name}, func(b []byte) ([]fs.DirEntry, error) {
-		return decodeDir(b, name)
-	})
-}
-
-// ReadFile reads a regular file of at most max bytes; the agent streams it in
-// chunks.
-func (c *Client) ReadFile(ctx context.Context, name string, maxBytes int64) ([]byte, error) {
-	body, err := c.roundTrip(ctx, request{Op: opReadFile, Name: name, Max: maxBytes}, nil, max(maxBytes, 0))
-	if err == nil && body == nil {
-		body = []byte{}
-	}
-	return body, err
-}
-
-// WriteFile replaces or creates a file; the data travels in chunks.
-func (c *Client) WriteFile(ctx context.Context, name string, data []byte, perm fs.FileMode) error {
-	_, err := c.roundTrip(ctx, request{Op: opWriteFile, Name: name, Perm: uint32(perm), Size: int64(len(data))}, data, 0)
-	return err
-}
-
-// Swap writes a file and returns what it replaced, in one round trip: the
-// agent runs workspace.Swap, with the request's conditions and its lock,
-// and applies the request's Edit when it is a textedit.Edit (another
-// Editor is applied here, with SwapGeneric's several round trips). The
-// result is checked: a clean name, old contents only of a regular file and
-// within req.Max, a write only where the conditions hold as far as the
-// answer shows, and an edit's result computed here from the old contents.
-func (c *Client) Swap(ctx context.Context, req workspace.SwapRequest) (workspace.SwapResult, error) {
-	wreq := request{Op: opSwap, Name: req.Name, Perm: uint32(req.Perm), Size: int64(len(req.Data)), Root: req.Root, Max: req.Max,
-		Real: req.Real, Sum: req.OldSum, Lock: req.Lock}
-	in := req.Data
-	if req.Edit != nil {
-		e, ok := req.Edit.(textedit.Edit)
-		if !ok || !utf8Edit(e) { // an edit the agent cannot be sent as it is: step by step
-			return workspace.SwapGeneric(ctx, c, req)
-		}
-		// The edit travels as the input, in chunks as data would.
-		var err error
-		if in, err = json.Marshal(e); err != nil {
-			return workspace.SwapResult{}, err
-		}
-		wreq.Edit, wreq.Size = true, int64(len(in))
-	}
-	// The old contents travel as base64 in the reply.
-	body, err := c.roundTrip(ctx, wreq, in, max(c.opts.maxResponse, 2*max(req.Max, 0)+64<<10))
-	if err != nil {
-		return workspace.SwapResult{}, err
-	}
-	res, err := decodeSwap(body, req)
-	if err != nil {
-		return workspace.SwapResult{}, badReply(opSwap, req.Name, err)
-	}
-	return res, nil
-}
-
-// utf8Edit reports whether e's texts are UTF-8, which JSON carries
-// unchanged (it would replace what is not, and the agent would apply
-// another edit than e; the matching refuses such text anyway).
-func utf8Edit(e textedit.Edit) bool {
-	for _, r := range e.Replacements {
-		if !utf8.ValidString(r.OldText) || !utf8.ValidString(r.NewText) {
-			return false
-		}
-	}
-	return true
-}
-
-// Mkdir creates one directory.
-func (c *Client) Mkdir(ctx context.Context, name string, perm fs.FileMode) error {
-	_, err := c.roundTrip(ctx, request{Op: opMkdir, Name: name, Perm: uint32(perm)}, nil, 0)
-	return err
-}
-
-// MkdirAll creates a directory and its missing parents, in one round trip.
-func (c *Client) MkdirAll(ctx context.Context, name string, perm fs.FileMode) error {
-	_, err := c.roundTrip(ctx, request{Op: opMkdirAll, Name: name, Perm: uint32(perm)}, nil, 0)
-	return err
-}
-
-// Remove removes a file, a link or an empty directory.
-func (c *Client) Remove(ctx context.Context, name string) error {
-	_, err := c.roundTrip(ctx, request{Op: opRemove, Name: name}, nil, 0)
-	return err
-}
-
-// RemoveAll removes a tree, in one round trip.
-func (c *Client) RemoveAll(ctx context.Context, name string) error {
-	_, err := c.roundTrip(ctx, request{Op: opRemoveAll, Name: name}, nil, 0)
-	return err
-}
-
-// Rename moves oldname to newname.
-func (c *Client) Rename(ctx context.Context, oldname, newname string) error {
-	_, err := c.roundTrip(ctx, request{Op: opRename, Name: oldname, NewName: newname}, nil, 0)
-	return err
-}
-
-// Symlink creates name as a link to target.
-func (c *Client) Symlink(ctx context.Context, target, name string) error {
-	_, err := c.roundTrip(ctx, request{Op: opSymlink, Name: name, Target: target}, nil, 0)
-	return err
-}
-
-// maxLinkTarget bounds a link target the agent returns.
-const maxLinkTarget = 64 << 10
-
-// Readlink returns a link's target.
-func (c *Client) Readlink(ctx context.Context, name string) (string, error) {
-	body, err := c.roundTrip(ctx, request{Op: opReadlink, Name: name}, nil, maxLinkTarget)
-	return string(body), err
-}
-
-// Walk lists a tree in the agent, in one round trip. The result is checked:
-// every path lies under req.Dir and the limit holds.
-func (c *Client) Walk(ctx context.Context, req workspace.WalkRequest) (workspace.WalkResult, error) {
-	return jsonCall(c, ctx, request{Op: opWalk, Name: req.Dir, Walk: &req}, func(b []byte) (workspace.WalkResult, error) {
-		return decodeWalk(b, req)
-	})
-}
-
-// Grep searches in the agent, in one round trip. The result is checked:
-// every path lies under req.Dir and the counts agree. A pattern that does
-// not compile fails here, without a round trip, with the
-// *workspace.PatternError the generic search returns.
-func (c *Client) Grep(ctx context.Context, req workspace.GrepRequest) (workspace.GrepResult, error) {
-	if _, err := workspace.NewLineMatcher(req.Pattern, req.Literal, req.IgnoreCase); err != nil {
-		return workspace.GrepResult{}, err
-	}
-	return jsonCall(c, ctx, request{Op: opGrep, Name: req.Dir, Grep: &req}, func(b []byte) (workspace.GrepResult, error) {
-		return decodeGrep(b, req)
-	})
-}
-
-// Lock takes the agent's write lock for name, which it holds until unlock is
-// called, or the stream ends.
-func (c *Client) Lock(ctx context.Context, name string) (unlock func(), err error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	call := newCall(opLock, name, 0)
-	acquired := make(chan struct{})
-	var once sync.Once
-	call.onData = func(frame) error {
-		once.Do(func() { close(acquired) })
-		return nil
-	}
-	if err := c.start(call, request{Op: opLock, Name: name}, nil); err != nil {
-		return nil, err
-	}
-	select {
-	case <-acquired:
-		var release sync.Once
-		return func() {
-			release.Do(func() { c.send(frameCancel, 0, call.id, nil, nil) })
-		}, nil
-	case r := <-call.reply:
-		if r.err != nil {
-			return nil, r.err
-		}
-		if r.header.Err != nil {
-			return nil, r.header.Err.decode(opLock, name)
-		}
-		return nil, badReply(opLock, name, errors.New("lock ended before it was taken"))
-	case <-ctx.Done():
-		c.abandon(call, ctx.Err())
-		return nil, ctx.Err()
-	}
-}
-
-// Run runs a command in the agent. Its input is sent as the command reads it
-// and its output is passed to cmd.Output in the order the agent sent it, one
-// call at a time, under flow control: a slow Output holds up this command,
-// not the stream. When ctx ends, the agent kills the command's process tree
-// and Run waits for its report (at most the cancel grace, see
-// WithCancelGrace) and returns the result so far with ctx's error.
-//
-// A Run stays blocked in nothing but the stream: when cmd.Stdin blocks, the
-// goroutine reading it stays until the read returns, after Run has.
-func (c *Client) Run(ctx context.Context, cmd workspace.Command) (workspace.Result, error) {
-	if err := ctx.Err(); err != nil {
-		return workspace.Result{}, err
-	}
-	req := request{Op: opRun, Name: cmd.Dir, Run: &runRequest{
-		Script: cmd.Script, Argv: cmd.Argv, Dir: cmd.Dir, Env: cmd.Env, Timeout: cmd.Timeout, Stdin: cmd.Stdin != nil,
-		Combined: cmd.Combined,
-	}}
-	call := newCall(opRun, cmd.Dir, 0)
-	q := newOutQueue()
-	call.onData = q.push
-	call.onEnd = q.close
-	pumpCtx, stopPump := context.WithCancel(context.Background())
-	defer stopPump()
-	if cmd.Stdin != nil {
-		call.stdin = newCreditGate(pumpCtx, window)
-	}
-	if err := c.start(call, req, nil); err != nil {
-		return workspace.Result{}, err
-	}
-	c.watch(call, deadline(ctx, cmd.Timeout))
-	delivered := make(chan struct{})
-	go func() {
-		defer close(delivered)
-		for {
-			chunk, ok := q.pop()
-			if !ok {
-				return
-			}
-			if cmd.Output != nil {
-				cmd.Output(chunk.stream, chunk.p)
-			}
-			q.delivered(len(chunk.p))
-			c.sendWindow(call.id, len(chunk.p))
-		}
-	}()
-	if cmd.Stdin != nil {
-		go c.pumpStdin(pumpCtx, call, cmd.Stdin)
-	}
-
-	var r reply
-	select {
-	case r = <-call.reply:
-	case <-ctx.Done():
-		go c.send(frameCancel, 0, call.id, nil, nil)
-		grace := time.NewTimer(c.opts.cancelGrace)
-		select {
-		case r = <-call.reply:
-		case <-grace.C:
-			// The agent did not report the tree killed: return now; if it
-			// does not answer within the hang grace either, it is hung and
-			// the command runs on unbounded, so it is hung up.
-			c.abandon(call, ctx.Err())
-			r = <-call.reply
-		}
-		grace.Stop()
-	}
-	stopPump()
-	<-delivered
-	var res workspace.Result
-	if r.err == nil && len(r.body) > 0 {
-		var err error
-		if res, err = decodeResult(r.body); err != nil {
-			return workspace.Result{}, badReply(opRun, cmd.Dir, err)
-		}
-	}
-	switch {
-	case ctx.Err() != nil:
-		return res, ctx.Err()
-	case r.err != nil:
-		return res, r.err
-	case r.header.Err != nil:
-		return workspace.Result{}, r.header.Err.decode(opRun, cmd.Dir)
-	}
-	return res, nil
-}
-
-// pumpStdin sends a command's input as credit allows, then its end. A read
-// error other than io.EOF ends the input too.
-func (c *Client) pumpStdin(ctx context.Context, call *call, stdin io.Reader) {
-	buf := make([]byte, 64<<10)
-	for {
-		n := call.stdin.take(len(buf))
-		if n == 0 {
-			return // the call is over
-		}
-		m, err := stdin.Read(buf[:n])
-		call.stdin.grant(n - m)
-		if ctx.Err() != nil {
-			return
-		}
-		if m > 0 && c.send(frameData, 0, call.id, nil, buf[:m]) != nil {
-			return
-		}
-		if err != nil {
-			c.send(frameData, flagEnd, call.id, nil, nil)
-			return
-		}
-	}
-}
-
-// outChunk is a piece of a command's output.
-type outChunk struct {
-	stream workspace.Stream
-	p      []byte
-}
-
-// outQueue holds a command's output between the read loop and Output; the
-// agent's credit bounds it to the window.
-type outQueue struct {
-	mu     sync.Mutex
-	cond   *sync.Cond
-	chunks []outChunk
-	bytes  int // queued or being delivered: credit not yet returned
-	closed bool
-}
-
-func newOutQueue() *outQueue {
-	q := &outQueue{}
-	q.cond = sync.NewCond(&q.mu)
-	return q
-}
-
-func (q *outQueue) push(f frame) error {
-	s := workspace.Stdout
-	if f.flags&flagStderr != 0 {
-		s = workspace.Stderr
-	}
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.bytes+len(f.payload) > window {
-		return fmt.Errorf("%w: output over the window", errFrame)
-	}
-	if len(f.payload) > 0 {
-		q.chunks = append(q.chunks, outChunk{s, f.payload})
-		q.bytes += len(f.payload)
-		q.cond.Signal()
-	}
-	return nil
-}
-
-func (q *outQueue) close() {
-	q.mu.Lock()
-	q.closed = true
-	q.cond.Signal()
-	q.mu.Unlock()
-}
-
-// pop returns the next chunk, or false once the queue is closed and empty.
-func (q *outQueue) pop() (outChunk, bool) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	for len(q.chunks) == 0 && !q.closed {
-		q.cond.Wait()
-	}
-	if len(q.chunks) == 0 {
-		return outChunk{}, false
-	}
-	ch := q.chunks[0]
-	q.chunks[0] = outChunk{}
-	q.chunks = q.chunks[1:]
-	return ch, true
-}
-
-// delivered returns n bytes of credit.
-func (q *outQueue) delivered(n int) {
-	q.mu.Lock()
-	q.bytes -= n
-	q.mu.Unlock()
 }

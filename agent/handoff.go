@@ -2,12 +2,16 @@ package agent
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/subtle"
 	"errors"
 	"fmt"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -26,6 +30,9 @@ import (
 // daemon's, bind-mounted into the container); Accept is the path that works
 // everywhere.
 //
+// Each message the agent sends there carries token (the listener's,
+// HandoffListener.Token), so that the listener takes no other.
+//
 // Handoff returns once the agent listens and has reached the socket once;
 // it fails with workspace.ErrInvalidArgument for an address that is not
 // loopback or a socket path that is not absolute, and with
@@ -33,8 +40,8 @@ import (
 // directory is not shared with it, say) — then nothing listens, and Accept
 // may be used instead. The agent hands connections off until the stream
 // ends. A stream listens on one address, for Accept or for Handoff.
-func (c *Client) Handoff(ctx context.Context, addr, socket string) error {
-	_, err := c.roundTrip(ctx, request{Op: opHandoff, Name: addr, Addr: addr, Socket: socket}, nil, 0)
+func (c *Client) Handoff(ctx context.Context, addr, socket string, token []byte) error {
+	_, err := c.roundTrip(ctx, request{Op: opHandoff, Name: addr, Addr: addr, Socket: socket, Token: token}, nil, 0)
 	return err
 }
 
@@ -48,12 +55,12 @@ func (c *serverConn) handoff(call *serverCall) error {
 		return err
 	}
 	// The socket is reached before anything listens: a daemon whose
-	// directory is not this world's hears so at once, and falls back.
-	probe, err := net.Dial("unix", socket)
-	if err != nil {
+	// directory is not this world's hears so at once, and falls back. The
+	// probe carries the token with no descriptor: it tells the listener
+	// which process the agent is.
+	if err := sendMsg(socket, call.req.Token, nil); err != nil {
 		return &RemoteError{Kind: workspace.ErrUnavailable, Msg: "handoff: " + err.Error()}
 	}
-	probe.Close()
 	a, err := c.acceptorFor(call.req.Addr)
 	if err != nil {
 		return err
@@ -62,7 +69,7 @@ func (c *serverConn) handoff(call *serverCall) error {
 		for {
 			select {
 			case conn := <-a.conns:
-				if err := passConn(conn, socket); err != nil {
+				if err := passConn(conn, socket, call.req.Token); err != nil {
 					c.s.opts.log.Warn("agent: handoff of a connection failed", "remote", conn.RemoteAddr().String(), "err", err)
 				}
 			case <-a.failed:
@@ -75,9 +82,10 @@ func (c *serverConn) handoff(call *serverCall) error {
 	return nil
 }
 
-// passConn sends conn's descriptor to the Unix socket at socket, then
-// closes the agent's copy: from then on the connection is the receiver's.
-func passConn(conn net.Conn, socket string) error {
+// passConn sends conn's descriptor to the Unix socket at socket, with
+// token, then closes the agent's copy: from then on the connection is the
+// receiver's.
+func passConn(conn net.Conn, socket string, token []byte) error {
 	defer conn.Close()
 	sc, ok := conn.(syscall.Conn)
 	if !ok {
@@ -87,19 +95,27 @@ func passConn(conn net.Conn, socket string) error {
 	if err != nil {
 		return err
 	}
+	var serr error
+	if err := raw.Control(func(fd uintptr) { serr = sendMsg(socket, token, syscall.UnixRights(int(fd))) }); err != nil {
+		return err
+	}
+	return serr
+}
+
+// sendMsg sends one message, token and rights, to the Unix socket at
+// socket, on a connection of its own.
+func sendMsg(socket string, token, rights []byte) error {
 	u, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: socket, Net: "unix"})
 	if err != nil {
 		return err
 	}
 	defer u.Close()
 	u.SetDeadline(time.Now().Add(handoffTimeout))
-	var werr error
-	if err := raw.Control(func(fd uintptr) {
-		_, _, werr = u.WriteMsgUnix([]byte{0}, syscall.UnixRights(int(fd)), nil)
-	}); err != nil {
-		return err
+	if len(token) == 0 {
+		token = []byte{0} // a message carries a byte at least
 	}
-	return werr
+	_, _, err = u.WriteMsgUnix(token, rights, nil)
+	return err
 }
 
 // handoffTimeout bounds each handoff: one connection's descriptor sent, or
@@ -107,20 +123,36 @@ func passConn(conn net.Conn, socket string) error {
 const handoffTimeout = 10 * time.Second
 
 // HandoffListener receives the connections an agent hands off (Handoff) on
-// a Unix socket. What arrives there is as untrusted as the agent: each
-// message is taken for at most one descriptor (any others are closed), and
-// only a connected TCP socket is accepted — anything else is closed and
-// dropped. Messages are taken one at a time, each within a deadline, so a
-// program that connects and sends nothing delays only its own session's
-// connections, never the daemon.
+// a Unix socket. Anyone in the agent's world may connect there, and what
+// arrives is as untrusted as the agent: a message is taken only when it
+// carries the listener's token (Token, given to the agent over its stream)
+// and at most one descriptor (any others are closed), and only a connected
+// TCP socket is accepted — anything else is closed and dropped. The
+// process that sent the token (the agent's probe) is the only peer heard
+// from then on, where the peer's pid can be read (SO_PEERCRED): any other
+// is closed at once, unread. Up to handoffReaders messages are read at
+// once, each within a deadline (handoffTimeout), so a peer that connects
+// and sends nothing holds up no handoff behind it, and the daemon holds a
+// bounded number of such peers.
 type HandoffListener struct {
-	ln     *net.UnixListener
-	conns  chan net.Conn
-	closed chan struct{}
-	done   chan struct{} // closed when serve returns
-	err    error         // why serve returned, once done is closed
-	once   sync.Once
+	ln      *net.UnixListener
+	ctx     context.Context // ends when Close is called
+	cancel  context.CancelFunc
+	token   []byte
+	agent   atomic.Int64  // the pid that sent the token first, or 0
+	readers chan struct{} // messages being read
+	conns   chan net.Conn
+	closed  chan struct{}
+	done    chan struct{} // closed when serve returns
+	err     error         // why serve returned, once done is closed
+	once    sync.Once
 }
+
+// handoffReaders bounds the messages a HandoffListener reads at once.
+const handoffReaders = 8
+
+// handoffTokenBytes is the size of a listener's token.
+const handoffTokenBytes = 32
 
 // ListenHandoff listens on a new Unix socket at path, which any user of the
 // agent's world may connect to (its mode is 0666: the directory holding it
@@ -135,50 +167,78 @@ func ListenHandoff(path string) (*HandoffListener, error) {
 		ln.Close()
 		return nil, err
 	}
-	l := &HandoffListener{ln: ln, conns: make(chan net.Conn), closed: make(chan struct{}), done: make(chan struct{})}
+	l := &HandoffListener{ln: ln, readers: make(chan struct{}, handoffReaders), conns: make(chan net.Conn), closed: make(chan struct{}), done: make(chan struct{})}
+	l.ctx, l.cancel = context.WithCancel(context.Background())
+	l.token = make([]byte, handoffTokenBytes)
+	rand.Read(l.token)
 	go l.serve()
 	return l, nil
 }
 
+// Token is what each message must carry: give it to the agent's Handoff.
+func (l *HandoffListener) Token() []byte { return slices.Clone(l.token) }
+
 func (l *HandoffListener) serve() {
+	var wg sync.WaitGroup
 	defer close(l.done)
+	defer wg.Wait()
 	for {
 		u, err := l.ln.AcceptUnix()
 		if err != nil {
 			l.err = err
 			return
 		}
-		conn, _ := receiveConn(u)
-		u.Close()
-		if conn == nil {
-			continue // a probe, or something that is not a connection
+		pid, known := peerPID(u)
+		if agent := l.agent.Load(); agent != 0 && known && int64(pid) != agent {
+			u.Close() // not the agent's process: unread
+			continue
 		}
 		select {
-		case l.conns <- conn:
+		case l.readers <- struct{}{}:
 		case <-l.closed:
-			conn.Close()
+			u.Close()
 			l.err = net.ErrClosed
 			return
 		}
+		wg.Go(func() {
+			defer func() { <-l.readers }()
+			stop := context.AfterFunc(l.ctx, func() { u.Close() }) // Close does not wait for a slow peer
+			defer stop()
+			conn, ok, _ := receiveConn(u, l.token)
+			u.Close()
+			if ok && known && pid > 0 {
+				l.agent.CompareAndSwap(0, int64(pid))
+			}
+			if conn == nil {
+				return // a probe, or something that is not a connection
+			}
+			select {
+			case l.conns <- conn:
+			case <-l.closed:
+				conn.Close()
+			}
+		})
 	}
 }
 
 // errNotConn says what a handoff carried is not a connected TCP socket.
 var errNotConn = errors.New("handoff: not a connected TCP socket")
 
-// receiveConn reads one message from u and returns the connection it
-// carries; nil, without an error, for a message with no descriptor.
-func receiveConn(u *net.UnixConn) (net.Conn, error) {
+// receiveConn reads one message from u and returns whether it carried
+// token and, if so, the connection it carries: none, and no error, for a
+// message with no descriptor. The descriptors of a message without token,
+// and all but the first of one with it, are closed.
+func receiveConn(u *net.UnixConn, token []byte) (conn net.Conn, ok bool, err error) {
 	u.SetDeadline(time.Now().Add(handoffTimeout))
-	var buf [1]byte
+	buf := make([]byte, len(token)+1)
 	oob := make([]byte, syscall.CmsgSpace(4))
-	_, oobn, _, _, err := u.ReadMsgUnix(buf[:], oob)
+	n, oobn, _, _, err := u.ReadMsgUnix(buf, oob)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	msgs, err := syscall.ParseSocketControlMessage(oob[:oobn])
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	var fds []int
 	for _, m := range msgs {
@@ -186,15 +246,33 @@ func receiveConn(u *net.UnixConn) (net.Conn, error) {
 			fds = append(fds, got...)
 		}
 	}
-	if len(fds) == 0 {
-		return nil, nil
+	ok = n == len(token) && subtle.ConstantTimeCompare(buf[:n], token) == 1
+	keep := 1
+	if !ok {
+		keep = 0
 	}
-	for _, fd := range fds[1:] {
+	for _, fd := range fds[min(keep, len(fds)):] {
 		syscall.Close(fd)
 	}
-	f := os.NewFile(uintptr(fds[0]), "handoff")
+	switch {
+	case !ok:
+		return nil, false, errNoToken
+	case len(fds) == 0:
+		return nil, true, nil
+	}
+	conn, err = fileConn(fds[0])
+	return conn, true, err
+}
+
+// errNoToken says a message did not carry the listener's token.
+var errNoToken = errors.New("handoff: a message without the listener's token")
+
+// fileConn takes fd, which must be a connected TCP socket, as a
+// connection; it closes fd either way.
+func fileConn(fd int) (net.Conn, error) {
+	f := os.NewFile(uintptr(fd), "handoff")
 	defer f.Close()
-	if listening, err := unix.GetsockoptInt(fds[0], unix.SOL_SOCKET, unix.SO_ACCEPTCONN); err != nil || listening != 0 {
+	if listening, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ACCEPTCONN); err != nil || listening != 0 {
 		return nil, errNotConn
 	}
 	conn, err := net.FileConn(f)
@@ -231,6 +309,7 @@ func (l *HandoffListener) Close() error {
 	var err error
 	l.once.Do(func() {
 		close(l.closed)
+		l.cancel()
 		err = l.ln.Close()
 	})
 	return err

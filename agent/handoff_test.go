@@ -3,10 +3,14 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -36,7 +40,7 @@ func TestHandoffPassesTheProgramsSocket(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	addr := freeAddr(t)
-	if err := c.Handoff(ctx, addr, path); err != nil {
+	if err := c.Handoff(ctx, addr, path, l.Token()); err != nil {
 		t.Fatal(err)
 	}
 	for i := range 3 { // each connection on its own, in turn
@@ -72,7 +76,7 @@ func TestHandoffPassesTheProgramsSocket(t *testing.T) {
 func TestHandoffRefusals(t *testing.T) {
 	c := connect(t, memfs.New(), nil)
 	ctx := context.Background()
-	_, path := listenHandoff(t)
+	l, path := listenHandoff(t)
 	for _, tc := range []struct {
 		name, addr, socket string
 		want               error
@@ -82,16 +86,16 @@ func TestHandoffRefusals(t *testing.T) {
 		{"not loopback", "0.0.0.0:3128", path, workspace.ErrInvalidArgument},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if err := c.Handoff(ctx, tc.addr, tc.socket); !errors.Is(err, tc.want) {
+			if err := c.Handoff(ctx, tc.addr, tc.socket, l.Token()); !errors.Is(err, tc.want) {
 				t.Fatalf("Handoff: %v; want %v", err, tc.want)
 			}
 		})
 	}
 }
 
-// sendFD sends fd (none when fd < 0) to the handoff socket at path as a
-// program in the agent's world could.
-func sendFD(t *testing.T, path string, fds ...int) {
+// sendFD sends fds with token to the handoff socket at path, as the agent
+// does, or as a program in its world could.
+func sendFD(t *testing.T, path string, token []byte, fds ...int) {
 	t.Helper()
 	u, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
 	if err != nil {
@@ -102,19 +106,22 @@ func sendFD(t *testing.T, path string, fds ...int) {
 	if len(fds) > 0 {
 		oob = syscall.UnixRights(fds...)
 	}
-	if _, _, err := u.WriteMsgUnix([]byte{0}, oob, nil); err != nil {
+	if _, _, err := u.WriteMsgUnix(token, oob, nil); err != nil {
 		t.Fatal(err)
 	}
 }
 
+// fdOf is c's descriptor.
+func fdOf(c syscall.Conn) int {
+	raw, _ := c.SyscallConn()
+	var out int
+	raw.Control(func(fd uintptr) { out = int(fd) })
+	return out
+}
+
 func TestHandoffListenerTakesOnlyConnectedTCP(t *testing.T) {
 	l, path := listenHandoff(t)
-	fdOf := func(c syscall.Conn) int {
-		raw, _ := c.SyscallConn()
-		var out int
-		raw.Control(func(fd uintptr) { out = int(fd) })
-		return out
-	}
+	tok := l.Token()
 	tcpListener, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {
 		t.Fatal(err)
@@ -124,16 +131,20 @@ func TestHandoffListenerTakesOnlyConnectedTCP(t *testing.T) {
 	defer pr.Close()
 	defer pw.Close()
 	unixA, unixB := socketPair(t)
-	sendFD(t, path)                    // a probe: nothing
-	sendFD(t, path, int(pr.Fd()))      // a pipe
-	sendFD(t, path, unixA)             // a Unix socket
-	sendFD(t, path, fdOf(tcpListener)) // a listening socket
+	sendFD(t, path, tok)                    // a probe: nothing
+	sendFD(t, path, tok, int(pr.Fd()))      // a pipe
+	sendFD(t, path, tok, unixA)             // a Unix socket
+	sendFD(t, path, tok, fdOf(tcpListener)) // a listening socket
 	program, err := net.DialTCP("tcp", nil, tcpListener.Addr().(*net.TCPAddr))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer program.Close()
-	sendFD(t, path, fdOf(program), unixB) // a connection, and one too many
+	wrong := slices.Clone(tok)
+	wrong[0] ^= 1
+	sendFD(t, path, wrong, fdOf(program))      // a connection without the token
+	sendFD(t, path, tok[:8], fdOf(program))    // with part of it
+	sendFD(t, path, tok, fdOf(program), unixB) // a connection, and one too many
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	got, err := l.Accept(ctx)
@@ -165,4 +176,93 @@ func socketPair(t *testing.T) (int, int) {
 	}
 	t.Cleanup(func() { syscall.Close(fds[0]); syscall.Close(fds[1]) })
 	return fds[0], fds[1]
+}
+
+// TestHandoffIdlePeerDelaysNothing: a peer that connects to the handoff
+// socket and sends nothing does not hold up the handoffs after it: the
+// next connection is accepted while the idle peer is still waited for.
+func TestHandoffIdlePeerDelaysNothing(t *testing.T) {
+	l, path := listenHandoff(t)
+	idle, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer idle.Close()
+	handOffOne(t, l, path)
+	// The idle peer is still being waited for (its deadline, handoffTimeout,
+	// has not passed): the listener has not closed it.
+	idle.SetReadDeadline(time.Now().Add(10 * time.Millisecond))
+	if _, err := idle.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("the idle peer's connection: %v; the handoff after it waited for its deadline", err)
+	}
+}
+
+// TestHandoffFromTheAgentOnly: once the agent's process has sent the
+// token (its probe), a peer of another process is closed at once, unread,
+// and the agent's handoffs are still taken.
+func TestHandoffFromTheAgentOnly(t *testing.T) {
+	l, path := listenHandoff(t)
+	sendFD(t, path, l.Token()) // the agent's probe
+	for deadline := time.Now().Add(time.Minute); l.agent.Load() != int64(os.Getpid()); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the probe's sender was not taken for the agent: %d", l.agent.Load())
+		}
+	}
+	peer := exec.Command(os.Args[0], "-test.run=^TestHandoffFromTheAgentOnly$")
+	peer.Env = append(os.Environ(), handoffPeerEnv+"="+path)
+	out, err := peer.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "closed unread") {
+		t.Fatalf("another process's peer: %v\n%s", err, out)
+	}
+	handOffOne(t, l, path)
+}
+
+// handOffOne hands a connection of its own to l, as the agent does, and
+// waits for l to take it.
+func handOffOne(t *testing.T, l *HandoffListener, path string) {
+	t.Helper()
+	tcpListener, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tcpListener.Close()
+	program, err := net.DialTCP("tcp", nil, tcpListener.Addr().(*net.TCPAddr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer program.Close()
+	sendFD(t, path, l.Token(), fdOf(program))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	got, err := l.Accept(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got.Close()
+}
+
+// handoffPeerEnv names, in a helper process, the handoff socket it
+// connects to as a program in the agent's world would.
+const handoffPeerEnv = "SANDBOXD_TEST_HANDOFF_PEER"
+
+// The helper process's part: connect, send nothing, and say whether the
+// listener closed the connection without waiting for it (before half its
+// deadline for a message).
+func init() {
+	path := os.Getenv(handoffPeerEnv)
+	if path == "" {
+		return
+	}
+	u, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		fmt.Println("dial:", err)
+		os.Exit(1)
+	}
+	u.SetReadDeadline(time.Now().Add(handoffTimeout / 2))
+	if _, err := u.Read(make([]byte, 1)); err == io.EOF {
+		fmt.Println("closed unread")
+		os.Exit(0)
+	}
+	fmt.Println("not closed:", err)
+	os.Exit(1)
 }

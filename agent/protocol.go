@@ -58,6 +58,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"io/fs"
 	"path"
@@ -116,7 +117,15 @@ var errFrame = errors.New("malformed frame")
 
 // readFrame reads one frame. It never allocates more than MaxFrame bytes, and
 // fails with an error wrapping errFrame for a frame that breaks the format.
-func readFrame(r *bufio.Reader) (frame, error) {
+func readFrame(r *bufio.Reader) (frame, error) { return readFrameSealed(r, false) }
+
+// errSeal is the error of a sealed frame whose trailer does not match.
+var errSeal = fmt.Errorf("%w: its seal does not match (a frame cut short, or a stream taken over)", errFrame)
+
+// readFrameSealed is readFrame, for a frame followed by its seal when
+// sealed is set (see sealTrailer): one whose seal does not match fails
+// with errSeal.
+func readFrameSealed(r *bufio.Reader, sealed bool) (frame, error) {
 	var pre [4 + frameFixed]byte
 	if _, err := io.ReadFull(r, pre[:4]); err != nil {
 		return frame{}, err
@@ -140,6 +149,16 @@ func readFrame(r *bufio.Reader) (frame, error) {
 	buf := make([]byte, rest)
 	if _, err := io.ReadFull(r, buf); err != nil {
 		return frame{}, noEOF(err)
+	}
+	if sealed {
+		var seal [sealTrailer]byte
+		if _, err := io.ReadFull(r, seal[:]); err != nil {
+			return frame{}, noEOF(err)
+		}
+		sum := crc32.Update(crc32.Checksum(pre[:], castagnoli), castagnoli, buf)
+		if binary.BigEndian.Uint32(seal[:]) != sum {
+			return frame{}, errSeal
+		}
 	}
 	f.header, f.payload = buf[:hlen:hlen], buf[hlen:]
 	return f, nil
@@ -179,6 +198,85 @@ type hello struct {
 	// Shell is the program that runs scripts (server→client; see
 	// workspace.ShellOf), "" when unknown.
 	Shell string `json:"shell,omitempty"`
+	// Seal, from the client, asks that every frame it sends after the
+	// handshake carry a sealTrailer; from the server, that it checks them.
+	// Both must say so for frames to be sealed (an agent that predates it
+	// says nothing, and reads frames as they were).
+	Seal bool `json:"seal,omitempty"`
+	// Background (server→client) says the agent keeps background commands
+	// itself (workspace.BackgroundBash: the bg* operations), beyond any one
+	// connection.
+	Background bool `json:"background,omitempty"`
+	// Boot (server→client) names this run of the agent: a new value means
+	// the agent started again (its container did), and what it kept —
+	// background commands — is gone.
+	Boot string `json:"boot,omitempty"`
+}
+
+// Sealed frames and resynchronisation. A container's standard input
+// outlives each client attached to it: the engine passes on whatever a
+// client wrote, a frame cut short by its death included, and then whatever
+// the next client writes. So that no frame is ever completed by another
+// client's bytes, a client that asks (hello.Seal) follows every frame after
+// the handshake with the CRC-32C (Castagnoli) of the frame's bytes, length
+// prefix included; the agent acts on no frame whose trailer does not match.
+// A new client on such a stream (WithResync) first sends resyncBreak zero
+// bytes — more than any frame still expected could take, so that whatever
+// was cut short ends in a bad trailer or a bad length — then a resync line,
+// "\x00sandboxd-resync " and a nonce of 32 hex digits and "\n", then its
+// Hello. The agent, at any frame it cannot act on, ends the connection it
+// served (its calls are cancelled, as at the end of a stream), skips
+// input up to a resync line, writes the same line back and serves a new
+// connection from the Hello that follows. The client skips what the agent
+// sent up to its own line: output of the former connection's calls, or
+// bytes a command wrote to fool it, which cannot hold the nonce.
+const (
+	sealTrailer  = 4
+	resyncPrefix = "\x00sandboxd-resync "
+	resyncNonce  = 32
+	resyncBreak  = 4 + MaxFrame + sealTrailer + 16
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// sealFrame appends the trailer of the frame b ends with, which starts at
+// start.
+func sealFrame(b []byte, start int) []byte {
+	return binary.BigEndian.AppendUint32(b, crc32.Checksum(b[start:], castagnoli))
+}
+
+// resyncLine is the line that starts a connection on a shared stream.
+func resyncLine(nonce string) []byte { return []byte(resyncPrefix + nonce + "\n") }
+
+// awaitResync reads r up to and including a resync line, and returns its
+// nonce; want, when not "", is the one nonce accepted (a client waits for
+// its own). A line's first byte, NUL, is no hex digit, so a line is found
+// wherever it starts, a broken or foreign one before it or not.
+func awaitResync(r *bufio.Reader, want string) (string, error) {
+	matched := 0 // bytes of the prefix matched
+	var nonce []byte
+	for {
+		b, err := r.ReadByte()
+		if err != nil {
+			return "", err
+		}
+		switch {
+		case matched < len(resyncPrefix) && b == resyncPrefix[matched]:
+			matched++
+			continue
+		case matched == len(resyncPrefix) && len(nonce) < resyncNonce && ('0' <= b && b <= '9' || 'a' <= b && b <= 'f'):
+			nonce = append(nonce, b)
+			continue
+		case matched == len(resyncPrefix) && len(nonce) == resyncNonce && b == '\n':
+			if want == "" || string(nonce) == want {
+				return string(nonce), nil
+			}
+		}
+		matched, nonce = 0, nonce[:0]
+		if b == resyncPrefix[0] {
+			matched = 1
+		}
+	}
 }
 
 // request is a Call frame's header. Op selects the operation; the other
@@ -201,6 +299,8 @@ type request struct {
 	Run     *runRequest            `json:"run,omitempty"`
 	Addr    string                 `json:"addr,omitempty"`   // accept, handoff: the loopback address to listen on
 	Socket  string                 `json:"socket,omitempty"` // handoff: the Unix socket to pass connections to
+	Token   []byte                 `json:"token,omitempty"`  // handoff: what each message to the socket carries
+	Bg      *bgRequest             `json:"bg,omitempty"`     // bgstart, bgread, bgkill
 }
 
 // Operations.
@@ -225,7 +325,24 @@ const (
 	opAccept    = "accept"
 	opHandoff   = "handoff"
 	opListen    = "listen"
+	// The agent's background commands (workspace.BackgroundBash), kept
+	// beyond any one connection.
+	opBgStart = "bgstart"
+	opBgRead  = "bgread"
+	opBgKill  = "bgkill"
+	opBgList  = "bglist"
 )
+
+// bgRequest is the argument of the bg* operations.
+type bgRequest struct {
+	ID    string        `json:"id,omitempty"`    // bgread, bgkill
+	Wait  time.Duration `json:"wait,omitempty"`  // bgread
+	Run   *runRequest   `json:"run,omitempty"`   // bgstart: the command (its Stdin unset)
+	Stdin []byte        `json:"stdin,omitempty"` // bgstart
+	Keep  int64         `json:"keep,omitempty"`  // bgstart
+	Label string        `json:"label,omitempty"` // bgstart: how it is shown
+	Max   int           `json:"max,omitempty"`   // bgstart
+}
 
 // wireSwap is a workspace.SwapResult as it crosses the stream.
 type wireSwap struct {

@@ -3,12 +3,15 @@ package agent
 import (
 	"bufio"
 	"context"
+	"crypto/rand"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"log/slog"
+	"strings"
 	"sync"
 
 	"golang.org/x/sync/semaphore"
@@ -24,6 +27,12 @@ type Server struct {
 	bash    workspace.Bash
 	opts    serverOptions
 	reading *semaphore.Weighted // bytes of files being read and sent, all streams together
+	// jobs are the background commands, the server's and not any
+	// stream's: they outlive the connection that started them. Nil
+	// without a bash.
+	jobs *workspace.Jobs
+	// boot names this server in its Hello (hello.Boot).
+	boot string
 }
 
 // ServerOption configures NewServer.
@@ -68,7 +77,21 @@ func NewServer(fsys workspace.FileSystem, bash workspace.Bash, opts ...ServerOpt
 	if o.maxRead <= 0 {
 		o.maxRead = 256 << 20
 	}
-	return &Server{fsys: fsys, bash: bash, opts: o, reading: semaphore.NewWeighted(o.maxRead)}
+	s := &Server{fsys: fsys, bash: bash, opts: o, reading: semaphore.NewWeighted(o.maxRead), boot: strings.ToLower(rand.Text()[:16])}
+	if bash != nil {
+		s.jobs = workspace.NewJobs(bash)
+	}
+	return s
+}
+
+// Close stops the server's background commands, each one's whole process
+// tree killed, and waits for them until ctx ends. Streams being served are
+// not affected; a background command started after Close fails.
+func (s *Server) Close(ctx context.Context) error {
+	if s.jobs == nil {
+		return nil
+	}
+	return s.jobs.Close(ctx)
 }
 
 // Serve answers the client at the other end of rw until rw reports end of
@@ -77,16 +100,24 @@ func NewServer(fsys workspace.FileSystem, bash workspace.Bash, opts ...ServerOpt
 // and returns ctx's error). Before it returns, Serve cancels every call in
 // flight and waits for it: a command still running is killed, as its Bash
 // promises for a context that ends, and a lock still held is released.
+// Background commands (the bg* operations) are the server's: they run on
+// after the stream, for another to read, until Close.
 func (s *Server) Serve(ctx context.Context, rw io.ReadWriter) error {
+	if cl, ok := rw.(io.Closer); ok {
+		stop := context.AfterFunc(ctx, func() { cl.Close() })
+		defer stop()
+	}
+	return s.serveConn(ctx, bufio.NewReaderSize(rw, 64<<10), rw)
+}
+
+// serveConn serves one connection's frames from r, its answers to w; see
+// Serve.
+func (s *Server) serveConn(ctx context.Context, r *bufio.Reader, w io.Writer) error {
 	parent := ctx
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	c := &serverConn{s: s, w: rw, ctx: ctx, cancel: cancel, calls: make(map[uint32]*serverCall)}
-	if cl, ok := rw.(io.Closer); ok {
-		stop := context.AfterFunc(parent, func() { cl.Close() })
-		defer stop()
-	}
-	err := c.readLoop(bufio.NewReaderSize(rw, 64<<10))
+	c := &serverConn{s: s, w: w, ctx: ctx, cancel: cancel, calls: make(map[uint32]*serverCall)}
+	err := c.readLoop(r)
 	cancel()
 	c.wg.Wait()
 	switch {
@@ -96,6 +127,85 @@ func (s *Server) Serve(ctx context.Context, rw io.ReadWriter) error {
 		return nil
 	}
 	return err
+}
+
+// ServeShared serves the clients that follow one another on one stream
+// that outlives each of them — a container's standard input and output,
+// which the engine keeps when an attached client goes and hands on to the
+// next — until the stream ends (a clean end: nil), a read fails, or ctx
+// ends. A connection ends where the client's frames can no longer be acted
+// on (a frame cut short by the client's death, the break a new client
+// sends; see sealTrailer): its calls are cancelled, as at the end of
+// Serve, and the next connection begins at the next resync line, which is
+// answered in kind. So a client that dies leaves nothing half done, and
+// the next one to attach gets the same agent, its background commands
+// running on.
+func (s *Server) ServeShared(ctx context.Context, r io.Reader, w io.Writer) error {
+	br := bufio.NewReaderSize(r, 64<<10)
+	f := &fence{w: w}
+	for {
+		err := s.serveConn(ctx, br, f.writer())
+		f.advance() // what the ended connection's calls still send goes nowhere
+		switch {
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case err == nil:
+			return nil
+		}
+		// A frame that could not be acted on, or a client of another
+		// protocol: the connection is over, the stream is not (a stream
+		// that broke fails the wait for the next).
+		s.opts.log.Info("agent: the connection ended; waiting for the next client", "why", err)
+		nonce, err := awaitResync(br, "")
+		if err == io.EOF || err == io.ErrUnexpectedEOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if _, err := f.writer().Write(resyncLine(nonce)); err != nil {
+			return err
+		}
+	}
+}
+
+// fence is the writer of a shared stream (ServeShared): each connection
+// writes through a writer of its own generation, which fails once the
+// connection has ended, so that nothing of it is written after the line
+// that begins the next.
+type fence struct {
+	mu  sync.Mutex
+	w   io.Writer
+	gen uint64
+}
+
+// errFenced is what a write of a connection that has ended fails with.
+var errFenced = errors.New("the connection has ended")
+
+func (f *fence) writer() io.Writer {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return fencedWriter{f, f.gen}
+}
+
+func (f *fence) advance() {
+	f.mu.Lock()
+	f.gen++
+	f.mu.Unlock()
+}
+
+type fencedWriter struct {
+	f   *fence
+	gen uint64
+}
+
+func (w fencedWriter) Write(p []byte) (int, error) {
+	w.f.mu.Lock()
+	defer w.f.mu.Unlock()
+	if w.f.gen != w.gen {
+		return 0, errFenced
+	}
+	return w.f.w.Write(p)
 }
 
 type serverConn struct {
@@ -112,6 +222,9 @@ type serverConn struct {
 	mu       sync.Mutex
 	calls    map[uint32]*serverCall
 	acceptor *acceptor // the stream's listener, from the first Accept on
+
+	// sealed is set once the client asked for sealed frames in its Hello.
+	sealed bool
 }
 
 // serverCall is one call in flight.
@@ -165,15 +278,17 @@ func (c *serverConn) readLoop(r *bufio.Reader) error {
 	if f.typ != frameHello || json.Unmarshal(f.header, &h) != nil {
 		return fmt.Errorf("%w: the stream does not open with hello", errFrame)
 	}
-	mine, _ := json.Marshal(hello{Version: ProtocolVersion, Build: c.s.opts.build, Shell: workspace.ShellOf(c.s.bash)})
+	mine, _ := json.Marshal(hello{Version: ProtocolVersion, Build: c.s.opts.build, Shell: workspace.ShellOf(c.s.bash),
+		Seal: h.Seal, Background: c.s.jobs != nil, Boot: c.s.boot})
 	if err := c.send(frameHello, 0, 0, mine, nil); err != nil {
 		return err
 	}
 	if h.Version != ProtocolVersion {
 		return fmt.Errorf("client speaks protocol %d, this server %d", h.Version, ProtocolVersion)
 	}
+	c.sealed = h.Seal
 	for {
-		f, err := readFrame(r)
+		f, err := readFrameSealed(r, c.sealed)
 		if err != nil {
 			return err
 		}
@@ -451,6 +566,8 @@ func (c *serverConn) serve(call *serverCall) ([]byte, error) {
 	case opListen:
 		_, err := c.acceptorFor(call.req.Addr)
 		return nil, err
+	case opBgStart, opBgRead, opBgKill, opBgList:
+		return c.background(call)
 	}
 	return nil, &RemoteError{Kind: workspace.ErrInvalidArgument, Msg: fmt.Sprintf("unknown operation %q", req.Op)}
 }

@@ -25,6 +25,7 @@ package backend
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"time"
 
@@ -89,6 +90,16 @@ type Adopter interface {
 	// workspace.ErrNotFound when the backend has no such session of labels'
 	// daemon.
 	Adopt(ctx context.Context, session string, labels map[string]string) (*Instance, Record, error)
+}
+
+// ImageReader is a Backend that can read a directory of an image, for
+// the templates an operator declares from an image.
+type ImageReader interface {
+	Backend
+	// ReadImage writes the tree at dir of spec.Profile.Image to w, in the
+	// form of Instance.Export, from a container made of the image and never
+	// started; it leaves nothing behind.
+	ReadImage(ctx context.Context, spec Spec, dir string, w io.Writer) error
 }
 
 // Record is what the session host keeps with a workspace, for another run
@@ -171,6 +182,18 @@ type Instance struct {
 	// of the daemon to adopt it ([Adopter]); the session host calls it once
 	// the session has its workspace, before the session serves a call.
 	Publish func(ctx context.Context, rec Record) error
+	// Export, when not nil, writes the workspace's tree to w as a tar
+	// stream — names relative to the root, parents before what they hold,
+	// directories, regular files and links with their permission bits —
+	// taken at one moment (Docker freezes the container while the engine
+	// reads it). Without it the session host reads the tree through FS
+	// (snapshot.WriteTree), which does not stop commands meanwhile.
+	Export func(ctx context.Context, w io.Writer) error
+	// Import, when not nil, writes a tar stream of that form into the
+	// workspace, before its session serves a call: its files then belong
+	// to the workspace's user, with the stream's permission bits. Without
+	// it the host writes them through FS (snapshot.ReadTree).
+	Import func(ctx context.Context, r io.Reader) error
 	// Leave, when not nil, is Close for a run that stops while others of
 	// its daemon go on (replicas, [Adopter]): it releases what this run
 	// holds and leaves the workspace, and the session in it, for another

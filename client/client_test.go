@@ -448,3 +448,27 @@ func TestDiffAndProviderRun(t *testing.T) {
 }
 
 func scopeOf(glob string) scope.Rules { return scope.Rules{Visible: []string{glob}} }
+
+// TestSentinelsAreTheRunners: an error kind the session host defines has
+// one sentinel, runner's, which the client's is; a second definition would
+// make errors.Is tell a daemon's answer from the same error of an embedded
+// runner.Manager.
+func TestSentinelsAreTheRunners(t *testing.T) {
+	for _, pair := range []struct {
+		name           string
+		client, runner error
+	}{
+		{"SessionEnded", client.ErrSessionEnded, runner.ErrClosed},
+		{"TooManySessions", client.ErrTooManySessions, runner.ErrTooManySessions},
+		{"Busy", client.ErrBusy, runner.ErrBusy},
+		{"ShuttingDown", client.ErrShuttingDown, runner.ErrShuttingDown},
+		{"ResultNotKept", client.ErrResultNotKept, runner.ErrResultNotKept},
+	} {
+		if pair.client != pair.runner {
+			t.Errorf("%s: the client's sentinel is not runner's", pair.name)
+		}
+		if err := (&client.Error{Kind: pair.name}); !errors.Is(err, pair.runner) {
+			t.Errorf("an answer of kind %s is not runner's sentinel", pair.name)
+		}
+	}
+}

@@ -11,28 +11,49 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sandboxd/sandboxd/runner"
+	"github.com/sandboxd/sandboxd/snapshot"
 	"github.com/sandboxd/sandboxd/workspace"
 )
 
 // The daemon's own error kinds, as an *Error matches them with errors.Is.
+// Those the session host defines are its sentinels (package runner's), so
+// one errors.Is test serves a program that embeds a runner.Manager and one
+// that calls a daemon; the others are the HTTP layer's.
 var (
 	// ErrUnauthorized: no token, or one of no tenant (401).
 	ErrUnauthorized = errors.New("unauthorized")
-	// ErrSessionEnded: the session has ended, or ended during the call (410).
-	ErrSessionEnded = errors.New("the session has ended")
+	// ErrSessionEnded: the session has ended, or ended during the call
+	// (410): runner.ErrClosed.
+	ErrSessionEnded = runner.ErrClosed
 	// ErrTooManySessions: the tenant is at its cap of sessions (429).
-	ErrTooManySessions = errors.New("the tenant is at its limit of sessions")
+	ErrTooManySessions = runner.ErrTooManySessions
 	// ErrBusy: the session is at its cap of calls in flight (429).
-	ErrBusy = errors.New("the session is at its limit of calls in flight")
-	// ErrOverloaded: the daemon's memory for requests in flight is in use;
-	// retry after Error.RetryAfter (503).
+	ErrBusy = runner.ErrBusy
+	// ErrOverloaded: the daemon's memory budget is held by requests in
+	// flight and kept results; retry after Error.RetryAfter (503).
 	ErrOverloaded = errors.New("the daemon is overloaded")
 	// ErrShuttingDown: the daemon is draining (503).
-	ErrShuttingDown = errors.New("the daemon is shutting down")
+	ErrShuttingDown = runner.ErrShuttingDown
+	// ErrResultNotKept: a detached call's result is not kept, or no longer
+	// (410).
+	ErrResultNotKept = runner.ErrResultNotKept
 	// ErrTooLarge: a body or transfer over its cap (413).
 	ErrTooLarge = errors.New("too large")
 	// ErrInternal: the daemon failed (500).
 	ErrInternal = errors.New("the daemon failed")
+	// ErrSnapshotCorrupt: the snapshot's files are not what its manifest
+	// says; it is never restored (422): snapshot.ErrCorrupt.
+	ErrSnapshotCorrupt = snapshot.ErrCorrupt
+	// ErrSnapshotLimit: the tenant's snapshots are at their cap (507):
+	// snapshot.ErrLimit.
+	ErrSnapshotLimit = snapshot.ErrLimit
+	// ErrNoSpace: the daemon's snapshot store is full (507):
+	// snapshot.ErrNoSpace.
+	ErrNoSpace = snapshot.ErrNoSpace
+	// ErrSnapshotsOff: the daemon keeps no snapshots (501):
+	// runner.ErrNoSnapshots.
+	ErrSnapshotsOff = runner.ErrNoSnapshots
 )
 
 // The workspace kinds callers test most, for convenience: an *Error of
@@ -54,8 +75,14 @@ var kinds = map[string]error{
 	"Busy":            ErrBusy,
 	"Overloaded":      ErrOverloaded,
 	"ShuttingDown":    ErrShuttingDown,
+	"ResultNotKept":   ErrResultNotKept,
 	"TooLarge":        ErrTooLarge,
 	"Internal":        ErrInternal,
+	"SnapshotCorrupt": ErrSnapshotCorrupt,
+	"SnapshotInvalid": ErrInvalidArgument,
+	"SnapshotLimit":   ErrSnapshotLimit,
+	"NoSpace":         ErrNoSpace,
+	"SnapshotsOff":    ErrSnapshotsOff,
 }
 
 // byStatus is the sentinel of an answer that names no kind (a proxy's).

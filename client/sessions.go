@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 
 	"github.com/sandboxd/sandboxd/runner"
@@ -22,9 +23,30 @@ type SessionCreateResult struct {
 // SessionCreate starts a session (POST /v1/sessions). A setting beyond the
 // operator's is ErrForbidden, naming it; the tenant's cap reached is
 // ErrTooManySessions.
+//
+// The settings' SecretValues are sent with their values, which their own
+// JSON leaves out (runner.TenantSecret).
 func (c *Client) SessionCreate(ctx context.Context, opts SessionCreateOptions) (SessionCreateResult, error) {
 	var res SessionCreateResult
-	err := c.sendJSON(ctx, http.MethodPost, []string{"v1", "sessions"}, opts.Settings, &res.Session)
+	var body any = opts.Settings
+	if len(opts.Settings.SecretValues) > 0 {
+		data, err := json.Marshal(opts.Settings)
+		if err != nil {
+			return res, err
+		}
+		var m map[string]any
+		if err := json.Unmarshal(data, &m); err != nil {
+			return res, err
+		}
+		type withValue runner.TenantSecret // no MarshalJSON: the value goes too
+		values := make([]withValue, len(opts.Settings.SecretValues))
+		for i, v := range opts.Settings.SecretValues {
+			values[i] = withValue(v)
+		}
+		m["secretValues"] = values
+		body = m
+	}
+	err := c.sendJSON(ctx, http.MethodPost, []string{"v1", "sessions"}, body, &res.Session)
 	return res, err
 }
 

@@ -8,6 +8,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,7 +26,7 @@ import (
 func TestBash(t *testing.T, h BashHarness) {
 	t.Helper()
 	begin(t, h.New != nil, h.Skip)
-	for _, bt := range bashTests {
+	for _, bt := range slices.Concat(bashTests, backgroundTests) {
 		t.Run(bt.name, func(t *testing.T) {
 			if !bt.serial {
 				t.Parallel()
@@ -83,6 +84,9 @@ func (inst BashInstance) has(c Capability) bool {
 		return len(inst.Env) > 0
 	case CapProcessTree:
 		return true
+	case CapDurable:
+		_, ok := inst.Bash.(workspace.BackgroundBash)
+		return ok && inst.Reconnect != nil
 	}
 	return false
 }

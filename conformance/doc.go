@@ -1,8 +1,8 @@
 // Package conformance checks adapters of the workspace ports against one
 // behaviour, as [testing/fstest] does for [io/fs]: [TestFileSystem] for a
-// [workspace.FileSystem], [TestBash] for a [workspace.Bash]. Each adapter's
-// test is a few lines that say how to make a fresh instance; the kit does
-// the rest.
+// [workspace.FileSystem], [TestBash] for a [workspace.Bash], [TestWrapper]
+// for a decorator of a FileSystem. Each adapter's test is a few lines that
+// say how to make a fresh instance; the kit does the rest.
 //
 // # Using it
 //
@@ -86,6 +86,13 @@
 //     and nothing written when it fails; with an Edit (textedit), what it
 //     wrote, and the matching's errors with their kind and message;
 //   - workspace.AppendFile and AppendFileGeneric, held to the same trees.
+//
+// # What TestWrapper checks
+//
+// A FileSystem decorator (workspace.Guard, scope, the journal's recorder)
+// over an inner file system with every extension, over the core alone and
+// over the core with links: it is a SymlinkFS exactly when its inner one is
+// (links have no fallback), and every other extension it claims works.
 //
 // # What TestBash checks
 //

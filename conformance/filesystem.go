@@ -5,6 +5,7 @@ import (
 	"io/fs"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -21,6 +22,9 @@ func TestFileSystem(t *testing.T, h FileSystemHarness) {
 		h.runCase(t, c)
 	}
 	for _, c := range invalidNameCases() {
+		h.runCase(t, c)
+	}
+	for _, c := range longNameCases() {
 		h.runCase(t, c)
 	}
 	for _, c := range swapFSCases() {
@@ -342,6 +346,22 @@ var fsCases = []fsCase{
 	{name: "RealPath/LinkOut", layout: l("ld => $OUTSIDE/sd"), op: realPath("ld/f", ""), err: outside},
 	{name: "RealPath/RelativeLinkOut", layout: l("d/ld => ../$OUT"), op: realPath("d/ld/secret", ""), err: outside},
 	{name: "RealPath/Loop", layout: l("a => b", "b => a"), op: realPath("a/f", ""), err: anyError},
+}
+
+// longNameCases: a name element over NAME_MAX bytes is refused by every
+// method that makes a name, and nothing is made (a FileSystem that could
+// hold it would leave a name no command can use); one of NAME_MAX bytes is
+// a name like any other. See also the special PathMax.
+func longNameCases() []fsCase {
+	long, most := strings.Repeat("n", workspace.NameMax+1), strings.Repeat("m", workspace.NameMax)
+	return []fsCase{
+		{name: "LongName/WriteFile", layout: l("f: x"), op: writeFile(long, "x"), err: invalid},
+		{name: "LongName/WriteFileBelow", layout: l("f: x", "d/"), op: writeFile("d/"+long, "x"), err: invalid},
+		{name: "LongName/Mkdir", layout: l("f: x"), op: mkdir(long), err: invalid},
+		{name: "LongName/RenameTo", layout: l("f: x"), op: rename("f", long), err: invalid},
+		{name: "LongName/Symlink", needs: needs(CapSymlinks), layout: l("f: x"), op: symlink("f", long), err: invalid},
+		{name: "LongName/NameMax", layout: l("f: x"), op: writeFile(most, "y"), after: l("f: x", most+": y")},
+	}
 }
 
 // badNames are names no FileSystem method accepts.

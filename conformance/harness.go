@@ -43,11 +43,15 @@ const (
 	// CapConfiguredEnv: BashInstance.Env names variables the adapter was
 	// configured to give every command.
 	CapConfiguredEnv Capability = "configured-env"
+	// CapDurable: the Bash is a workspace.BackgroundBash whose background
+	// commands outlive its connection, and BashInstance.Reconnect makes a
+	// new one.
+	CapDurable Capability = "durable-background"
 )
 
 var capabilities = []Capability{
 	CapSymlinks, CapFIFOs, CapSockets, CapOutside, CapHardlinks,
-	CapPermissions, CapProcessTree, CapConfiguredEnv,
+	CapPermissions, CapProcessTree, CapConfiguredEnv, CapDurable,
 }
 
 // FileSystemHarness tells TestFileSystem how to make the adapter under test.
@@ -126,6 +130,14 @@ type BashInstance struct {
 	// command (and expects them to see). Empty: CapConfiguredEnv is declared
 	// in Skip.
 	Env map[string]string
+	// Reconnect drops the connection of Bash and FS as a crash of their
+	// process would (with no goodbye), calls meanwhile while no connection
+	// is open — with exists, which tells whether a workspace name exists
+	// by a way that needs none (the host's view of the directory, docker
+	// exec) — and returns a Bash and a FileSystem over a new connection to
+	// the same workspace. Nil: CapDurable is declared in Skip, or the Bash
+	// is no workspace.BackgroundBash.
+	Reconnect func(t *testing.T, meanwhile func(exists func(name string) bool)) (workspace.Bash, workspace.FileSystem)
 }
 
 // begin fails on a harness the kit cannot use: no New, or a Skip map with an

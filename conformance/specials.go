@@ -27,6 +27,38 @@ var fsSpecials = []fsSpecial{
 	{name: "Lock/Independent", run: lockIndependent},
 	{name: "Lock/Swap", run: lockSwap},
 	{name: "Confine/OutsideUntouched", needs: needs(CapOutside, CapSymlinks), run: outsideUntouched},
+	{name: "LongName/PathMax", run: pathMax},
+}
+
+// pathMax checks that a name whose path from the root reaches PATH_MAX is
+// refused (ErrInvalidArgument) and not made, though each of its elements is
+// short, and that the longest path below it is made.
+func pathMax(x *fixture) {
+	elem := strings.Repeat("p", 200)
+	dir := ""
+	for {
+		next := path.Join(dir, elem)
+		if len(x.Root)+1+len(next)+1+2 >= workspace.PathMax {
+			break
+		}
+		if err := x.FS.Mkdir(x.ctx, next, 0o755); err != nil {
+			x.t.Fatalf("Mkdir of a path of %d bytes: %v", len(x.Root)+1+len(next), err)
+		}
+		dir = next
+	}
+	// The longest name there may be: the path and its NUL are PATH_MAX.
+	fill := workspace.PathMax - 1 - (len(x.Root) + 1 + len(dir) + 1)
+	ok := path.Join(dir, strings.Repeat("f", fill))
+	if err := x.FS.WriteFile(x.ctx, ok, []byte("x"), 0o644); err != nil {
+		x.t.Fatalf("WriteFile of a path of %d bytes, PATH_MAX less its NUL: %v", len(x.Root)+1+len(ok), err)
+	}
+	over := path.Join(dir, strings.Repeat("g", fill+1))
+	if msg := invalid.check(x.FS.WriteFile(x.ctx, over, []byte("x"), 0o644)); msg != "" {
+		x.t.Errorf("WriteFile of a path of %d bytes: %s", len(x.Root)+1+len(over), msg)
+	}
+	if _, err := x.FS.Lstat(x.ctx, over); err == nil {
+		x.t.Errorf("the path of %d bytes was made", len(x.Root)+1+len(over))
+	}
 }
 
 func needs(caps ...Capability) []Capability { return caps }

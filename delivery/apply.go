@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path"
+	"strings"
 	"syscall"
 )
 
@@ -39,19 +40,29 @@ type Applied struct {
 // a change made in the instant between a path's check and its rename is
 // lost.
 func SyncBack(dir string, changes []Change, final *Tree, st *Store) (*Applied, error) {
-	root, err := os.OpenRoot(dir)
-	if err != nil {
-		return nil, fmt.Errorf("delivery: %w", err)
-	}
-	defer root.Close()
 	keep := map[string]bool{}
 	for p := range final.Files {
 		for _, d := range parents(p) {
 			keep[d] = true
 		}
 	}
+	return syncBack(dir, changes, keep, st, strings.ToLower(rand.Text()[:10]))
+}
+
+// syncBack is SyncBack keeping the directories keep names, its temporary
+// files named with tag (".sandboxd-TAG-NAME"). It may run again over what
+// a killed run of it did with the same tag: each path first loses the
+// temporary file that run may have left beside it, and a path already
+// written holds the session's version (Same).
+func syncBack(dir string, changes []Change, keep map[string]bool, st *Store, tag string) (*Applied, error) {
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return nil, fmt.Errorf("delivery: %w", err)
+	}
+	defer root.Close()
 	res := &Applied{}
 	for _, c := range changes {
+		root.Remove(tempName(c.Path, tag))
 		cur, err := hostEntry(root, c.Path)
 		switch {
 		case err != nil:
@@ -74,9 +85,10 @@ func SyncBack(dir string, changes []Change, final *Tree, st *Store) (*Applied, e
 					}
 				}
 			}
-		} else if err = place(root, c.Path, *c.New, st); err == nil {
+		} else if err = place(root, c.Path, *c.New, st, tag); err == nil {
 			res.Written = append(res.Written, c.Path)
 		}
+
 		if err != nil {
 			res.Conflicts = append(res.Conflicts, Conflict{c.Path, err.Error()})
 		}
@@ -125,7 +137,7 @@ func describe(m fs.FileMode) string {
 
 // place puts e at name: written beside it under a temporary name, then
 // renamed over it.
-func place(root *os.Root, name string, e Entry, st *Store) error {
+func place(root *os.Root, name string, e Entry, st *Store, tag string) error {
 	data, err := st.Get(e.OID)
 	if err != nil {
 		return err
@@ -135,11 +147,14 @@ func place(root *os.Root, name string, e Entry, st *Store) error {
 			return err
 		}
 	}
-	tmp := path.Join(path.Dir(name), ".sandboxd-"+rand.Text()[:10]+"-"+path.Base(name))
+	tmp := tempName(name, tag)
 	if e.isLink() {
 		err = root.Symlink(string(data), tmp)
 	} else {
 		err = writeNew(root, tmp, data, e.Mode.Perm())
+	}
+	if err == nil && testHookPlacing != nil {
+		testHookPlacing(tmp)
 	}
 	if err == nil {
 		err = root.Rename(tmp, name)
@@ -149,6 +164,15 @@ func place(root *os.Root, name string, e Entry, st *Store) error {
 	}
 	return err
 }
+
+// tempName is the temporary name beside name that place writes, for tag.
+func tempName(name, tag string) string {
+	return path.Join(path.Dir(name), ".sandboxd-"+tag+"-"+path.Base(name))
+}
+
+// testHookPlacing, when set (by tests), is called with the temporary name
+// of each file place wrote, before it is renamed into place.
+var testHookPlacing func(tmp string)
 
 // writeNew creates name (which must not exist) with data and exactly perm,
 // synced to disk.

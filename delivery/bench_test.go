@@ -7,11 +7,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sandboxd/sandboxd/backend/docker"
 	"github.com/sandboxd/sandboxd/delivery"
-	"github.com/sandboxd/sandboxd/dockerexec"
-	"github.com/sandboxd/sandboxd/dockerfs"
-	"github.com/sandboxd/sandboxd/internal/dockertest"
 	"github.com/sandboxd/sandboxd/memfs"
+	"github.com/sandboxd/sandboxd/testharness/dockertest"
 	"github.com/sandboxd/sandboxd/workspace"
 )
 
@@ -28,7 +27,7 @@ func BenchmarkSnapshot(b *testing.B) {
 		b.Run(backend, func(b *testing.B) {
 			var fsys workspace.FileSystem
 			if backend == "docker" {
-				fsys = dockerfs.New(dockertest.Start(b, dockerexec.Spec{WorkspaceDir: dir}))
+				fsys = dockertest.Start(b, docker.Spec{WorkspaceDir: dir}).Agent()
 			} else {
 				m, err := memfs.FromDir(b.Context(), dir)
 				if err != nil {

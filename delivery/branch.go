@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"strings"
 )
@@ -50,7 +51,8 @@ func Commit(ctx context.Context, dir, branch, message string, changes []Change, 
 	if !ok {
 		return nil, fmt.Errorf("delivery: %s is not in a git work tree", dir)
 	}
-	tmp, err := os.MkdirTemp("", "sandboxd-index-*")
+	// The temporary index lives with the store, and goes with it.
+	tmp, err := os.MkdirTemp(st.dir, "index-*")
 	if err != nil {
 		return nil, err
 	}
@@ -115,13 +117,30 @@ func Commit(ctx context.Context, dir, branch, message string, changes []Change, 
 	}
 	res.Commit = strings.TrimSpace(commit)
 	if _, err := git(ctx, dir, env, nil, "update-ref", "-m", "sandboxd: a session's work", res.Branch, res.Commit, zeroOID); err != nil {
+		// A branch made by a run killed before it could say so has this
+		// commit's tree and parent: that commit is this delivery.
+		if have, ok := sameCommit(ctx, dir, res.Branch, strings.TrimSpace(tree), res.Parent); ok {
+			res.Commit = have
+			return res, nil
+		}
 		return nil, err
 	}
 	return res, nil
 }
 
-// ignoredAdds returns which added paths the repository ignores.
-func ignoredAdds(ctx context.Context, dir string, env []string, changes []Change) (map[string]bool, error) {
+// sameCommit returns the commit branch names when it has tree and parent.
+func sameCommit(ctx context.Context, dir, branch, tree, parent string) (string, bool) {
+	out, err := git(ctx, dir, nil, nil, "log", "-1", "--format=%H %T %P", branch, "--")
+	f := strings.Fields(out)
+	if err != nil || len(f) < 2 || f[1] != tree || strings.Join(f[2:], " ") != parent {
+		return "", false
+	}
+	return f[0], true
+}
+
+// ignoredAdds returns which added paths the repository ignores; opts are
+// more options of git check-ignore.
+func ignoredAdds(ctx context.Context, dir string, env []string, changes []Change, opts ...string) (map[string]bool, error) {
 	var in bytes.Buffer
 	for _, c := range changes {
 		if c.Old == nil {
@@ -132,7 +151,7 @@ func ignoredAdds(ctx context.Context, dir string, env []string, changes []Change
 	if in.Len() == 0 {
 		return out, nil
 	}
-	list, err := git(ctx, dir, env, &in, "check-ignore", "-z", "--stdin")
+	list, err := git(ctx, dir, env, &in, append([]string{"check-ignore", "-z", "--stdin"}, opts...)...)
 	var ee *exec.ExitError
 	if errors.As(err, &ee) && ee.ExitCode() == 1 {
 		return out, nil // none is ignored
@@ -144,6 +163,55 @@ func ignoredAdds(ctx context.Context, dir string, env []string, changes []Change
 		out[p] = true
 	}
 	return out, nil
+}
+
+// IgnoredAdds returns which of changes' added files the .gitignore files of
+// tree (a session's final tree, its contents in st) ignore, as git would
+// judge them in a work tree of that tree: the files are laid out in a
+// scratch repository of .gitignore files alone and asked of git
+// check-ignore --no-index. The session's own .git (and so its
+// info/exclude) is not part of a tree; the user's and system's git
+// configuration are not read. It is how a diff taken inside the daemon,
+// with no repository of the user's at hand, leaves out what the project
+// ignores (build output, caches), as a delivery does.
+func IgnoredAdds(ctx context.Context, tree *Tree, st *Store, changes []Change) (map[string]bool, error) {
+	out := map[string]bool{}
+	var ignores []string
+	for name := range tree.Files {
+		if path.Base(name) == ".gitignore" && tree.Files[name].Mode.IsRegular() {
+			ignores = append(ignores, name)
+		}
+	}
+	if len(ignores) == 0 {
+		return out, nil
+	}
+	dir, err := os.MkdirTemp("", "sandboxd-ignores-*")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer root.Close()
+	for _, name := range ignores {
+		data, err := st.Get(tree.Files[name].OID)
+		if err != nil {
+			return nil, err
+		}
+		if err := root.MkdirAll(path.Dir(name), 0o700); err != nil {
+			return nil, err
+		}
+		if err := root.WriteFile(name, data, 0o600); err != nil {
+			return nil, err
+		}
+	}
+	env := []string{"GIT_CONFIG_GLOBAL=/dev/null", "GIT_CONFIG_NOSYSTEM=1", "GIT_DIR=" + filepath.Join(dir, ".git"), "GIT_WORK_TREE=" + dir}
+	if _, err := git(ctx, dir, env, nil, "init", "-q"); err != nil {
+		return nil, err
+	}
+	return ignoredAdds(ctx, dir, env, changes, "--no-index")
 }
 
 // git runs git in dir with env added and stdin (nil: none), and returns

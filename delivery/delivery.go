@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"maps"
 	"os"
 	"path/filepath"
@@ -56,12 +59,18 @@ type Baseline struct {
 	dir   string
 	tree  *Tree
 	store *Store
-	log   []byte // the directory's .git/logs/HEAD
+	log   []byte   // the directory's .git/logs/HEAD
+	keep  string   // where a durable baseline is kept (Keep), or ""
+	lock  *os.File // a kept baseline's lock, held while it is open
 }
 
 // Begin reads dir's tree (its contents into a private store). Close
-// releases the store.
-func Begin(ctx context.Context, dir string) (*Baseline, error) {
+// releases the store. With Keep the baseline is durable: see Open.
+func Begin(ctx context.Context, dir string, opts ...BeginOption) (*Baseline, error) {
+	var o beginOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
 	abs, err := filepath.Abs(dir)
 	if err != nil {
 		return nil, err
@@ -71,21 +80,50 @@ func Begin(ctx context.Context, dir string) (*Baseline, error) {
 		return nil, fmt.Errorf("delivery: %w", err)
 	}
 	defer fsys.Close()
-	st, err := NewStore()
+	var st *Store
+	var lock *os.File
+	if o.keep != "" {
+		if err := os.MkdirAll(o.keep, 0o700); err != nil {
+			return nil, fmt.Errorf("delivery: %w", err)
+		}
+		if lock, err = lockKept(o.keep); err != nil {
+			return nil, err
+		}
+		st, err = openStore(filepath.Join(o.keep, objectsDir))
+	} else {
+		st, err = NewStore()
+	}
+	b := &Baseline{dir: abs, store: st, keep: o.keep, lock: lock}
+	if err == nil {
+		b.tree, err = Snapshot(ctx, fsys, st)
+	}
+	if err == nil && o.keep != "" {
+		b.log, _ = fsys.ReadFile(ctx, gitLog, MaxFileBytes)
+		err = b.save()
+	} else if err == nil {
+		b.log, _ = fsys.ReadFile(ctx, gitLog, MaxFileBytes)
+	}
 	if err != nil {
+		if st != nil {
+			st.Close()
+		}
+		if lock != nil {
+			lock.Close()
+		}
 		return nil, err
 	}
-	t, err := Snapshot(ctx, fsys, st)
-	if err != nil {
-		st.Close()
-		return nil, err
-	}
-	log, _ := fsys.ReadFile(ctx, gitLog, MaxFileBytes)
-	return &Baseline{dir: abs, tree: t, store: st, log: log}, nil
+	return b, nil
 }
 
-// Close removes the baseline's store.
-func (b *Baseline) Close() error { return b.store.Close() }
+// Close releases the baseline: a temporary store is removed; a kept one
+// (Keep) stays until Discard, and its lock is let go.
+func (b *Baseline) Close() error {
+	err := b.store.Close()
+	if b.lock != nil {
+		b.lock.Close()
+	}
+	return err
+}
 
 // Request says how to deliver a session's work.
 type Request struct {
@@ -104,6 +142,11 @@ type Report struct {
 	Changes []Change
 	// Skipped names what the session's tree held that was not delivered.
 	Skipped map[string]string
+	// Ignored names the files the session added that the repository
+	// ignores (its .gitignore files, .git/info/exclude, core.excludesFile),
+	// left out whatever the mode, as git add would leave them out: build
+	// output, caches. Only a directory in a git work tree ignores any.
+	Ignored []string
 	// Commits are the subjects of the commits the agent made in the
 	// session, from its reflog; they are carried as one commit's message.
 	Commits   []string
@@ -113,6 +156,9 @@ type Report struct {
 	PatchFile string
 	// Fallback says why a patch was written instead of the mode asked for.
 	Fallback string
+	// Resumed: this finished a delivery that an earlier run began and did
+	// not finish (Baseline.Interrupted).
+	Resumed bool
 }
 
 // Deliver reads the session's final tree from fsys and delivers what
@@ -121,37 +167,135 @@ type Report struct {
 // session's work: a branch that cannot be made, or a directory that cannot
 // be written, gives a patch instead (an error unless under Auto), and
 // Apply's conflicts are written as a patch.
+//
+// A durable baseline (Keep) journals the delivery before it changes
+// anything: when a delivery of it began and did not finish (a process
+// killed halfway; Interrupted), Deliver finishes that one — the same
+// changes, to the same places, from the contents kept — without reading
+// fsys, which may be nil then. Every step is one a second run may repeat:
+// a branch or a patch already made as it would be counts as made, a path of
+// Apply already holding the session's version as written, and the
+// temporary files a killed Apply left in the directory are removed.
 func (b *Baseline) Deliver(ctx context.Context, fsys workspace.FileSystem, req Request) (*Report, error) {
-	final, err := Snapshot(ctx, fsys, b.store)
+	return b.deliver(ctx, req, func() (*Tree, []byte, error) {
+		if fsys == nil {
+			return nil, nil, errors.New("delivery: no workspace to read the work from")
+		}
+		final, err := Snapshot(ctx, fsys, b.store)
+		if err != nil {
+			return nil, nil, err
+		}
+		log, _ := fsys.ReadFile(ctx, gitLog, MaxFileBytes)
+		return final, log, nil
+	})
+}
+
+// DeliverArchive is Deliver of the session's tree as the tar stream r has
+// it (names relative to the workspace root: the form of a Docker
+// container's export), for a workspace whose agent is not there to read
+// it through: one a killed run left. Entries other than regular files,
+// links and directories, and what Excluded names, are left out.
+func (b *Baseline) DeliverArchive(ctx context.Context, r io.Reader, req Request) (*Report, error) {
+	return b.deliver(ctx, req, func() (*Tree, []byte, error) { return snapshotArchive(r, b.store) })
+}
+
+func (b *Baseline) deliver(ctx context.Context, req Request, read func() (*Tree, []byte, error)) (*Report, error) {
+	j, err := b.readJournal()
 	if err != nil {
 		return nil, err
 	}
+	if j != nil {
+		j.Report.Resumed = true
+		return j.Report, b.carryOut(ctx, j)
+	}
+	r, j, err := b.plan(ctx, req, read)
+	if err != nil || j == nil {
+		return r, err
+	}
+	return r, b.carryOut(ctx, j)
+}
+
+// plan measures the work and journals the delivery it takes; the journal
+// is nil when there is nothing to deliver.
+func (b *Baseline) plan(ctx context.Context, req Request, read func() (*Tree, []byte, error)) (*Report, *journal, error) {
+	final, log, err := read()
+	if err != nil {
+		return nil, nil, err
+	}
 	r := &Report{Mode: req.Mode, Dir: b.dir, Changes: Changes(b.tree, final), Skipped: final.Skipped,
-		Commits: agentCommits(ctx, fsys, b.log)}
+		Commits: agentCommits(log, b.log)}
 	if len(r.Changes) == 0 || req.Mode == None {
-		return r, nil
+		return r, nil, nil
 	}
 	if req.PatchFile == "" {
 		if req.PatchFile, err = DefaultPatchFile(req.Session); err != nil {
-			return r, err
+			return r, nil, err
 		}
 	}
-	message := b.message(req.Session, r.Commits)
+	inRepo := false
+	if b.dir != "" { // not Nothing's
+		_, inRepo = RepoPrefix(ctx, b.dir)
+	}
 	if r.Mode == Auto {
 		r.Mode = Patch
-		if _, ok := RepoPrefix(ctx, b.dir); ok {
+		if inRepo {
 			r.Mode = Branch
 		}
 	}
+	if inRepo {
+		r.leaveOutIgnored(ctx, b.dir)
+		if len(r.Changes) == 0 {
+			return r, nil, nil
+		}
+	}
+	j := &journal{Report: r}
+	j.Request, j.Message, j.Tag = req, b.message(req.Session, r.Commits), strings.ToLower(rand.Text()[:10])
+	if r.Mode == Apply {
+		for p := range final.Files {
+			j.Keep = append(j.Keep, parents(p)...)
+		}
+		slices.Sort(j.Keep)
+		j.Keep = slices.Compact(j.Keep)
+		// The whole work first, as a patch beside the baseline: what a
+		// run that cannot finish the apply hands over.
+		if b.keep != "" {
+			var buf bytes.Buffer
+			if err := WritePatch(&buf, j.Message, r.Changes, b.store); err != nil {
+				return r, nil, fmt.Errorf("delivery: %w", err)
+			}
+			if err := writeFileAtomic(filepath.Join(b.keep, workPatch), buf.Bytes()); err != nil {
+				return r, nil, err
+			}
+		}
+	}
+	if err := b.writeJournal(j); err != nil {
+		return r, nil, err
+	}
+	return r, j, nil
+}
+
+// carryOut delivers what j says. It may run again over what a killed run
+// of it did.
+func (b *Baseline) carryOut(ctx context.Context, j *journal) error {
+	r, req := j.Report, j.Request
+	var err error
 	switch r.Mode {
 	case Branch:
-		if r.Committed, err = Commit(ctx, b.dir, "sandboxd/"+req.Session, message, r.Changes, b.store); err != nil {
-			return r, b.fallback(req, message, r, err)
+		if r.Committed, err = Commit(ctx, b.dir, "sandboxd/"+req.Session, j.Message, r.Changes, b.store); err != nil {
+			return b.fallback(req, j.Message, r, err)
 		}
-		return r, nil
+		return nil
 	case Apply:
-		if r.Applied, err = SyncBack(b.dir, r.Changes, final, b.store); err != nil {
-			return r, b.fallback(req, message, r, err)
+		keep := map[string]bool{}
+		for _, d := range j.Keep {
+			keep[d] = true
+		}
+		if r.Applied, err = syncBack(b.dir, r.Changes, keep, b.store, j.Tag); err != nil {
+			err = b.fallback(req, j.Message, r, err)
+			if b.keep != "" {
+				err = fmt.Errorf("%w (the whole work is also in %s)", err, filepath.Join(b.keep, workPatch))
+			}
+			return err
 		}
 		var kept []Change
 		for _, c := range r.Changes {
@@ -160,12 +304,46 @@ func (b *Baseline) Deliver(ctx context.Context, fsys workspace.FileSystem, req R
 			}
 		}
 		if len(kept) == 0 {
-			return r, nil
+			return nil
 		}
-		return r, b.writePatch(req.PatchFile, message, kept, r)
+		return b.writePatch(req.PatchFile, j.Message, kept, r)
 	default:
-		return r, b.writePatch(req.PatchFile, message, r.Changes, r)
+		return b.writePatch(req.PatchFile, j.Message, r.Changes, r)
 	}
+}
+
+// leaveOutIgnored moves the added files the repository of dir ignores from
+// r.Changes to r.Ignored. When git cannot say, everything is delivered.
+func (r *Report) leaveOutIgnored(ctx context.Context, dir string) {
+	ignored, err := ignoredAdds(ctx, dir, nil, r.Changes)
+	if err != nil || len(ignored) == 0 {
+		return
+	}
+	r.Changes, r.Ignored = LeaveOut(r.Changes, ignored)
+}
+
+// LeaveOut splits changes into those whose path is not in out, kept in
+// order, and the paths of those that are.
+func LeaveOut(changes []Change, out map[string]bool) (kept []Change, left []string) {
+	for _, c := range changes {
+		if out[c.Path] {
+			left = append(left, c.Path)
+		} else {
+			kept = append(kept, c)
+		}
+	}
+	return kept, left
+}
+
+// Some names the first ten of names, and how many more there are: "a, b
+// and 12 more".
+func Some(names []string) string {
+	shown := names[:min(len(names), 10)]
+	more := ""
+	if n := len(names) - len(shown); n > 0 {
+		more = fmt.Sprintf(" and %d more", n)
+	}
+	return strings.Join(shown, ", ") + more
 }
 
 // fallback writes the whole work as a patch when the mode asked for failed
@@ -182,21 +360,19 @@ func (b *Baseline) fallback(req Request, message string, r *Report, err error) e
 	return fmt.Errorf("%w (the work is in the patch %s)", err, r.PatchFile)
 }
 
-// writePatch writes changes to a new file name (never replacing one).
+// writePatch writes changes to a new file name (never replacing one),
+// wholly or not at all; a file there already that holds exactly this
+// patch (written by a run killed before it could say so) counts as
+// written.
 func (b *Baseline) writePatch(name, header string, changes []Change, r *Report) error {
-	if err := os.MkdirAll(filepath.Dir(name), 0o700); err != nil {
-		return fmt.Errorf("delivery: %w", err)
+	var buf bytes.Buffer
+	if err := WritePatch(&buf, header, changes, b.store); err != nil {
+		return fmt.Errorf("delivery: writing the patch: %w", err)
 	}
-	f, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return fmt.Errorf("delivery: %w (name another file with --patch FILE)", err)
-	}
-	err = WritePatch(f, header, changes, b.store)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		os.Remove(name)
+	if err := placeNew(name, buf.Bytes()); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return fmt.Errorf("delivery: %w (name another file with --patch FILE)", err)
+		}
 		return fmt.Errorf("delivery: writing the patch: %w", err)
 	}
 	r.PatchFile = name
@@ -232,12 +408,8 @@ func (b *Baseline) message(session string, commits []string) string {
 }
 
 // agentCommits lists the commits made in the session, from the lines its
-// reflog gained since the baseline's.
-func agentCommits(ctx context.Context, fsys workspace.FileSystem, base []byte) []string {
-	log, err := fsys.ReadFile(ctx, gitLog, MaxFileBytes)
-	if err != nil {
-		return nil
-	}
+// reflog (log) gained since the baseline's.
+func agentCommits(log, base []byte) []string {
 	if rest, ok := bytes.CutPrefix(log, base); ok {
 		log = rest
 	}
@@ -269,14 +441,24 @@ func (r *Report) String() string {
 			modified++
 		}
 	}
+	if r.Resumed {
+		say("finishing the delivery to %s that a killed run began (%s)", r.Dir, r.Mode)
+	}
 	for _, p := range slices.Sorted(maps.Keys(r.Skipped)) {
 		say("not delivered: %s (%s)", p, r.Skipped[p])
 	}
+	if len(r.Ignored) > 0 {
+		say("left out, ignored by the repository: %s", Some(r.Ignored))
+	}
 	if len(r.Changes) == 0 {
-		say("the session changed nothing in %s; nothing to deliver", r.Dir)
+		say("the session changed nothing in %s that the repository keeps; nothing to deliver", r.Dir)
 		return b.String()
 	}
-	say("the session changed %d paths of %s: %d added, %d modified, %d deleted", len(r.Changes), r.Dir, added, modified, deleted)
+	if r.Dir == "" { // against Nothing
+		say("the session's tree holds %d paths (what it started from is not known: all of it is delivered as added)", len(r.Changes))
+	} else {
+		say("the session changed %d paths of %s: %d added, %d modified, %d deleted", len(r.Changes), r.Dir, added, modified, deleted)
+	}
 	if len(r.Commits) > 0 {
 		say("commits made in the session: %d; their work is delivered as one change, their subjects in its message", len(r.Commits))
 	}
@@ -287,14 +469,6 @@ func (r *Report) String() string {
 		branch := strings.TrimPrefix(r.Committed.Branch, "refs/heads/")
 		say("committed onto branch %s (%s, on %s) in %s; the work tree and index are untouched", branch, short(r.Committed.Commit), cmp.Or(short(r.Committed.Parent), "no commit"), r.Dir)
 		say("see it: git -C %s show %s; take it: git -C %s merge %s", r.Dir, branch, r.Dir, branch)
-		if n := len(r.Committed.Ignored); n > 0 {
-			shown := r.Committed.Ignored[:min(n, 10)]
-			more := ""
-			if n > len(shown) {
-				more = fmt.Sprintf(" and %d more", n-len(shown))
-			}
-			say("left out of the commit, ignored by the repository: %s%s", strings.Join(shown, ", "), more)
-		}
 	case r.Applied != nil:
 		say("applied to %s: %d written, %d removed, %d already so", r.Dir, len(r.Applied.Written), len(r.Applied.Removed), len(r.Applied.Same))
 		for _, c := range r.Applied.Conflicts {
@@ -307,6 +481,8 @@ func (r *Report) String() string {
 	switch {
 	case r.PatchFile != "" && r.Applied != nil:
 		say("the session's side of the conflicts is kept as a patch against the copy in %s; merge it by hand, or in a git repository: git -C %s apply --3way %s", r.PatchFile, r.Dir, r.PatchFile)
+	case r.PatchFile != "" && r.Dir == "":
+		say("wrote the patch to %s; apply it in a directory: git apply %s", r.PatchFile, r.PatchFile)
 	case r.PatchFile != "":
 		say("wrote the patch to %s; apply it: git -C %s apply %s", r.PatchFile, r.Dir, r.PatchFile)
 	}

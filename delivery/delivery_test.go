@@ -2,6 +2,7 @@ package delivery_test
 
 import (
 	"bytes"
+	"context"
 	"io/fs"
 	"maps"
 	"os"
@@ -62,37 +63,46 @@ func project(t *testing.T, repo bool) string {
 // work changes a copy of dir as an agent would, and returns it.
 func work(t *testing.T, dir string) workspace.FileSystem {
 	t.Helper()
-	ctx := t.Context()
-	fsys, err := memfs.FromDir(ctx, dir, memfs.WithUmask(0))
+	fsys, err := workOn(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	must := func(err error) {
-		t.Helper()
+	return fsys
+}
+
+// workOn is work, for a process that is no test.
+func workOn(dir string) (workspace.FileSystem, error) {
+	ctx := context.Background()
+	fsys, err := memfs.FromDir(ctx, dir, memfs.WithUmask(0))
+	if err != nil {
+		return nil, err
+	}
+	for _, err := range []error{
+		fsys.WriteFile(ctx, "edit.txt", []byte("one\nTWO\nthree\n"), 0o644),
+		fsys.WriteFile(ctx, "noeol.txt", []byte("no newline, still"), 0o644),
+		fsys.Remove(ctx, "gone.txt"),
+		fsys.Remove(ctx, "sub/deep.txt"),
+		fsys.Remove(ctx, "sub"),
+		fsys.MkdirAll(ctx, "new/dir", 0o755),
+		fsys.WriteFile(ctx, "new/dir/added.txt", []byte("added\n"), 0o644),
+		fsys.WriteFile(ctx, "bin/blob.bin", []byte("\x00\x01\x02new and longer than before"), 0o644),
+		fsys.Remove(ctx, "run.sh"),
+		fsys.WriteFile(ctx, "run.sh", []byte("#!/bin/sh\n"), 0o755), // a mode change
+		fsys.WriteFile(ctx, "empty.txt", nil, 0o600),
+		fsys.WriteFile(ctx, "debug.log", []byte("ignored\n"), 0o644),
+		fsys.Remove(ctx, "link"),
+		fsys.Symlink(ctx, "edit.txt", "link"),
+		// Bookkeeping never delivered.
+		fsys.MkdirAll(ctx, ".sandboxd/journal", 0o755),
+		fsys.WriteFile(ctx, ".sandboxd/journal/x", []byte("j"), 0o644),
+		fsys.MkdirAll(ctx, "vendored/.git", 0o755),
+		fsys.WriteFile(ctx, "vendored/.git/HEAD", []byte("ref"), 0o644),
+	} {
 		if err != nil {
-			t.Fatal(err)
+			return nil, err
 		}
 	}
-	must(fsys.WriteFile(ctx, "edit.txt", []byte("one\nTWO\nthree\n"), 0o644))
-	must(fsys.WriteFile(ctx, "noeol.txt", []byte("no newline, still"), 0o644))
-	must(fsys.Remove(ctx, "gone.txt"))
-	must(fsys.Remove(ctx, "sub/deep.txt"))
-	must(fsys.Remove(ctx, "sub"))
-	must(fsys.MkdirAll(ctx, "new/dir", 0o755))
-	must(fsys.WriteFile(ctx, "new/dir/added.txt", []byte("added\n"), 0o644))
-	must(fsys.WriteFile(ctx, "bin/blob.bin", []byte("\x00\x01\x02new and longer than before"), 0o644))
-	must(fsys.Remove(ctx, "run.sh"))
-	must(fsys.WriteFile(ctx, "run.sh", []byte("#!/bin/sh\n"), 0o755)) // a mode change
-	must(fsys.WriteFile(ctx, "empty.txt", nil, 0o600))
-	must(fsys.WriteFile(ctx, "debug.log", []byte("ignored\n"), 0o644))
-	must(fsys.Remove(ctx, "link"))
-	must(fsys.Symlink(ctx, "edit.txt", "link"))
-	// Bookkeeping never delivered.
-	must(fsys.MkdirAll(ctx, ".sandboxd/journal", 0o755))
-	must(fsys.WriteFile(ctx, ".sandboxd/journal/x", []byte("j"), 0o644))
-	must(fsys.MkdirAll(ctx, "vendored/.git", 0o755))
-	must(fsys.WriteFile(ctx, "vendored/.git/HEAD", []byte("ref"), 0o644))
-	return fsys
+	return fsys, nil
 }
 
 // tree reads dir's delivered tree: name → mode and content.
@@ -207,8 +217,8 @@ func TestBranch(t *testing.T) {
 	head := run(t, dir, "git", "rev-parse", "HEAD")
 	before := tree(t, dir)
 	r, fsys := deliver(t, dir, nil, delivery.Request{Mode: delivery.Branch})
-	if r.Committed == nil || r.Committed.Branch != "refs/heads/sandboxd/s-test" || !slices.Equal(r.Committed.Ignored, []string{"debug.log"}) {
-		t.Fatalf("committed %+v", r.Committed)
+	if r.Committed == nil || r.Committed.Branch != "refs/heads/sandboxd/s-test" || !slices.Equal(r.Ignored, []string{"debug.log"}) {
+		t.Fatalf("committed %+v, ignored %v", r.Committed, r.Ignored)
 	}
 	if idx, _ := os.ReadFile(filepath.Join(dir, ".git/index")); !bytes.Equal(idx, index) || run(t, dir, "git", "rev-parse", "HEAD") != head || !maps.Equal(tree(t, dir), before) {
 		t.Errorf("making the branch touched the index, HEAD or work tree")
@@ -224,6 +234,24 @@ func TestBranch(t *testing.T) {
 	delete(want, "debug.log")
 	if got := tree(t, wt); !maps.Equal(got, want) {
 		t.Errorf("the branch:\n got %q\nwant %q", got, want)
+	}
+}
+
+// TestIgnoredLeftOut: in a git work tree, a patch and apply leave out the
+// added files the repository ignores, as the branch does, and say so.
+func TestIgnoredLeftOut(t *testing.T) {
+	for _, mode := range []delivery.Mode{delivery.Patch, delivery.Apply} {
+		dir := project(t, true)
+		r, _ := deliver(t, dir, nil, delivery.Request{Mode: mode})
+		if !slices.Equal(r.Ignored, []string{"debug.log"}) || !strings.Contains(r.String(), "left out, ignored by the repository: debug.log") {
+			t.Errorf("%s: ignored %v\n%s", mode, r.Ignored, r)
+		}
+		if patch, _ := os.ReadFile(r.PatchFile); bytes.Contains(patch, []byte("debug.log")) {
+			t.Errorf("%s: the patch carries the ignored file", mode)
+		}
+		if _, err := os.Stat(filepath.Join(dir, "debug.log")); mode == delivery.Apply && err == nil {
+			t.Errorf("apply wrote the ignored file")
+		}
 	}
 }
 
@@ -370,4 +398,60 @@ func begin(t *testing.T, dir string) *delivery.Baseline {
 	}
 	t.Cleanup(func() { b.Close() })
 	return b
+}
+
+// TestPatchQuotesNames: names with a tab, a newline, a quote, a
+// backslash, a control character, a space or bytes past ASCII are written
+// as git writes them (core.quotePath): git apply takes the patch whole and
+// gives the session's tree, and the patch's "diff --git", "---" and "+++"
+// lines are the ones git diff writes for the same change.
+func TestPatchQuotesNames(t *testing.T) {
+	names := []string{"tab\there.txt", "new\nline.txt", `quote".txt`, `back\slash.txt`, "bell\a.txt", "spaced name.txt", "ünï.txt", "dir\twith/file.txt", "plain.txt"}
+	dir := t.TempDir()
+	for _, name := range append(names, "gone\nname.txt") {
+		os.MkdirAll(filepath.Join(dir, filepath.Dir(name)), 0o755)
+		if err := os.WriteFile(filepath.Join(dir, name), []byte("old\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run(t, dir, "git", "init", "-q", "-b", "main")
+	run(t, dir, "git", "add", "-A")
+	run(t, dir, "git", "commit", "-qm", "first")
+	b := begin(t, dir)
+	ctx := t.Context()
+	fsys, err := memfs.FromDir(ctx, dir, memfs.WithUmask(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range names {
+		if err := fsys.WriteFile(ctx, name, []byte("new\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fsys.Remove(ctx, "gone\nname.txt")
+	fsys.WriteFile(ctx, "added\tname\x01.bin", []byte("\x00binary"), 0o644)
+	r, err := b.Deliver(ctx, fsys, delivery.Request{Mode: delivery.Patch, Session: "s-test", PatchFile: filepath.Join(t.TempDir(), "work.patch")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	patch, _ := os.ReadFile(r.PatchFile)
+	run(t, dir, "git", "apply", "--check", r.PatchFile)
+	run(t, dir, "git", "apply", r.PatchFile)
+	if got, want := tree(t, dir), gitModes(final(t, fsys)); !maps.Equal(got, want) {
+		t.Errorf("after git apply:\n got %q\nwant %q\npatch:\n%s", got, want, patch)
+	}
+	run(t, dir, "git", "add", "-A")
+	headers := func(p string) []string {
+		var out []string
+		for line := range strings.Lines(p) {
+			if strings.HasPrefix(line, "diff --git ") || strings.HasPrefix(line, "--- ") || strings.HasPrefix(line, "+++ ") {
+				out = append(out, line)
+			}
+		}
+		slices.Sort(out)
+		return out
+	}
+	if got, want := headers(string(patch)), headers(run(t, dir, "git", "diff", "--cached", "--binary", "HEAD")); !slices.Equal(got, want) {
+		t.Errorf("the patch's names:\n%q\ngit's:\n%q", got, want)
+	}
 }

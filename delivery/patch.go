@@ -58,7 +58,8 @@ func writeFileDiff(w io.Writer, c Change, st *Store) error {
 	oldOID, newOID := zeroOID, zeroOID
 	var old, cur []byte
 	var err error
-	fmt.Fprintf(&b, "diff --git a/%s b/%s\n", c.Path, c.Path)
+	from, to := quoted("a/", c.Path), quoted("b/", c.Path)
+	fmt.Fprintf(&b, "diff --git %s %s\n", from, to)
 	switch {
 	case c.Old == nil:
 		fmt.Fprintf(&b, "new file mode %s\n", c.New.gitMode())
@@ -86,7 +87,6 @@ func writeFileDiff(w io.Writer, c Change, st *Store) error {
 		}
 		b.WriteString("\n")
 	}
-	from, to := "a/"+c.Path, "b/"+c.Path
 	if c.Old == nil {
 		from = "/dev/null"
 	}
@@ -105,7 +105,7 @@ func writeFileDiff(w io.Writer, c Change, st *Store) error {
 		}
 	default:
 		d, err := difflib.GetUnifiedDiffString(difflib.UnifiedDiff{
-			A: diffLines(string(old)), B: diffLines(string(cur)), FromFile: from, ToFile: to, Context: 3,
+			A: diffLines(string(old)), B: diffLines(string(cur)), FromFile: label(from), ToFile: label(to), Context: 3,
 		})
 		if err != nil {
 			return err
@@ -114,6 +114,46 @@ func writeFileDiff(w io.Writer, c Change, st *Store) error {
 	}
 	_, err = w.Write(b.Bytes())
 	return err
+}
+
+// quoted is prefix and name as git writes them in a patch, under its
+// default core.quotePath: as they are, or, when name holds a control
+// character, a double quote, a backslash or a byte past ASCII, in double
+// quotes with each of those escaped as C does (\t, \n, \", \\, \ooo). A
+// name with a newline or a tab written raw would end the header's line or
+// the name early, and git apply would refuse the whole patch.
+func quoted(prefix, name string) string {
+	if !strings.ContainsFunc(name, func(r rune) bool { return r < 0x20 || r >= 0x7f || r == '"' || r == '\\' }) {
+		return prefix + name
+	}
+	var b strings.Builder
+	b.WriteByte('"')
+	b.WriteString(prefix)
+	for i := 0; i < len(name); i++ {
+		switch c := name[i]; {
+		case c == '"' || c == '\\':
+			b.WriteByte('\\')
+			b.WriteByte(c)
+		case c >= 0x07 && c <= 0x0d:
+			b.WriteByte('\\')
+			b.WriteByte("abtnvfr"[c-0x07])
+		case c < 0x20 || c >= 0x7f:
+			fmt.Fprintf(&b, "\\%03o", c)
+		default:
+			b.WriteByte(c)
+		}
+	}
+	b.WriteByte('"')
+	return b.String()
+}
+
+// label is a "---" or "+++" line's name: git ends one holding a space
+// with a tab, so that no reader takes what follows the space for a date.
+func label(name string) string {
+	if strings.Contains(name, " ") {
+		return name + "\t"
+	}
+	return name
 }
 
 // diffLines splits s into lines that keep their "\n"; a last line without

@@ -11,11 +11,13 @@
 package delivery
 
 import (
+	"archive/tar"
 	"context"
 	"crypto/sha1"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path"
@@ -78,20 +80,53 @@ func Excluded(name string) bool {
 }
 
 // Store keeps the contents of trees' files, content-addressed, in a private
-// temporary directory, so a delivery holds one file in memory at a time.
-type Store struct{ dir string }
+// directory, so a delivery holds one file in memory at a time.
+type Store struct {
+	dir  string
+	lock *os.File // a temporary store's: held (flock) while it is open
+}
+
+// storePrefix names the temporary directories of stores (NewStore).
+const storePrefix = "sandboxd-delivery-"
 
 // NewStore makes a store in a new temporary directory; Close removes it.
+// The store holds a lock (flock) on a file in it while it is open, which
+// ends with the process: a store whose lock is free was left by a process
+// that died before its Close, and RemoveStale removes it.
 func NewStore() (*Store, error) {
-	dir, err := os.MkdirTemp("", "sandboxd-delivery-*")
+	dir, err := os.MkdirTemp("", storePrefix+"*")
 	if err != nil {
+		return nil, fmt.Errorf("delivery: %w", err)
+	}
+	lock, err := lockFile(filepath.Join(dir, storeLock))
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("delivery: %w", err)
+	}
+	return &Store{dir: dir, lock: lock}, nil
+}
+
+// storeLock is the file a temporary store locks.
+const storeLock = ".lock"
+
+// openStore opens the store kept in dir, making dir (private) when it is
+// missing. It holds no lock: whoever keeps dir says who uses it.
+func openStore(dir string) (*Store, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("delivery: %w", err)
 	}
 	return &Store{dir: dir}, nil
 }
 
-// Close removes the store's files.
-func (s *Store) Close() error { return os.RemoveAll(s.dir) }
+// Close removes a temporary store's files; a kept one's (Keep) stay.
+func (s *Store) Close() error {
+	if s.lock == nil {
+		return nil
+	}
+	err := os.RemoveAll(s.dir)
+	s.lock.Close()
+	return err
+}
 
 // Put keeps data and returns its object name (BlobOID).
 func (s *Store) Put(data []byte) (string, error) {
@@ -262,6 +297,55 @@ func (o snapshotOptions) readEntry(ctx context.Context, fsys workspace.FileSyste
 		return nil, "", err
 	}
 	return &Entry{Mode: info.Mode() & (fs.ModeSymlink | fs.ModePerm), OID: oid}, "", nil
+}
+
+// snapshotArchive reads a tree from the tar stream r (names relative to
+// the root) as Snapshot reads one from a workspace, its contents into st;
+// it returns the content of the reflog (gitLog) too, if r has it.
+func snapshotArchive(r io.Reader, st *Store) (*Tree, []byte, error) {
+	t := &Tree{Files: map[string]Entry{}, Skipped: map[string]string{}}
+	var log []byte
+	tr := tar.NewReader(r)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return t, log, nil
+		}
+		if err != nil {
+			return nil, nil, fmt.Errorf("delivery: the workspace's archive: %w", err)
+		}
+		name := path.Clean(strings.TrimPrefix(h.Name, "./"))
+		if name == "." || name == ".." || strings.HasPrefix(name, "../") || path.IsAbs(name) {
+			continue
+		}
+		var data []byte
+		mode := fs.FileMode(h.Mode) & fs.ModePerm
+		switch h.Typeflag {
+		case tar.TypeReg:
+			if h.Size > MaxFileBytes {
+				t.Skipped[name] = fmt.Sprintf("over %d bytes", MaxFileBytes)
+				continue
+			}
+			if data, err = io.ReadAll(io.LimitReader(tr, h.Size)); err != nil {
+				return nil, nil, fmt.Errorf("delivery: the workspace's archive: %w", err)
+			}
+			if name == gitLog {
+				log = data
+			}
+		case tar.TypeSymlink:
+			data, mode = []byte(h.Linkname), fs.ModeSymlink|mode
+		default:
+			continue
+		}
+		if Excluded(name) {
+			continue
+		}
+		oid, err := st.Put(data)
+		if err != nil {
+			return nil, nil, err
+		}
+		t.Files[name] = Entry{Mode: mode, OID: oid}
+	}
 }
 
 // bookkeeping is what Excluded names, for a walk not to enter.

@@ -20,18 +20,40 @@
 //   - a refusal is an HTTP 403 whose body names the host and the setting
 //     that would allow it.
 //
-// Every destination connection is reported (Record: session, tenant, host,
-// port, bytes each way, duration, outcome), and a session holds at most
-// Policy.MaxConnections connections at once and moves at most
+// Every destination connection is reported (Record: session, tenant, the
+// call its program named in the proxy's URL (CallEnv), host, port, bytes
+// each way, duration, outcome, the secrets put in), and a session holds at
+// most Policy.MaxConnections connections at once and moves at most
 // Policy.MaxBytes bytes in all. A program that ignores the proxy has no
 // network at all.
+//
+// The proxy is also the session's credential broker. A session holds
+// placeholders, never the values of its secrets (Secret): the proxy puts a
+// value in place of its placeholder only in a request bound for the
+// secret's destinations, in the headers such tokens go in, and refuses
+// with a 403 a request it sees carrying a placeholder anywhere else. To
+// see HTTPS requests it terminates their TLS with certificates of an
+// authority the session trusts (TLS: a function that issues them, so that
+// the authority's key stays with whoever made it), for the destinations
+// secrets may go to only (or all, Policy.InspectAll), and makes its own
+// verified TLS connection onwards; every other CONNECT is a tunnel, end to
+// end. The rules may change while the proxy serves (SetAllow), and the
+// open connections they no longer allow are cut.
+//
+// Like its connections, everything the proxy needs that is not a policy —
+// names looked up, certificates issued, secrets read — comes to it as a
+// function or a value of the standard library's types: it imports nothing
+// of the program that runs it.
 package egress
 
 import (
 	"cmp"
+	"encoding/base64"
 	"errors"
 	"fmt"
+	"net/http"
 	"net/netip"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -203,6 +225,11 @@ type Policy struct {
 	// ways together, over its life; a connection that passes it is cut.
 	// Zero is DefaultMaxBytes.
 	MaxBytes int64 `json:"maxBytes,omitempty"`
+	// InspectAll makes the proxy terminate and inspect the TLS of every
+	// HTTPS destination, not only of those a secret may go to (package
+	// documentation of TLS); default false: every other destination is a
+	// tunnel, end to end.
+	InspectAll bool `json:"inspectAll,omitempty"`
 }
 
 // Defaults of a Policy's caps.
@@ -280,22 +307,6 @@ func (e *NarrowError) Error() string {
 	return fmt.Sprintf("egress %s is not within the operator's egress.allow (%s)", e.Rule, cmp.Or(strings.Join(e.Allowed, ", "), "no egress"))
 }
 
-// Refused reports whether a is an address egress refuses unless the
-// operator lists it: loopback (127.0.0.0/8, ::1), private (10/8,
-// 172.16/12, 192.168/16, fc00::/7), link-local (169.254/16, fe80::/10),
-// shared (100.64/10), unspecified, multicast, and "this network"
-// (0.0.0.0/8). IPv4 in IPv6 is judged as IPv4.
-func Refused(a netip.Addr) bool {
-	a = a.Unmap()
-	return !a.IsGlobalUnicast() || a.IsPrivate() || a.IsLoopback() || a.IsLinkLocalUnicast() ||
-		sharedSpace.Contains(a) || thisNetwork.Contains(a)
-}
-
-var (
-	sharedSpace = netip.MustParsePrefix("100.64.0.0/10")
-	thisNetwork = netip.MustParsePrefix("0.0.0.0/8")
-)
-
 // ListenAddr is where the proxy listens in a session's container: its
 // loopback, which is all the network a container on NetworkMode none has.
 const ListenAddr = "127.0.0.1:3128"
@@ -311,4 +322,59 @@ func Env(addr string) map[string]string {
 		"HTTP_PROXY": u, "HTTPS_PROXY": u, "http_proxy": u, "https_proxy": u,
 		"NO_PROXY": noProxy, "no_proxy": noProxy,
 	}
+}
+
+// callUser is the password of the user that names a call in the proxy's
+// URL (CallEnv): git asks for a password when the URL has a user without
+// one.
+const callUser = "egress"
+
+// CallEnv is Env for the commands of one call: the proxy's URL names the
+// call as its user, which the programs send as Proxy-Authorization, so
+// that the proxy attributes the call's connections to it (Record.Call).
+// GIT_HTTP_PROXY_AUTHMETHOD makes git send it at once rather than wait
+// for a challenge the proxy never makes. call is letters, digits, '.',
+// '_' and '-'; another is not named.
+func CallEnv(addr, call string) map[string]string {
+	env := Env(addr)
+	if !validCall(call) {
+		return env
+	}
+	u := (&url.URL{Scheme: "http", User: url.UserPassword(call, callUser), Host: addr}).String()
+	for _, k := range []string{"HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"} {
+		env[k] = u
+	}
+	env["GIT_HTTP_PROXY_AUTHMETHOD"] = "basic"
+	return env
+}
+
+func validCall(call string) bool {
+	if call == "" || len(call) > 64 {
+		return false
+	}
+	for _, r := range call {
+		if !('a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9' || r == '.' || r == '_' || r == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// callOf is the call a request names in its Proxy-Authorization (CallEnv),
+// or "".
+func callOf(req *http.Request) string {
+	v := req.Header.Get("Proxy-Authorization")
+	enc, ok := strings.CutPrefix(v, "Basic ")
+	if !ok {
+		return ""
+	}
+	raw, err := base64.StdEncoding.DecodeString(strings.TrimSpace(enc))
+	if err != nil {
+		return ""
+	}
+	user, _, _ := strings.Cut(string(raw), ":")
+	if !validCall(user) {
+		return ""
+	}
+	return user
 }

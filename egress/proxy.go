@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -30,31 +31,45 @@ const (
 	OutcomeRefused = "refused" // the policy refused it (HTTP 403)
 	OutcomeFailed  = "failed"  // allowed, but not reached (HTTP 502)
 	OutcomeCapped  = "capped"  // cut at the session's byte cap
+	OutcomeCut     = "cut"     // cut when the policy changed (SetAllow) and no longer allowed it
+	OutcomeInvalid = "invalid" // a request the proxy cannot serve as written (HTTP 400)
 )
 
 // Record describes one destination connection, or one refusal, for the
 // audit log and metrics. It never carries URLs' paths, headers or bodies.
 type Record struct {
+	// ID tells the connections of one Proxy apart (0 for a refusal).
+	ID              uint64
 	Session, Tenant string
-	Host            string // as the program named it
-	Port            uint16
-	Addr            string // the address dialled; "" when none was
-	Method          string // CONNECT, or the first request's method
-	Outcome         string
-	Reason          string // why it was refused or failed
-	BytesUp         int64  // sent to the destination
-	BytesDown       int64  // received from it
-	Duration        time.Duration
+	// Call is the call the connection is attributed to: the user its
+	// program gave the proxy (CallEnv), "" when none.
+	Call      string
+	Host      string // as the program named it
+	Port      uint16
+	Addr      string // the address dialled; "" when none was
+	Method    string // CONNECT, or the first request's method
+	Outcome   string
+	Reason    string // why it was refused or failed
+	BytesUp   int64  // sent to the destination
+	BytesDown int64  // received from it
+	Duration  time.Duration
+	// Inspected says the proxy terminated the program's TLS and sent
+	// its requests itself (a destination with secrets, or inspectAll).
+	Inspected bool
+	// Secrets names the secrets put into its requests, never their
+	// values.
+	Secrets []string
 }
 
 // LogAttrs are the record's fields as slog attributes.
 func (r Record) LogAttrs() []slog.Attr {
 	return []slog.Attr{
-		slog.String("session", r.Session), slog.String("tenant", r.Tenant),
+		slog.String("session", r.Session), slog.String("tenant", r.Tenant), slog.String("call", r.Call),
 		slog.String("host", r.Host), slog.Int("port", int(r.Port)), slog.String("addr", r.Addr),
 		slog.String("method", r.Method), slog.String("outcome", r.Outcome), slog.String("reason", r.Reason),
 		slog.Int64("bytes_up", r.BytesUp), slog.Int64("bytes_down", r.BytesDown),
 		slog.Float64("duration_ms", float64(r.Duration.Microseconds())/1000),
+		slog.Bool("inspected", r.Inspected), slog.Any("secrets", r.Secrets),
 	}
 }
 
@@ -65,7 +80,10 @@ type options struct {
 	session, tenant string
 	resolver        Resolver
 	audit           func(Record)
+	opened          func(Record)
 	dialTimeout     time.Duration
+	tls             *TLS
+	secrets         []Secret
 }
 
 // WithSession names the session and tenant in the records.
@@ -81,6 +99,12 @@ func WithResolver(r Resolver) Option { return func(o *options) { o.resolver = r 
 // per refusal. f must be safe for concurrent use.
 func WithAudit(f func(Record)) Option { return func(o *options) { o.audit = f } }
 
+// WithOpened calls f once per destination connection when it is made
+// (its Record's Outcome is ""), before the program's bytes flow; WithAudit's
+// function hears of it again when it ends, with the same ID. f must be
+// quick and safe for concurrent use.
+func WithOpened(f func(Record)) Option { return func(o *options) { o.opened = f } }
+
 // WithDialTimeout bounds resolving and connecting to a destination
 // (default 30s).
 func WithDialTimeout(d time.Duration) Option { return func(o *options) { o.dialTimeout = d } }
@@ -88,12 +112,18 @@ func WithDialTimeout(d time.Duration) Option { return func(o *options) { o.dialT
 // Proxy is one session's egress: an HTTP forward proxy that dials what the
 // session's Policy allows. It is safe for concurrent use.
 type Proxy struct {
-	policy  Policy
-	rules   []Rule
+	policy  Policy // its Allow as New had it; allow holds the live rules
+	allow   atomic.Pointer[[]Rule]
 	private []netip.Prefix
 	o       options
 	slots   chan struct{} // connections served at once
-	moved   atomic.Int64  // bytes both ways, all connections
+	bytes   *byteCap      // Policy.MaxBytes, both ways, all connections
+	ids     atomic.Uint64 // the last Record.ID given
+
+	mu   sync.Mutex
+	live map[*upstream]struct{} // destination connections not finished
+
+	sessions tls.ClientSessionCache // of the proxy's own TLS to destinations
 }
 
 // New returns the proxy of a policy; it fails when the policy does not
@@ -102,15 +132,63 @@ func New(p Policy, opts ...Option) (*Proxy, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	o := options{resolver: net.DefaultResolver, audit: func(Record) {}, dialTimeout: 30 * time.Second}
+	o := options{resolver: net.DefaultResolver, audit: func(Record) {}, opened: func(Record) {}, dialTimeout: 30 * time.Second}
 	for _, opt := range opts {
 		opt(&o)
+	}
+	secrets, err := compileSecrets(o.secrets)
+	if err != nil {
+		return nil, err
+	}
+	o.secrets = secrets
+	if p.InspectAll && (o.tls == nil || o.tls.Certificate == nil) {
+		return nil, errors.New("egress: inspectAll needs the proxy's TLS (WithTLS): a certificate authority the session trusts")
+	}
+	if len(secrets) > 0 && (o.tls == nil || o.tls.Certificate == nil) {
+		return nil, errors.New("egress: secrets need the proxy's TLS (WithTLS) to reach HTTPS destinations")
 	}
 	rules, _ := ParseRules(p.Allow)
 	private, _ := parsePrefixes(p.AllowPrivate)
 	p.MaxConnections = cmp.Or(p.MaxConnections, DefaultMaxConnections)
 	p.MaxBytes = cmp.Or(p.MaxBytes, DefaultMaxBytes)
-	return &Proxy{policy: p, rules: rules, private: private, o: o, slots: make(chan struct{}, p.MaxConnections)}, nil
+	px := &Proxy{policy: p, private: private, o: o, slots: make(chan struct{}, p.MaxConnections), bytes: newByteCap(p.MaxBytes), live: map[*upstream]struct{}{},
+		sessions: tls.NewLRUClientSessionCache(64)}
+	px.allow.Store(&rules)
+	return px, nil
+}
+
+// rules are the proxy's rules now.
+func (p *Proxy) rules() []Rule { return *p.allow.Load() }
+
+// allows reports whether the rules allow host and port now.
+func (p *Proxy) allows(host string, port uint16) bool {
+	return slices.ContainsFunc(p.rules(), func(r Rule) bool { return r.Match(host, port) })
+}
+
+// SetAllow replaces the proxy's rules (Policy.Allow: rules and presets)
+// while it serves: connections made from then on are judged by them, and
+// every open destination connection they no longer allow is cut at once
+// (Outcome OutcomeCut), the program's connection with it. The caller
+// decides whether the new rules lie within the operator's (Policy.Narrow);
+// SetAllow only checks that they parse.
+func (p *Proxy) SetAllow(entries []string) error {
+	rules, err := ParseRules(entries)
+	if err != nil {
+		return err
+	}
+	p.allow.Store(&rules)
+	p.mu.Lock()
+	var cut []*upstream
+	for u := range p.live {
+		if !p.allows(u.rec.Host, u.rec.Port) {
+			cut = append(cut, u)
+		}
+	}
+	p.mu.Unlock()
+	for _, u := range cut {
+		u.cut()
+	}
+	return nil
 }
 
 // Serve serves the connections accept returns, at most the policy's
@@ -158,23 +236,27 @@ func (p *Proxy) ServeConn(ctx context.Context, conn net.Conn) {
 		head.left = -1
 		if err != nil {
 			if err != io.EOF && ctx.Err() == nil && !errors.Is(err, net.ErrClosed) {
-				reply(conn, http.StatusBadRequest, "sandboxd egress: a request this proxy cannot read: "+err.Error())
+				p.invalid(conn, "", 0, "", "", unreadable(err))
 			}
 			return
 		}
+		call := callOf(req)
 		if req.Method == http.MethodConnect {
 			up.finish(OutcomeOK, "")
 			up = nil
-			p.connect(ctx, conn, br, req)
+			p.connect(ctx, conn, br, req, call)
 			return
 		}
 		var keep bool
-		up, keep = p.forward(ctx, conn, req, up)
+		up, keep = p.forward(ctx, conn, req, up, call)
 		if !keep {
 			return
 		}
 	}
 }
+
+// errHeadTooLarge is a request line and headers over maxHead.
+var errHeadTooLarge = errors.New("the request's head is over 64 KiB")
 
 // headLimit reads at most left bytes while left is not negative.
 type headLimit struct {
@@ -184,7 +266,7 @@ type headLimit struct {
 
 func (h *headLimit) Read(p []byte) (int, error) {
 	if h.left == 0 {
-		return 0, errors.New("the request's head is over 64 KiB")
+		return 0, errHeadTooLarge
 	}
 	if h.left > 0 && len(p) > h.left {
 		p = p[:h.left]
@@ -219,16 +301,21 @@ func target(req *http.Request) (host string, port uint16, err error) {
 	return canonicalHost(h), uint16(n), nil
 }
 
-// connect serves a CONNECT request: the tunnel, or its refusal.
-func (p *Proxy) connect(ctx context.Context, conn net.Conn, br *bufio.Reader, req *http.Request) {
+// connect serves a CONNECT request: the tunnel, its inspection when the
+// destination has secrets (or the policy inspects all), or its refusal.
+func (p *Proxy) connect(ctx context.Context, conn net.Conn, br *bufio.Reader, req *http.Request, call string) {
 	host, port, err := target(req)
 	if err != nil {
-		reply(conn, http.StatusBadRequest, "sandboxd egress: "+err.Error())
+		p.invalid(conn, "", 0, req.Method, call, badRequest(err.Error()))
 		return
 	}
-	up, status, err := p.dial(ctx, host, port, req.Method)
-	if err != nil {
-		reply(conn, status, err.Error())
+	if p.inspects(host, port) {
+		p.intercept(ctx, conn, br, host, port, call)
+		return
+	}
+	up, ans := p.dial(ctx, host, port, req.Method, call, conn)
+	if ans != nil {
+		p.refuseConnect(ctx, conn, br, host, ans)
 		return
 	}
 	if _, err := io.WriteString(conn, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
@@ -240,7 +327,7 @@ func (p *Proxy) connect(ctx context.Context, conn net.Conn, br *bufio.Reader, re
 		defer close(done)
 		err := drain(up.conn, br)
 		if err == nil {
-			err = pipe(up.conn.Conn, conn, up.conn.countUp)
+			err = pipe(up.conn.Conn, conn, up.conn, &up.conn.up)
 		}
 		if err == nil {
 			closeWrite(up.conn)
@@ -248,7 +335,7 @@ func (p *Proxy) connect(ctx context.Context, conn net.Conn, br *bufio.Reader, re
 			up.conn.Close()
 		}
 	}()
-	if err := pipe(conn, up.conn.Conn, up.conn.countDown); err == nil {
+	if err := pipe(conn, up.conn.Conn, up.conn, &up.conn.down); err == nil {
 		closeWrite(conn)
 	} else {
 		conn.Close()
@@ -269,82 +356,6 @@ func drain(w io.Writer, br *bufio.Reader) error {
 	}
 	_, err := br.Discard(n)
 	return err
-}
-
-// spliceChunk is how much a copy between two sockets moves between two
-// counts: a connection passes the session's byte cap by at most this.
-const spliceChunk = 1 << 20
-
-// pipe copies src to dst until src ends (nil) or either fails, and calls
-// count with each amount moved; count's error stops it. Between two TCP
-// sockets — a program's connection handed to the daemon, and a
-// destination — the bytes move inside the kernel (splice), a chunk at a
-// time; otherwise through a buffer.
-func pipe(dst io.Writer, src io.Reader, count func(int64) error) error {
-	return pipeN(dst, src, -1, count)
-}
-
-// pipeN is pipe of n bytes (all, when n < 0); it fails with
-// io.ErrUnexpectedEOF when src ends before n.
-func pipeN(dst io.Writer, src io.Reader, n int64, count func(int64) error) error {
-	left := n
-	step := func(k int64) error {
-		if left > 0 {
-			left -= k
-		}
-		return count(k)
-	}
-	tdst, ok := dst.(*net.TCPConn)
-	tsrc, ok2 := src.(*net.TCPConn)
-	if ok && ok2 {
-		for left != 0 {
-			chunk := int64(spliceChunk)
-			if left > 0 {
-				chunk = min(chunk, left)
-			}
-			k, err := tdst.ReadFrom(&io.LimitedReader{R: tsrc, N: chunk})
-			if k > 0 {
-				if cerr := step(k); cerr != nil {
-					return cerr
-				}
-			}
-			if err != nil {
-				return err
-			}
-			if k == 0 {
-				break
-			}
-		}
-	} else {
-		r := src
-		if n >= 0 {
-			r = &io.LimitedReader{R: src, N: n}
-		}
-		bp := copyBuffers.Get().(*[]byte)
-		defer copyBuffers.Put(bp)
-		buf := *bp
-		for {
-			k, err := r.Read(buf)
-			if k > 0 {
-				if _, werr := dst.Write(buf[:k]); werr != nil {
-					return werr
-				}
-				if cerr := step(int64(k)); cerr != nil {
-					return cerr
-				}
-			}
-			if err == io.EOF {
-				break
-			}
-			if err != nil {
-				return err
-			}
-		}
-	}
-	if left > 0 {
-		return io.ErrUnexpectedEOF
-	}
-	return nil
 }
 
 func closeWrite(c net.Conn) {
@@ -373,56 +384,77 @@ func dropHop(h http.Header) {
 // up is that destination's connection already) and writes the response
 // back. It returns the destination's connection, for the next request, and
 // whether the program's connection may serve another.
-func (p *Proxy) forward(ctx context.Context, conn net.Conn, req *http.Request, up *upstream) (*upstream, bool) {
+func (p *Proxy) forward(ctx context.Context, conn net.Conn, req *http.Request, up *upstream, call string) (*upstream, bool) {
 	host, port, err := target(req)
 	if err != nil {
-		reply(conn, http.StatusBadRequest, "sandboxd egress: "+err.Error())
+		p.invalid(conn, "", 0, req.Method, call, badRequest(err.Error()))
 		return up, false
 	}
 	if up != nil && (up.rec.Host != host || up.rec.Port != port) {
 		up.finish(OutcomeOK, "")
 		up = nil
 	}
-	redial := func() bool {
-		var status int
-		var err error
-		if up, status, err = p.dial(ctx, host, port, req.Method); err != nil {
-			reply(conn, status, err.Error())
+	return p.relay(conn, req, host, port, call, up, func() (*upstream, *answer) {
+		return p.dial(ctx, host, port, req.Method, call, conn)
+	})
+}
+
+// relay sends req to host:port — through up, when it is that
+// destination's connection already, or one redial makes — with the
+// secrets it may carry put in place of their placeholders, and writes the
+// response to conn, a program's connection (or the TLS the proxy
+// terminated on it). It returns the destination's connection, for the
+// next request, and whether conn may serve another. A request the secrets
+// refuse is answered 403 and audited.
+func (p *Proxy) relay(conn net.Conn, req *http.Request, host string, port uint16, call string, up *upstream, redial func() (*upstream, *answer)) (*upstream, bool) {
+	dropHop(req.Header)
+	inj, ans := p.inject(req, host, port)
+	if ans != nil {
+		p.refused(host, port, req.Method, call, ans)
+		reply(conn, ans)
+		return up, false
+	}
+	dial := func() bool {
+		var ans *answer
+		if up, ans = redial(); ans != nil {
+			reply(conn, ans)
 		}
-		return err == nil
+		return ans == nil
 	}
 	reused := up != nil
-	if !reused && !redial() {
+	if !reused && !dial() {
 		return nil, false
 	}
-	dropHop(req.Header)
 	req.RequestURI = ""
 	resp, err := exchange(up, conn, req)
-	if err != nil && reused && !up.capped() && (req.Body == nil || req.Body == http.NoBody) {
+	if err != nil && reused && !up.capped() && !up.wasCut() && (req.Body == nil || req.Body == http.NoBody) {
 		// A kept connection the destination closed while it was idle:
 		// a request without a body is sent once more, on a new one.
 		up.finish(OutcomeOK, "")
-		if !redial() {
+		if !dial() {
 			return nil, false
 		}
 		resp, err = exchange(up, conn, req)
 	}
 	if err != nil {
-		if !up.capped() {
-			reply(conn, http.StatusBadGateway, fmt.Sprintf("sandboxd egress: %s:%d: %v", host, port, err))
+		why := inj.redact(err.Error())
+		if !up.capped() && !up.wasCut() {
+			reply(conn, &answer{status: http.StatusBadGateway, reason: why, body: fmt.Sprintf("sandboxd egress: %s: %s", hostPort(host, port), why)})
 		}
-		up.finish(OutcomeFailed, err.Error())
+		up.finish(OutcomeFailed, why)
 		return nil, false
 	}
+	up.injected(inj.names)
 	dropHop(resp.Header)
 	bw := responseWriters.Get().(*bufio.Writer)
 	bw.Reset(conn)
 	defer func() { bw.Reset(nil); responseWriters.Put(bw) }()
 	// A spliced body is read past resp.Body, which must then not be
 	// closed: closing drains it, and there is nothing left to drain.
-	if spliced, serr := p.spliceBody(conn, bw, up, req, resp); spliced {
+	if spliced, serr := p.spliceBody(conn, bw, up, req, resp, inj); spliced {
 		err = serr
 	} else {
+		inj.mask(resp)
 		if err = resp.Write(bw); err == nil {
 			err = bw.Flush()
 		}
@@ -452,11 +484,11 @@ const spliceMin = 256 << 10
 // spliced, counted as pipe counts. ok is false, and nothing is written,
 // for any other response or connection: then resp.Write serves. resp.Body
 // is not read.
-func (p *Proxy) spliceBody(conn net.Conn, bw *bufio.Writer, up *upstream, req *http.Request, resp *http.Response) (ok bool, err error) {
+func (p *Proxy) spliceBody(conn net.Conn, bw *bufio.Writer, up *upstream, req *http.Request, resp *http.Response, inj injection) (ok bool, err error) {
 	dst, isTCP := conn.(*net.TCPConn)
 	src, srcTCP := up.conn.Conn.(*net.TCPConn)
 	n := resp.ContentLength
-	if !isTCP || !srcTCP || n < spliceMin || len(resp.TransferEncoding) > 0 || req.Method == http.MethodHead || len(resp.Trailer) > 0 {
+	if !isTCP || !srcTCP || len(inj.values) > 0 || up.tls != nil || n < spliceMin || len(resp.TransferEncoding) > 0 || req.Method == http.MethodHead || len(resp.Trailer) > 0 {
 		return false, nil
 	}
 	h := resp.Header.Clone()
@@ -473,7 +505,7 @@ func (p *Proxy) spliceBody(conn net.Conn, bw *bufio.Writer, up *upstream, req *h
 	if err := bw.Flush(); err != nil {
 		return true, err
 	}
-	if err := pipeN(dst, src, n-held, up.conn.countDown); err != nil {
+	if err := pipeN(dst, src, n-held, up.conn, &up.conn.down); err != nil {
 		return true, err
 	}
 	return true, nil
@@ -500,29 +532,24 @@ func exchange(up *upstream, conn net.Conn, req *http.Request) (*http.Response, e
 	return nil, err
 }
 
-// dial connects to host:port when the policy allows it. It fails with an
-// error whose text is the body of the answer to send, and its status:
-// 403 when the policy refuses, 502 when the destination is not reached.
-// Either is audited here.
-func (p *Proxy) dial(ctx context.Context, host string, port uint16, method string) (*upstream, int, error) {
-	rec := Record{Session: p.o.session, Tenant: p.o.tenant, Host: host, Port: port, Method: method}
+// dial connects to host:port when the policy allows it, for a connection
+// of call's, whose program's side is client. It fails with the answer to
+// send: 403 when the policy refuses, 502 when the destination is not
+// reached. Either is audited here; a connection made is reported to the
+// opened hook.
+func (p *Proxy) dial(ctx context.Context, host string, port uint16, method, call string, client net.Conn) (*upstream, *answer) {
+	rec := Record{ID: p.ids.Add(1), Session: p.o.session, Tenant: p.o.tenant, Call: call, Host: host, Port: port, Method: method}
 	start := time.Now()
-	fail := func(status int, outcome, reason, body string) (*upstream, int, error) {
-		rec.Outcome, rec.Reason, rec.Duration = outcome, reason, time.Since(start)
+	fail := func(outcome string, ans *answer) (*upstream, *answer) {
+		rec.Outcome, rec.Reason, rec.Duration = outcome, ans.reason, time.Since(start)
 		p.o.audit(rec)
-		return nil, status, errors.New(body)
+		return nil, ans
 	}
-	if !slices.ContainsFunc(p.rules, func(r Rule) bool { return r.Match(host, port) }) {
-		hp := net.JoinHostPort(host, strconv.Itoa(int(port)))
-		return fail(http.StatusForbidden, OutcomeRefused, "no rule allows it", fmt.Sprintf(
-			"sandboxd egress: %s refused: no rule of this session's egress policy allows it.\n"+
-				"The operator allows it by adding %q (or a preset: %s) to egress.allow in the daemon's configuration,\n"+
-				"or with --egress %s for sandboxd mcp; a session's egress setting only narrows the operator's.\n",
-			hp, hp, strings.Join(PresetNames(), ", "), hp))
+	if !p.allows(host, port) {
+		return fail(OutcomeRefused, notAllowed(host, port))
 	}
-	if p.moved.Load() >= p.policy.MaxBytes {
-		return fail(http.StatusForbidden, OutcomeCapped, "the session's byte cap is spent", fmt.Sprintf(
-			"sandboxd egress: %s:%d refused: this session has moved its %d bytes (egress.maxBytes in the daemon's configuration).\n", host, port, p.policy.MaxBytes))
+	if p.bytes.spent() {
+		return fail(OutcomeCapped, byteCapSpent(host, port, p.policy.MaxBytes))
 	}
 	dctx, cancel := context.WithTimeout(ctx, p.o.dialTimeout)
 	defer cancel()
@@ -532,7 +559,7 @@ func (p *Proxy) dial(ctx context.Context, host string, port uint16, method strin
 	} else {
 		found, err := p.o.resolver.LookupNetIP(dctx, "ip", host)
 		if err != nil {
-			return fail(http.StatusBadGateway, OutcomeFailed, "lookup: "+err.Error(), fmt.Sprintf("sandboxd egress: %s:%d: %v\n", host, port, err))
+			return fail(OutcomeFailed, badGateway(host, port, "lookup: "+err.Error()))
 		}
 		addrs = found
 	}
@@ -540,8 +567,11 @@ func (p *Proxy) dial(ctx context.Context, host string, port uint16, method strin
 	var dialErr error
 	for _, a := range addrs {
 		a = a.Unmap()
-		if Refused(a) && !slices.ContainsFunc(p.private, func(pr netip.Prefix) bool { return pr.Contains(a) }) {
-			refused = append(refused, a.String())
+		if what, bad := refusedAs(a); bad && !slices.ContainsFunc(p.private, func(pr netip.Prefix) bool { return pr.Contains(a) || pr.Contains(subject(a)) }) {
+			if s := subject(a); s != a {
+				what = "NAT64 of " + s.String() + ", " + what
+			}
+			refused = append(refused, a.String()+" ("+cmp.Or(what, "not an address to dial")+")")
 			continue
 		}
 		// The address checked is the address dialled: no second lookup.
@@ -553,48 +583,109 @@ func (p *Proxy) dial(ctx context.Context, host string, port uint16, method strin
 			continue
 		}
 		rec.Addr = addr
-		return newUpstream(p, c, rec, start), 0, nil
+		return p.newUpstream(c, client, rec, start), nil
 	}
 	if dialErr != nil {
-		return fail(http.StatusBadGateway, OutcomeFailed, dialErr.Error(), fmt.Sprintf("sandboxd egress: %s:%d: %v\n", host, port, dialErr))
+		return fail(OutcomeFailed, badGateway(host, port, dialErr.Error()))
 	}
 	if len(refused) > 0 {
-		return fail(http.StatusForbidden, OutcomeRefused, "private address "+strings.Join(refused, ", "), fmt.Sprintf(
-			"sandboxd egress: %s:%d refused: it resolves to %s, a private, loopback or link-local address,\n"+
-				"which is reached only when the operator lists it in egress.allowPrivate in the daemon's configuration.\n",
-			host, port, strings.Join(refused, ", ")))
+		return fail(OutcomeRefused, privateAddress(host, port, refused))
 	}
-	return fail(http.StatusBadGateway, OutcomeFailed, "no address", fmt.Sprintf("sandboxd egress: %s:%d: the name has no address\n", host, port))
+	return fail(OutcomeFailed, badGateway(host, port, "the name has no address"))
 }
 
-// reply writes a complete answer of the proxy's own, and the end of the
-// connection.
-func reply(w io.Writer, status int, body string) {
-	if !strings.HasSuffix(body, "\n") {
-		body += "\n"
+// refused audits a request the proxy answered itself with ans, without a
+// destination connection.
+func (p *Proxy) refused(host string, port uint16, method, call string, ans *answer) {
+	outcome := OutcomeRefused
+	switch ans.status {
+	case http.StatusForbidden, http.StatusMisdirectedRequest:
+	case http.StatusBadRequest:
+		outcome = OutcomeInvalid
+	default:
+		outcome = OutcomeFailed
 	}
-	fmt.Fprintf(w, "HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\nX-Sandboxd-Egress: %s\r\n\r\n%s",
-		status, http.StatusText(status), len(body), strings.ToLower(strings.ReplaceAll(http.StatusText(status), " ", "-")), body)
+	p.o.audit(Record{ID: p.ids.Add(1), Session: p.o.session, Tenant: p.o.tenant, Call: call, Host: host, Port: port,
+		Method: method, Outcome: outcome, Reason: ans.reason})
+}
+
+// invalid audits and answers a request the proxy cannot serve as written
+// (400): host and method as far as they are known.
+func (p *Proxy) invalid(w io.Writer, host string, port uint16, method, call string, ans *answer) {
+	p.refused(host, port, method, call, ans)
+	reply(w, ans)
+}
+
+// unreadable is the answer to a request the proxy cannot read. Its reason,
+// for the audit, leaves out what net/http quotes of the request, which may
+// hold a URL's path.
+func unreadable(err error) *answer {
+	a := badRequest("a request this proxy cannot read: " + err.Error())
+	a.reason = "a request this proxy cannot read"
+	if errors.Is(err, errHeadTooLarge) {
+		a.reason = errHeadTooLarge.Error()
+	}
+	return a
 }
 
 // upstream is a connection to a destination, metered against the
 // session's byte cap, audited once when it is finished.
 type upstream struct {
-	p        *Proxy
-	conn     *metered
-	bw       *bufio.Writer
-	br       *bufio.Reader
-	rec      Record
-	start    time.Time
+	p      *Proxy
+	conn   *metered
+	tls    *tls.Conn // the proxy's own TLS over conn, when it inspects
+	client net.Conn  // the program's connection it serves
+	bw     *bufio.Writer
+	br     *bufio.Reader
+	rec    Record
+	start  time.Time
+	// secrets names the secrets put into its requests; only the goroutine
+	// serving the connection touches it.
+	secrets  []string
+	cutDown  atomic.Bool
 	finished sync.Once
 }
 
-func newUpstream(p *Proxy, c net.Conn, rec Record, start time.Time) *upstream {
+func (p *Proxy) newUpstream(c, client net.Conn, rec Record, start time.Time) *upstream {
 	m := &metered{Conn: c, p: p}
-	return &upstream{p: p, conn: m, bw: bufio.NewWriterSize(m, 32<<10), br: bufio.NewReaderSize(m, 32<<10), rec: rec, start: start}
+	u := &upstream{p: p, conn: m, client: client, bw: bufio.NewWriterSize(m, 32<<10), br: bufio.NewReaderSize(m, 32<<10), rec: rec, start: start}
+	p.mu.Lock()
+	p.live[u] = struct{}{}
+	p.mu.Unlock()
+	p.o.opened(rec)
+	return u
+}
+
+// speakTLS makes the proxy's reads and writes on u go through tc, a TLS
+// client over u's connection.
+func (u *upstream) speakTLS(tc *tls.Conn) {
+	u.tls = tc
+	u.bw.Reset(tc)
+	u.br.Reset(tc)
+	u.rec.Inspected = true
 }
 
 func (u *upstream) capped() bool { return u != nil && u.conn.over.Load() }
+func (u *upstream) wasCut() bool { return u != nil && u.cutDown.Load() }
+
+// injected notes the secrets put into one of its requests.
+func (u *upstream) injected(names []string) {
+	for _, n := range names {
+		if !slices.Contains(u.secrets, n) {
+			u.secrets = append(u.secrets, n)
+		}
+	}
+}
+
+// cut ends the connection, and the program's, now: the policy no longer
+// allows its destination (SetAllow). The goroutine serving it finishes it.
+func (u *upstream) cut() {
+	u.cutDown.Store(true)
+	u.conn.Conn.Close()
+	if u.client != nil {
+		u.client.Close()
+	}
+}
 
 // finish closes the connection and audits it; only the first call counts.
 func (u *upstream) finish(outcome, reason string) {
@@ -603,66 +694,19 @@ func (u *upstream) finish(outcome, reason string) {
 	}
 	u.finished.Do(func() {
 		u.conn.Close()
-		if u.conn.over.Load() {
+		u.p.mu.Lock()
+		delete(u.p.live, u)
+		u.p.mu.Unlock()
+		switch {
+		case u.conn.over.Load():
 			outcome, reason = OutcomeCapped, fmt.Sprintf("over egress.maxBytes (%d)", u.p.policy.MaxBytes)
+		case u.cutDown.Load():
+			outcome, reason = OutcomeCut, "the session's egress policy changed and no longer allows it"
 		}
 		r := u.rec
 		r.Outcome, r.Reason, r.Duration = outcome, reason, time.Since(u.start)
 		r.BytesUp, r.BytesDown = u.conn.up.Load(), u.conn.down.Load()
+		r.Secrets = slices.Clone(u.secrets)
 		u.p.o.audit(r)
 	})
-}
-
-// metered counts a destination connection's bytes, and cuts it when the
-// session's total passes its cap.
-type metered struct {
-	net.Conn
-	p        *Proxy
-	up, down atomic.Int64
-	over     atomic.Bool
-}
-
-var errCapped = errors.New("the session's egress byte cap is spent")
-
-func (m *metered) count(n int64, dir *atomic.Int64) error {
-	dir.Add(n)
-	if m.p.moved.Add(n) > m.p.policy.MaxBytes {
-		m.over.Store(true)
-		m.Conn.Close()
-		return errCapped
-	}
-	return nil
-}
-
-// countUp and countDown count bytes moved past the meter (pipe).
-func (m *metered) countUp(n int64) error   { return m.count(n, &m.up) }
-func (m *metered) countDown(n int64) error { return m.count(n, &m.down) }
-
-func (m *metered) Read(b []byte) (int, error) {
-	n, err := m.Conn.Read(b)
-	if cerr := m.count(int64(n), &m.down); cerr != nil {
-		return n, cerr
-	}
-	return n, err
-}
-
-func (m *metered) Write(b []byte) (int, error) {
-	if m.p.moved.Load() >= m.p.policy.MaxBytes {
-		m.over.Store(true)
-		m.Conn.Close()
-		return 0, errCapped
-	}
-	n, err := m.Conn.Write(b)
-	if cerr := m.count(int64(n), &m.up); cerr != nil {
-		return n, cerr
-	}
-	return n, err
-}
-
-// CloseWrite half-closes the destination connection.
-func (m *metered) CloseWrite() error {
-	if cw, ok := m.Conn.(interface{ CloseWrite() error }); ok {
-		return cw.CloseWrite()
-	}
-	return m.Conn.Close()
 }

@@ -22,6 +22,10 @@ type Tenant struct {
 	// MaxSessions, when positive, caps this tenant's sessions instead of the
 	// daemon-wide cap.
 	MaxSessions int `json:"maxSessions,omitempty"`
+	// MaxSecrets is how many secrets of their own (the secretValues
+	// setting: runner.TenantSecret) this tenant's sessions may bring; zero,
+	// the default, allows none.
+	MaxSecrets int `json:"maxSecrets,omitempty"`
 	// Egress, when set, narrows the operator's egress rules for this
 	// tenant's sessions (runner.CreateRequest.Egress).
 	Egress []string `json:"egress,omitzero"`
@@ -94,6 +98,19 @@ func (a *authenticator) tenant(r *http.Request) (*Tenant, error) {
 		return nil, errBadToken
 	}
 	return found, nil
+}
+
+// Tenant returns the tenant whose token this is, as the API's bearer
+// tokens are judged (every hash compared, in constant time): for a
+// translation of another API whose credential is a tenant's token (package
+// e2b's API keys).
+func (s *Server) Tenant(token string) (Tenant, bool) {
+	r := &http.Request{Header: http.Header{"Authorization": {"Bearer " + token}}}
+	t, err := s.auth.tenant(r)
+	if err != nil {
+		return Tenant{}, false
+	}
+	return *t, true
 }
 
 type tenantKey struct{}

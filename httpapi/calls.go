@@ -1,9 +1,13 @@
 package httpapi
 
 import (
+	"bufio"
+	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
 	"mime"
 	"net/http"
@@ -96,7 +100,67 @@ func (s *Server) getCall(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	writeJSON(w, http.StatusOK, callStatus(d))
+	writeStatus(w, callStatus(d))
+}
+
+// writeStatus answers st as writeJSON would, its result written by
+// writeResult.
+func writeStatus(w http.ResponseWriter, st CallStatus) {
+	res := st.Result
+	st.Result = nil
+	head := marshal(st)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	if res == nil {
+		w.Write(head)
+		return
+	}
+	w.Write(head[:len(head)-1]) // the object is left open for the result
+	io.WriteString(w, `,"result":`)
+	writeResult(w, *res)
+	io.WriteString(w, "}\n")
+}
+
+// writeResult writes r as JSON, as writeJSON would, but the bytes of an
+// image go through a base64 encoder straight to w: answering a result of
+// megabytes (a detached call's, kept) holds no copy of it, where
+// encoding/json would hold its base64 whole, in a buffer grown by doubling.
+func writeResult(w io.Writer, r CallResult) error {
+	bw := bufio.NewWriterSize(w, writeChunk)
+	bw.WriteString(`{"content":[`)
+	for i, c := range r.Content {
+		if i > 0 {
+			bw.WriteByte(',')
+		}
+		data := c.Data
+		c.Data = nil
+		head := marshal(c)
+		if len(data) == 0 {
+			bw.Write(head)
+			continue
+		}
+		bw.Write(head[:len(head)-1])
+		bw.WriteString(`,"data":"`)
+		enc := base64.NewEncoder(base64.StdEncoding, bw)
+		enc.Write(data)
+		enc.Close()
+		bw.WriteString(`"}`)
+	}
+	bw.WriteString(`],"structuredContent":`)
+	bw.Write(marshal(r.StructuredContent))
+	fmt.Fprintf(bw, `,"isError":%t}`, r.IsError)
+	return bw.Flush()
+}
+
+// marshal is v's JSON as writeJSON writes it, without its newline.
+func marshal(v any) []byte {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return []byte("null")
+	}
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n"))
 }
 
 // CallResult is a tool call's answer, in the shape of MCP's CallToolResult.
@@ -141,7 +205,7 @@ func (s *Server) callTool(w http.ResponseWriter, r *http.Request) {
 	}
 	opts := tools.CallOptions{RunID: req.RunID}
 	if req.Detach {
-		d, err := sess.Detach(r.PathValue("tool"), req.Arguments, opts)
+		d, err := sess.Detach(runner.DetachRequest{Tool: r.PathValue("tool"), Args: req.Arguments, Options: opts, Hold: s.resultHold(tenantOf(r).Name)})
 		if err != nil {
 			s.fail(w, r, err)
 			return
@@ -169,7 +233,10 @@ func (s *Server) callTool(w http.ResponseWriter, r *http.Request) {
 	case events != nil:
 		events.send("result", callResult(res))
 	default:
-		writeJSON(w, http.StatusOK, callResult(res))
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusOK)
+		writeResult(w, callResult(res))
+		io.WriteString(w, "\n")
 	}
 }
 
@@ -227,6 +294,9 @@ type ProviderRunResult struct {
 	// OutOfScope are paths changed outside the session's commit rules:
 	// put back, not committed.
 	OutOfScope []string `json:"outOfScope,omitempty"`
+	// Protected are paths changed under .sandboxd/, which only sandboxd
+	// writes: put back, however the run ended.
+	Protected []string `json:"protected,omitempty"`
 }
 
 // beginProviderRun opens a provider run (tools.Set.BeginProviderRun).
@@ -270,7 +340,7 @@ func (s *Server) endProviderRun(w http.ResponseWriter, r *http.Request) {
 	var res ProviderRunResult
 	err := sess.Do(r.Context(), opProviderRun, func(ctx context.Context) (bool, error) {
 		out, err := sess.Tools().EndProviderRun(ctx, *req.Commit)
-		res = ProviderRunResult{Committed: out.Committed, Restored: out.Restored, Unrestored: out.Unrestored, OutOfScope: out.OutOfScope}
+		res = ProviderRunResult{Committed: out.Committed, Restored: out.Restored, Unrestored: out.Unrestored, OutOfScope: out.OutOfScope, Protected: out.Protected}
 		if out.Commit != nil {
 			sum := out.Commit.Summary()
 			res.Commit = &sum

@@ -84,3 +84,52 @@ func TestDetachedCall(t *testing.T) {
 		t.Errorf("another tenant: %d", status)
 	}
 }
+
+// TestDetachedResultsInTheBudget: a detached call's kept result counts
+// against its tenant's share of the memory budget (its kept results a
+// quarter of the budget): a second image that does not fit beside the
+// first displaces it, and that call says why; another tenant's results
+// are kept in its own share; a kept result is fetched whole.
+func TestDetachedResultsInTheBudget(t *testing.T) {
+	const budget = 8 << 20 // kept results: 2 MiB a tenant
+	e := start(t, config{api: []httpapi.Option{httpapi.WithMemoryBudget(budget), httpapi.WithMaxBodyBytes(1 << 20)}})
+	const size = 1_500_000
+	makeImage := fmt.Sprintf(`printf '\x89PNG\r\n\x1a\n\0\0\0\rIHDR\0\0\0@\0\0\0@\b\6\0\0\0' > i.png && truncate -s %d i.png`, size)
+	detachRead := func(token, id string) httpapi.CallStatus {
+		var st httpapi.CallStatus
+		e.json(token, "POST", "/v1/sessions/"+id+"/tools/read", map[string]any{"arguments": map[string]any{"path": "i.png"}, "detach": true}, http.StatusAccepted, &st)
+		e.json(token, "GET", "/v1/sessions/"+id+"/calls/"+st.ID+"?wait=60", nil, http.StatusOK, &st)
+		return st
+	}
+	image := func(st httpapi.CallStatus) bool {
+		return st.Result != nil && len(st.Result.Content) == 2 && len(st.Result.Content[1].Data) == size
+	}
+	var ids []string
+	for _, token := range []string{acmeToken, boltToken} {
+		id := e.create(token, writer).ID
+		if r := e.call(token, id, "bash", map[string]any{"command": makeImage}); r.IsError {
+			t.Fatal(r.Content)
+		}
+		ids = append(ids, id)
+	}
+	first := detachRead(acmeToken, ids[0])
+	if !image(first) {
+		t.Fatalf("the first image read: %+v", first.Error)
+	}
+	second := detachRead(acmeToken, ids[0])
+	if !image(second) {
+		t.Fatalf("the second image read: %+v", second.Error)
+	}
+	var gone httpapi.CallStatus
+	e.json(acmeToken, "GET", "/v1/sessions/"+ids[0]+"/calls/"+first.ID, nil, http.StatusOK, &gone)
+	if !gone.Done || gone.Result != nil || gone.Error == nil || gone.Error.Error != "ResultNotKept" || !strings.Contains(gone.Error.Message, "limits.memoryBudgetBytes") {
+		t.Errorf("the first result, displaced: %+v", gone.Error)
+	}
+	if bolt := detachRead(boltToken, ids[1]); !image(bolt) {
+		t.Errorf("bolt's image read, beside acme's: %+v", bolt.Error)
+	}
+	var again httpapi.CallStatus
+	if e.json(acmeToken, "GET", "/v1/sessions/"+ids[0]+"/calls/"+second.ID, nil, http.StatusOK, &again); !image(again) {
+		t.Errorf("the second result, fetched again: %+v", again.Error)
+	}
+}

@@ -22,7 +22,7 @@ import (
 // mcpHandler serves /mcp: MCP over streamable HTTP, one runner session per
 // MCP session. An initialize request without Mcp-Session-Id starts a runner
 // session for the token's tenant — with the settings of the query
-// (?grant=fs.write&grant=shell.exec&always=read,shell&image=…) — or, with
+// (?grant=fs.write&grant=shell.exec&always=read,shell&image=…&egress=go) — or, with
 // ?session=ID, serves that existing session of the tenant's. A session
 // started here ends with its MCP session (DELETE /mcp, or the client gone
 // and the session idle); an MCP session ends with its runner session.
@@ -261,7 +261,10 @@ func (h *mcpHandler) open(r *http.Request) (*mcpSession, error) {
 		if q.Has("always") {
 			st.Always = splitList(q["always"])
 		}
-		sess, err := h.s.m.Create(r.Context(), runner.CreateRequest{Tenant: t.Name, Settings: st, MaxSessions: t.MaxSessions, Egress: t.Egress})
+		if q.Has("egress") { // as a session's "egress": narrows what the tenant may reach
+			st.Egress = splitList(q["egress"])
+		}
+		sess, err := h.s.m.Create(r.Context(), runner.CreateRequest{Tenant: t.Name, Settings: st, MaxSessions: t.MaxSessions, MaxSecrets: t.MaxSecrets, Egress: t.Egress})
 		if err != nil {
 			return nil, err
 		}

@@ -122,6 +122,18 @@ func TestMCPWithoutSessionStartsNothing(t *testing.T) {
 	}
 }
 
+// TestMCPSessionEgress: /mcp's egress query parameter is the session's
+// egress, judged as at POST /v1/sessions: past the operator's rules the
+// initialize is refused, naming the setting.
+func TestMCPSessionEgress(t *testing.T) {
+	e := start(t, config{})
+	h := []string{"Content-Type", "application/json", "Accept", "application/json, text/event-stream"}
+	status, data, _ := e.do(acmeToken, "POST", "/mcp?egress=proxy.golang.org:443", strings.NewReader(initialize), h...)
+	if status != http.StatusForbidden || !strings.Contains(string(data), "egress") {
+		t.Fatalf("egress past the operator's: %d %s", status, data)
+	}
+}
+
 // TestMCPBadRequestsInASession: within a session, what the SDK answers in
 // plain text, or not at all, is a JSON-RPC error, and the session goes on.
 func TestMCPBadRequestsInASession(t *testing.T) {

@@ -18,12 +18,16 @@ import (
 //
 //	sandboxd_sessions                        live sessions
 //	sandboxd_sessions_lost_total             sessions ended because their workspace died
-//	sandboxd_pool_ready{image}               ready workspaces of each warm pool
+//	sandboxd_pool_ready{image[,template]}    ready workspaces of each warm pool
 //	sandboxd_pool_size{image}                each pool's target size
 //	sandboxd_pool_claimed_total{image}       workspaces sessions took from it
 //	sandboxd_pool_lost_total{image}          ready workspaces that died and were replaced
 //	sandboxd_egress_connections_total{outcome} egress destination connections and refusals
 //	sandboxd_egress_bytes_total{direction}   bytes through the egress proxy (up, down)
+//	sandboxd_snapshots                       tenants' snapshots in the store
+//	sandboxd_snapshots_bytes                 what they hold there (stored bytes)
+//	sandboxd_templates, sandboxd_templates_bytes  the operator's templates
+//	sandboxd_snapshot_operations_total{op,outcome} snapshot, restore, fork, delete, pause, resume
 //	sandboxd_tool_calls_total{tool,outcome}  calls by tool and outcome
 //	sandboxd_tool_call_duration_seconds{tool} a histogram of call latency
 //
@@ -53,7 +57,7 @@ type histogram struct {
 // Observe records one call; pass it to runner.WithObserver.
 func (m *Metrics) Observe(ev runner.CallEvent) {
 	tool := ev.Tool
-	if !slices.Contains(tools.AllTools, tool) && tool != tools.LoadSkill && tool != "upload" && tool != "download" && tool != opProviderRun {
+	if !slices.Contains(tools.AllTools, tool) && tool != tools.LoadSkill && tool != "upload" && tool != "download" && tool != opProviderRun && tool != "snapshot" {
 		tool = "other"
 	}
 	secs := ev.Duration.Seconds()
@@ -96,19 +100,34 @@ func (m *Metrics) write(w io.Writer, st runner.Stats) {
 	fmt.Fprintf(&b, "sandboxd_egress_bytes_total{direction=\"up\"} %d\nsandboxd_egress_bytes_total{direction=\"down\"} %d\n", st.Egress.BytesUp, st.Egress.BytesDown)
 	family("sandboxd_pool_ready", "gauge", "Ready workspaces waiting in each warm pool.")
 	for _, p := range st.Pools {
-		fmt.Fprintf(&b, "sandboxd_pool_ready{image=%s} %d\n", quote(p.Image), p.Ready)
+		fmt.Fprintf(&b, "sandboxd_pool_ready{%s} %d\n", poolLabels(p), p.Ready)
 	}
 	family("sandboxd_pool_size", "gauge", "The size each warm pool keeps.")
 	for _, p := range st.Pools {
-		fmt.Fprintf(&b, "sandboxd_pool_size{image=%s} %d\n", quote(p.Image), p.Size)
+		fmt.Fprintf(&b, "sandboxd_pool_size{%s} %d\n", poolLabels(p), p.Size)
 	}
 	family("sandboxd_pool_claimed_total", "counter", "Workspaces sessions took from each warm pool.")
 	for _, p := range st.Pools {
-		fmt.Fprintf(&b, "sandboxd_pool_claimed_total{image=%s} %d\n", quote(p.Image), p.Claimed)
+		fmt.Fprintf(&b, "sandboxd_pool_claimed_total{%s} %d\n", poolLabels(p), p.Claimed)
 	}
 	family("sandboxd_pool_lost_total", "counter", "Ready workspaces of each warm pool that died before a claim, and were replaced.")
 	for _, p := range st.Pools {
-		fmt.Fprintf(&b, "sandboxd_pool_lost_total{image=%s} %d\n", quote(p.Image), p.Lost)
+		fmt.Fprintf(&b, "sandboxd_pool_lost_total{%s} %d\n", poolLabels(p), p.Lost)
+	}
+	if sn := st.Snapshots; sn != nil {
+		family("sandboxd_snapshots", "gauge", "Tenants' snapshots in the store (forks' passing ones included).")
+		fmt.Fprintf(&b, "sandboxd_snapshots %d\n", sn.Snapshots)
+		family("sandboxd_snapshots_bytes", "gauge", "Bytes the tenants' snapshots hold in the store: every file at its full size, with its entry's header.")
+		fmt.Fprintf(&b, "sandboxd_snapshots_bytes %d\n", sn.StoredBytes)
+		family("sandboxd_templates", "gauge", "The operator's templates in the store.")
+		fmt.Fprintf(&b, "sandboxd_templates %d\n", sn.Templates)
+		family("sandboxd_templates_bytes", "gauge", "Bytes the templates hold in the store.")
+		fmt.Fprintf(&b, "sandboxd_templates_bytes %d\n", sn.TemplateBytes)
+		family("sandboxd_snapshot_operations_total", "counter", "Snapshot operations (snapshot, restore, fork, delete, pause, resume) by outcome (ok, limit, nospace, corrupt, notfound, failed).")
+		ops := slices.SortedFunc(maps.Keys(sn.Ops), func(a, b [2]string) int { return strings.Compare(a[0]+"\x00"+a[1], b[0]+"\x00"+b[1]) })
+		for _, k := range ops {
+			fmt.Fprintf(&b, "sandboxd_snapshot_operations_total{op=%s,outcome=%s} %d\n", quote(k[0]), quote(k[1]), sn.Ops[k])
+		}
 	}
 
 	m.mu.Lock()
@@ -138,6 +157,16 @@ func (m *Metrics) write(w io.Writer, st runner.Stats) {
 		fmt.Fprintf(&b, "sandboxd_tool_call_duration_seconds_count{tool=%s} %d\n", quote(tool), h.n)
 	}
 	io.WriteString(w, b.String())
+}
+
+// poolLabels are a pool's labels: its image, and its template when it has
+// one.
+func poolLabels(p runner.PoolStats) string {
+	l := "image=" + quote(p.Image)
+	if p.Template != "" {
+		l += ",template=" + quote(p.Template)
+	}
+	return l
 }
 
 // quote writes a label value: backslash, double quote and newline escaped.

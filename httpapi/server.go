@@ -50,8 +50,10 @@ import (
 
 	"golang.org/x/sync/semaphore"
 
+	"github.com/sandboxd/sandboxd/delivery"
 	"github.com/sandboxd/sandboxd/policy"
 	"github.com/sandboxd/sandboxd/runner"
+	"github.com/sandboxd/sandboxd/snapshot"
 	"github.com/sandboxd/sandboxd/workspace"
 )
 
@@ -64,8 +66,11 @@ type Server struct {
 	mcp      *mcpHandler
 	draining atomic.Bool
 	budget   *semaphore.Weighted
-	shares   sync.Map       // tenant name → *semaphore.Weighted, its share of budget
-	scrapers *authenticator // the metrics tokens
+	shares   sync.Map // tenant name → *semaphore.Weighted, its share of budget
+	// resultShares: tenant name → *semaphore.Weighted, what its detached
+	// calls' kept results may hold of its share (resultHold).
+	resultShares sync.Map
+	scrapers     *authenticator // the metrics tokens
 }
 
 // Option configures New.
@@ -122,14 +127,19 @@ func WithMinBodyRate(rate int64, grace time.Duration) Option {
 	return func(o *options) { o.minRate, o.grace = rate, grace }
 }
 
-// WithMemoryBudget bounds the bytes that requests in flight may hold at
-// once, all tenants together, and one tenant to half of it (default 512
-// MiB; at least 2×bodyWeight times the body cap): each JSON body counts
-// bodyWeight times its size (its bytes, their decoded form, the tool's
-// copy), each file an upload writes or a download sends counts its size
-// while it is in memory. A request that would pass the budget is 503 with
-// Retry-After, before its response begins. It does not count what a tool
-// holds of its own (bash's output up to maxFileBytes, a read's file): the
+// WithMemoryBudget bounds the bytes that requests in flight and the kept
+// results of detached calls may hold at once, all tenants together, and
+// one tenant to half of it (default 512 MiB; at least 2×bodyWeight times
+// the body cap): each JSON body counts bodyWeight times its size (its
+// bytes, their decoded form, the tool's copy), each file an upload writes
+// or a download sends counts its size while it is in memory, a detached
+// call's answer twice its result's size while it is written. A request
+// that would pass the budget is 503 with Retry-After, before its response
+// begins. A detached call's result counts its size for as long as the
+// runner keeps it (runner.WithDetachedResults), a tenant's kept results at
+// most a quarter of the budget; one with no room is not kept, and its call
+// says so (ResultNotKept). It does not count what a tool holds of its own
+// while it runs (bash's output up to maxFileBytes, a read's file): the
 // session options' ceilings bound those.
 func WithMemoryBudget(n int64) Option { return func(o *options) { o.budget = n } }
 
@@ -216,6 +226,14 @@ func (s *Server) routes() []route {
 		{"PUT", "/v1/sessions/{id}/files/{path...}", true, f(s.upload)},
 		{"GET", "/v1/sessions/{id}/files/{path...}", true, f(s.download)},
 		{"GET", "/v1/sessions/{id}/diff", true, f(s.diff)},
+		{"POST", "/v1/sessions/{id}/snapshots", true, f(s.createSnapshot)},
+		{"POST", "/v1/sessions/{id}/fork", true, f(s.forkSession)},
+		{"GET", "/v1/snapshots", true, f(s.listSnapshots)},
+		{"GET", "/v1/snapshots/{id}", true, f(s.getSnapshot)},
+		{"DELETE", "/v1/snapshots/{id}", true, f(s.deleteSnapshot)},
+		{"GET", "/v1/templates", true, f(s.listTemplates)},
+		{"GET", "/v1/sessions/{id}/egress", true, f(s.getEgress)},
+		{"PUT", "/v1/sessions/{id}/egress", true, f(s.putEgress)},
 		{"POST", "/mcp", true, s.mcp},
 		{"GET", "/mcp", true, s.mcp},
 		{"DELETE", "/mcp", true, s.mcp},
@@ -334,10 +352,16 @@ func leaseOf(ctx context.Context) *lease {
 // tenantShare returns the semaphore of tenant's share of the budget: half
 // of it, so that one tenant's flood of requests leaves room for others'.
 func (s *Server) tenantShare(tenant string) *semaphore.Weighted {
-	if sem, ok := s.shares.Load(tenant); ok {
+	return s.share(&s.shares, tenant, s.o.budget/2)
+}
+
+// share returns tenant's semaphore in shares, one of size n made on first
+// use.
+func (s *Server) share(shares *sync.Map, tenant string, n int64) *semaphore.Weighted {
+	if sem, ok := shares.Load(tenant); ok {
 		return sem.(*semaphore.Weighted)
 	}
-	sem, _ := s.shares.LoadOrStore(tenant, semaphore.NewWeighted(s.o.budget/2))
+	sem, _ := shares.LoadOrStore(tenant, semaphore.NewWeighted(n))
 	return sem.(*semaphore.Weighted)
 }
 
@@ -350,7 +374,7 @@ func (l *lease) bind(share *semaphore.Weighted) {
 }
 
 // errMemory is the memory budget spent: 503 with Retry-After.
-var errMemory = errors.New("the daemon's memory for requests in flight is in use (limits.memoryBudgetBytes); retry shortly")
+var errMemory = errors.New("the daemon's memory budget (limits.memoryBudgetBytes) is held by requests in flight and detached calls' kept results")
 
 // take holds n more bytes of the budget, or fails at once with errMemory.
 func (l *lease) take(n int64) error {
@@ -358,16 +382,37 @@ func (l *lease) take(n int64) error {
 		return nil
 	}
 	if l.tenant != nil && !l.tenant.TryAcquire(n) {
-		return fmt.Errorf("%w: this tenant holds its share (half); this request needs %d bytes more", errMemory, n)
+		return fmt.Errorf("%w: this tenant holds its share (half), and %d bytes more were asked for; retry shortly", errMemory, n)
 	}
 	if !l.budget.TryAcquire(n) {
 		if l.tenant != nil {
 			l.tenant.Release(n)
 		}
-		return fmt.Errorf("%w: this request needs %d bytes more", errMemory, n)
+		return fmt.Errorf("%w: %d bytes more were asked for; retry shortly", errMemory, n)
 	}
 	l.held.Add(n)
 	return nil
+}
+
+// resultHold is the memory budget a detached call of tenant's draws on
+// while its result is kept (runner.DetachRequest.Hold): its tenant's share
+// and the budget, as a request, but for as long as the runner keeps the
+// result; and at most half the tenant's share for all its kept results, so
+// that the tenant's requests (fetching those results among them) always
+// have room.
+func (s *Server) resultHold(tenant string) delivery.Hold {
+	kept := s.share(&s.resultShares, tenant, s.o.budget/4)
+	return func(_ context.Context, n int64) (func(), error) {
+		if !kept.TryAcquire(n) {
+			return nil, fmt.Errorf("this tenant's kept results hold the most they may, %d bytes (a quarter of limits.memoryBudgetBytes)", s.o.budget/4)
+		}
+		l := &lease{budget: s.budget, tenant: s.tenantShare(tenant)}
+		if err := l.take(n); err != nil {
+			kept.Release(n)
+			return nil, err
+		}
+		return func() { l.release(); kept.Release(n) }, nil
+	}
 }
 
 // put gives back n bytes taken.
@@ -471,7 +516,7 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 	if !s.decode(w, r, &st) {
 		return
 	}
-	sess, err := s.m.Create(r.Context(), runner.CreateRequest{Tenant: t.Name, Settings: st, MaxSessions: t.MaxSessions, Egress: t.Egress})
+	sess, err := s.m.Create(r.Context(), runner.CreateRequest{Tenant: t.Name, Settings: st, MaxSessions: t.MaxSessions, MaxSecrets: t.MaxSecrets, Egress: t.Egress})
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -562,8 +607,18 @@ func classify(err error) (int, string) {
 	var mbe *http.MaxBytesError
 	var te *tooLargeError
 	switch {
-	case errors.Is(err, runner.ErrNotFound):
+	case errors.Is(err, runner.ErrNotFound), errors.Is(err, snapshot.ErrNotFound):
 		return http.StatusNotFound, "NotFound"
+	case errors.Is(err, runner.ErrNoSnapshots):
+		return http.StatusNotImplemented, "SnapshotsOff"
+	case errors.Is(err, snapshot.ErrCorrupt):
+		return http.StatusUnprocessableEntity, "SnapshotCorrupt"
+	case errors.Is(err, snapshot.ErrInvalid):
+		return http.StatusUnprocessableEntity, "SnapshotInvalid"
+	case errors.Is(err, snapshot.ErrLimit):
+		return http.StatusInsufficientStorage, "SnapshotLimit"
+	case errors.Is(err, snapshot.ErrNoSpace):
+		return http.StatusInsufficientStorage, "NoSpace"
 	case errors.Is(err, runner.ErrTooManySessions):
 		return http.StatusTooManyRequests, "TooManySessions"
 	case errors.Is(err, runner.ErrBusy):
@@ -574,6 +629,8 @@ func classify(err error) (int, string) {
 		return http.StatusServiceUnavailable, "Overloaded"
 	case errors.Is(err, runner.ErrClosed):
 		return http.StatusGone, "SessionEnded"
+	case errors.Is(err, runner.ErrResultNotKept):
+		return http.StatusGone, "ResultNotKept"
 	case errors.As(err, &de):
 		return http.StatusForbidden, workspace.ErrForbidden.Name()
 	case errors.As(err, &se):

@@ -57,7 +57,7 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return false, err
 		}
-		if err := checkTargets(ctx, sess.FS(), entries); err != nil {
+		if err := checkTargets(ctx, sess.FS(), sess.Root(), dir, entries); err != nil {
 			return false, err
 		}
 		res, err = extract(ctx, leaseOf(r.Context()), sess.FS(), dir, entries, spool)
@@ -275,11 +275,25 @@ func leadsOut(root, name, target string) bool {
 	return j == ".." || strings.HasPrefix(j, "../")
 }
 
-// checkTargets judges the entries against the workspace as it is: every
-// directory an entry goes into must be one (or not exist yet), reached
-// without leaving the workspace, and no entry may replace an entry of
-// another kind.
-func checkTargets(ctx context.Context, fsys workspace.FileSystem, entries []tarEntry) error {
+// checkTargets judges the entries, bound for dir, against the workspace as
+// it is: every directory an entry goes into must be one (or not exist
+// yet), reached without leaving the workspace, no entry may replace an
+// entry of another kind, and none may land in sandboxd's own directory
+// through the workspace's links, whatever its name says.
+func checkTargets(ctx context.Context, fsys workspace.FileSystem, root, dir string, entries []tarEntry) error {
+	if err := intoDaemonDir(ctx, fsys, root, dir, dir); err != nil {
+		return err
+	}
+	for _, e := range entries {
+		// A link entry is made where its name is, not followed.
+		at := e.name
+		if e.typ == tar.TypeSymlink {
+			at = path.Dir(e.name)
+		}
+		if err := intoDaemonDir(ctx, fsys, root, e.name, at); err != nil {
+			return err
+		}
+	}
 	inArchive := map[string]byte{}
 	for _, e := range entries {
 		if typ, ok := inArchive[e.name]; ok && typ != e.typ {
@@ -347,6 +361,19 @@ func checkTargets(ctx context.Context, fsys workspace.FileSystem, entries []tarE
 		case e.typ != tar.TypeDir && info.IsDir():
 			return refuse(e.name, workspace.ErrNotAFile, "the workspace has a directory there")
 		}
+	}
+	return nil
+}
+
+// intoDaemonDir refuses an upload of name when at, resolved through the
+// workspace's links, is in sandboxd's own directory.
+func intoDaemonDir(ctx context.Context, fsys workspace.FileSystem, root, name, at string) error {
+	real, err := workspace.RealPath(ctx, fsys, root, at)
+	if err != nil {
+		return err
+	}
+	if first, _, _ := strings.Cut(real, "/"); strings.EqualFold(first, daemonDir) {
+		return refuse(name, workspace.ErrProtected, fmt.Sprintf("it leads to %s, and %s/ belongs to sandboxd", real, daemonDir))
 	}
 	return nil
 }

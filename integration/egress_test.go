@@ -16,7 +16,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/sandboxd/sandboxd/internal/dockertest"
+	"github.com/sandboxd/sandboxd/testharness/dockertest"
 )
 
 // TestServeEgress: `sandboxd serve` with an egress section gives sessions
@@ -133,7 +133,7 @@ func TestServeEgressWarnsOffDocker(t *testing.T) {
 	d := start(t, file)
 	// Logged before the daemon says it listens; its standard error is
 	// copied on, so wait for it a while.
-	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(d.stderr.String(), "egress applies to the docker backend only"); {
+	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(d.stderr.String(), "egress applies to the docker and kubernetes backends only"); {
 		if time.Now().After(deadline) {
 			t.Fatalf("no warning that egress does not bound the memory backend:\n%s", d.stderr)
 		}

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/internal/dockertest"
+	"github.com/sandboxd/sandboxd/testharness/dockertest"
 )
 
 // TestImages runs real work on the Docker backend in sandboxd's built-in
@@ -20,7 +20,7 @@ import (
 // built and run, Python with a venv and pip, Node and npm, make with the C
 // compiler, ripgrep and git. dev is built first with `sandboxd image build
 // dev`, which a second time must be a no-op that says so. Nothing reaches
-// the network: GOPROXY is off and the program has no dependencies.
+// the network: GOPROXY is off and the programs have no dependencies.
 func TestImages(t *testing.T) {
 	if _, err := dockertest.Connect(context.Background()); err != nil {
 		dockertest.Unavailable(t, fmt.Errorf("the images need the Docker backend: %w", err))
@@ -58,6 +58,13 @@ func TestImages(t *testing.T) {
 			{"git and rg", `git init -q repo && cd repo && echo needle > f.txt && git add f.txt &&
 				git -c user.name=t -c user.email=t@example.com commit -qm one && git log --format=%s && rg -l needle`, "one\nf.txt\n"},
 			{"tools", `for c in curl jq patch less ps sed grep find; do command -v $c >/dev/null || echo missing $c; done; echo done`, "done\n"},
+			// A current Go: a project of 2026 (a go line past Debian's 1.19,
+			// a toolchain line) builds, offline, with the image's toolchain;
+			// its caches go to the session's home, not the work.
+			{"current go", `mkdir -p modern && cd modern && printf 'module modern\n\ngo 1.26\n\ntoolchain go1.26.1\n' > go.mod &&
+				printf 'package main\n\nimport "fmt"\n\nfunc main() { for i := range 2 { fmt.Print(i) }; fmt.Println() }\n' > main.go &&
+				GOPROXY=off go run . && go env GOVERSION GOTOOLCHAIN && go env GOCACHE GOMODCACHE | sed "s|^$HOME|HOME|" && echo "$HOME"`,
+				"01\ngo1.27.4\nauto\nHOME/.cache/go-build\nHOME/go/pkg/mod\n/workspace/.sandboxd/home\n"},
 		} {
 			t.Run(tt.name, func(t *testing.T) { runs(t, d, id, tt.script, tt.want) })
 		}
@@ -75,6 +82,7 @@ func withImage(t *testing.T, file, image string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	dockertest.NamedImage(t, image) // the daemon would build a missing one: the test says to build it first
 	cfg["image"] = image
 	data, _ = json.Marshal(cfg)
 	if err := os.WriteFile(file, data, 0o600); err != nil {

@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/internal/dockertest"
 	"github.com/sandboxd/sandboxd/runner"
+	"github.com/sandboxd/sandboxd/testharness/dockertest"
 )
 
 // fail runs `sandboxd serve --config file` (args added), which must exit

@@ -14,8 +14,8 @@ import (
 
 	"github.com/sandboxd/sandboxd/backend"
 	"github.com/sandboxd/sandboxd/backend/kubernetes"
-	"github.com/sandboxd/sandboxd/internal/k8stest"
 	"github.com/sandboxd/sandboxd/runner"
+	"github.com/sandboxd/sandboxd/testharness/k8stest"
 )
 
 // replicaConfig is config's file for the kubernetes backend, as replica

@@ -31,9 +31,9 @@ import (
 
 	"github.com/sandboxd/sandboxd/backend"
 	"github.com/sandboxd/sandboxd/httpapi"
-	"github.com/sandboxd/sandboxd/internal/dockertest"
-	"github.com/sandboxd/sandboxd/internal/k8stest"
 	"github.com/sandboxd/sandboxd/runner"
+	"github.com/sandboxd/sandboxd/testharness/dockertest"
+	"github.com/sandboxd/sandboxd/testharness/k8stest"
 )
 
 const (
@@ -55,8 +55,10 @@ func TestMain(m *testing.M) {
 	_, file, _, _ := runtime.Caller(0)
 	root := filepath.Join(filepath.Dir(file), "..")
 	// The agent runs in images without a C library: it is built static.
+	// sandboxd is built with its kubernetes backend, which the cluster
+	// tests serve.
 	for _, b := range []struct{ name, pkg, cgo string }{{"sandboxd", "./cmd/sandboxd", ""}, {"sandboxd-agent", "./cmd/sandboxd-agent", "CGO_ENABLED=0"}} {
-		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, b.name), b.pkg)
+		cmd := exec.Command("go", "build", "-tags", "kubernetes", "-o", filepath.Join(dir, b.name), b.pkg)
 		cmd.Dir = root
 		cmd.Env = append(os.Environ(), b.cgo)
 		if out, err := cmd.CombinedOutput(); err != nil {
@@ -112,6 +114,8 @@ func config(t *testing.T, backend, name string) string {
 		"tools":           map[string]any{"progressMs": 50},
 		"limits":          map[string]any{"maxTransferBytes": 1 << 20},
 		"shutdownTimeout": "20s",
+		// The test's own, not the user's state directory.
+		"snapshots": map[string]any{"dir": filepath.Join(t.TempDir(), "snapshots")},
 	}
 	withCluster(cfg)
 	data, _ := json.Marshal(cfg)

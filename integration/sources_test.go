@@ -45,7 +45,8 @@ func TestAPISources(t *testing.T) {
 		t.Run(backend, func(t *testing.T) {
 			cfg := map[string]any{
 				"listen": "127.0.0.1:0", "backend": backend, "daemon": daemonName(t),
-				"tenants": []map[string]any{{"name": "acme", "tokens": []string{httpapi.HashToken(acmeToken)}}},
+				"snapshots": map[string]any{"dir": "off"},
+				"tenants":   []map[string]any{{"name": "acme", "tokens": []string{httpapi.HashToken(acmeToken)}}},
 				"tools": map[string]any{
 					"profile": "workspace-tools,workspace-shell",
 					"sources": []map[string]any{{

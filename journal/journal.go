@@ -35,6 +35,11 @@
 //     commits of their own, and End commits (or rolls back) everything the
 //     session changed as one commit, which is the session's result.
 //
+// .sandboxd/ is sandboxd's own and never committed. A workspace session
+// lists it too and, at its end, puts back whatever changed there, however
+// the run ended (Outcome.Protected), but for what sandboxd itself wrote
+// there meanwhile and said so with Own.
+//
 // Commits can be listed (List), shown as a unified diff (Show) and reverted
 // to (Revert), which is itself a commit and can be reverted in turn.
 //
@@ -70,6 +75,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sandboxd/sandboxd/memfs"
 	"github.com/sandboxd/sandboxd/workspace"
 )
 
@@ -212,6 +218,12 @@ func WithStore(store workspace.FileSystem) Option {
 	return func(j *Journal) { j.store, j.dir, j.inside = store, ".", false }
 }
 
+// InMemory keeps the journal in memory, in a store of its own that no
+// process can reach and that lives as long as the Journal: WithStore over
+// an empty in-memory file system. It is what a host that gives the journal
+// no store of its own gets (tools.Env.JournalStore nil).
+func InMemory() Option { return WithStore(memfs.New()) }
+
 // WithRoot sets the workspace root as commands see it, used to resolve links
 // with absolute targets (default "/workspace").
 func WithRoot(root string) Option { return func(j *Journal) { j.root = root } }
@@ -257,6 +269,11 @@ type Journal struct {
 	now        func() time.Time
 	// committable, when set, is the commit scope of workspace sessions.
 	committable func(name string) bool
+
+	// ownMu guards owned: what sandboxd wrote in .sandboxd/ during the
+	// workspace session open now, as it left it (Own); nil when none is.
+	ownMu sync.Mutex
+	owned map[string]*manEntry
 
 	mu      sync.Mutex // held by each mutation
 	commits []*Commit  // oldest first

@@ -81,7 +81,7 @@ func behindMemory(mfs *memfs.FS) func(t *testing.T, op string, args ...string) {
 		switch op {
 		case "write":
 			err = mfs.WriteFile(ctx, args[0], []byte(args[1]), 0o644)
-		case "chmod": // memfs has no chmod: recreate, as memexec does
+		case "chmod": // memfs has no chmod: recreate, as memory.Mirror does
 			var m uint32
 			fmt.Sscanf(args[1], "%o", &m)
 			data, _ := mfs.ReadFile(ctx, args[0], 1<<20)
@@ -102,7 +102,7 @@ func behindMemory(mfs *memfs.FS) func(t *testing.T, op string, args ...string) {
 }
 
 // agentClient serves fsys with an agent over an in-memory pipe and returns
-// the client, as dockerfs has it.
+// the client, as the Docker backend has it.
 func agentClient(t *testing.T, fsys workspace.FileSystem) *agent.Client {
 	t.Helper()
 	a, b := net.Pipe()
@@ -719,8 +719,19 @@ func TestTamperedStore(t *testing.T) {
 					b.behind(t, "write", "src/a.go", "clobbered")
 					return false, nil
 				})
-				if err != nil || !out.Restored || len(out.Unrestored) > 0 {
+				// .sandboxd/ is put back too (what the earlier journal kept
+				// there, in the workspace), but for the modes of its
+				// directories, which an adapter without chmod cannot give.
+				if err != nil || !out.Restored || !slices.Contains(out.Protected, ".sandboxd") {
 					t.Fatalf("outcome %+v, %v", out, err)
+				}
+				for _, u := range out.Unrestored {
+					if !strings.HasPrefix(u, ".sandboxd") || !strings.HasSuffix(u, "not restored)") {
+						t.Errorf("not restored: %s", u)
+					}
+				}
+				if _, err := b.fs.Lstat(ctx, ".sandboxd/journal/objects/00"); !errors.Is(err, workspace.ErrNotFound) {
+					t.Errorf("the directory the process planted: %v", err)
 				}
 				if got := dump(t, b.fs); got != want {
 					t.Fatalf("not restored exactly:\n got %s\nwant %s", got, want)
@@ -964,5 +975,109 @@ func TestPruneRemovesContentsInBatches(t *testing.T) {
 	}
 	if data, _ := fsys.ReadFile(ctx, "f", 1<<20); !bytes.Equal(data, big(writes-2)) {
 		t.Fatal("the kept commit's before-image was removed")
+	}
+}
+
+// TestRecorderCapabilities: the FileSystem Record gives its function
+// claims links exactly when the workspace has them, and every extension it
+// claims works.
+func TestRecorderCapabilities(t *testing.T) {
+	conformance.TestWrapper(t, conformance.WrapperHarness{
+		New: func(t *testing.T) (workspace.FileSystem, string) {
+			fsys := memfs.New()
+			return fsys, fsys.Root()
+		},
+		Wrap: func(t *testing.T, inner workspace.FileSystem, root string) workspace.FileSystem {
+			j, err := journal.Open(t.Context(), inner, journal.InMemory(), journal.WithRoot(root))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return j.Recorder()
+		},
+	})
+}
+
+// TestSandboxdDirIsTheDaemons: in a workspace session, a process's changes
+// under .sandboxd/ — a rewritten file, planted ones, a new tree, a file of
+// sandboxd's changed after sandboxd wrote it — are put back whether the run
+// fails or succeeds, and named; what sandboxd wrote there meanwhile and
+// said so (Own) is kept; nothing there is committed.
+func TestSandboxdDirIsTheDaemons(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			ctx := context.Background()
+			seed(t, b)
+			conformance.Build(t, b.fs, ".sandboxd/runtime/old.log: kept\n")
+			j := open(t, b.fs, journal.WithStore(memfs.New()))
+			j.Own(ctx, ".sandboxd/runtime/nothing") // outside a session: nothing
+			read := func(name string) string {
+				data, err := b.fs.ReadFile(ctx, name, 1<<20)
+				if errors.Is(err, workspace.ErrNotFound) {
+					return "absent"
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				return string(data)
+			}
+			attack := func(mine string) {
+				if err := workspace.MkdirAll(ctx, b.fs, ".sandboxd/runtime/out", 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := b.fs.WriteFile(ctx, mine, []byte("sandboxd's\n"), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				j.Own(ctx, mine)
+				b.behind(t, "write", ".sandboxd/runtime/old.log", "attacker")
+				b.behind(t, "write", ".sandboxd/planted", "x")
+				b.behind(t, "mkdir", ".sandboxd/tree/deep")
+				b.behind(t, "write", ".sandboxd/tree/deep/x", "x")
+				b.behind(t, "write", "notes.txt", "hello\n")
+			}
+			wantPut := []string{".sandboxd/planted", ".sandboxd/runtime/old.log", ".sandboxd/tree"}
+			check := func(name string, out journal.Outcome, mine string) {
+				t.Helper()
+				if !slices.Equal(out.Protected, wantPut) {
+					t.Errorf("%s: put back %q, want %q", name, out.Protected, wantPut)
+				}
+				for p, want := range map[string]string{".sandboxd/runtime/old.log": "kept\n", ".sandboxd/planted": "absent", ".sandboxd/tree/deep/x": "absent", mine: "sandboxd's\n"} {
+					if got := read(p); got != want {
+						t.Errorf("%s: %s holds %q, want %q", name, p, got, want)
+					}
+				}
+			}
+
+			out, err := j.Exec(ctx, "failing", func(context.Context) (bool, error) { attack(".sandboxd/runtime/out/1.log"); return false, nil })
+			if err != nil || !out.Restored || len(out.Unrestored) > 0 || read("notes.txt") != "absent" {
+				t.Fatalf("failing: %+v, %v", out, err)
+			}
+			check("failing", out, ".sandboxd/runtime/out/1.log")
+
+			out, err = j.Exec(ctx, "succeeding", func(context.Context) (bool, error) { attack(".sandboxd/runtime/out/2.log"); return true, nil })
+			if err != nil || !out.Committed || out.Commit == nil || len(out.Commit.Changes) != 1 || out.Commit.Changes[0].Path != "notes.txt" {
+				t.Fatalf("succeeding: %+v, %v", out, err)
+			}
+			check("succeeding", out, ".sandboxd/runtime/out/2.log")
+
+			// In a provider session, a process that rewrites what sandboxd
+			// wrote earlier in the session: that file is removed, its
+			// contents not kept, and said so.
+			s, err := j.Begin(ctx, "provider")
+			if err != nil {
+				t.Fatal(err)
+			}
+			attack(".sandboxd/runtime/out/3.log")
+			b.behind(t, "write", ".sandboxd/runtime/out/3.log", "attacker")
+			out, err = s.End(ctx, true)
+			if err != nil || !out.Committed || !slices.Equal(out.Unrestored, []string{".sandboxd/runtime/out/3.log (written by sandboxd, then changed by a process: removed)"}) {
+				t.Fatalf("provider session: %+v, %v", out, err)
+			}
+			if got := read(".sandboxd/runtime/out/3.log"); got != "absent" {
+				t.Errorf("sandboxd's file changed by a process: %q", got)
+			}
+			if got := read(".sandboxd/runtime/out/2.log"); got != "sandboxd's\n" {
+				t.Errorf("sandboxd's file of an earlier run: %q", got)
+			}
+		})
 	}
 }

@@ -32,9 +32,9 @@ func (j *Journal) Record(ctx context.Context, message string, fn func(fsys works
 	if j.active != nil {
 		return nil, fn(j.fs)
 	}
-	r := &recorder{FileSystem: j.fs, j: j, before: map[string]Entry{}, deep: map[string]bool{}, written: map[string]written{}}
+	r := j.newRecorder()
 	defer clear(j.pending) // kept in the commit's record, or needed no more
-	err := fn(r)
+	err := fn(r.fs())
 	ctx = context.WithoutCancel(ctx) // what was changed is recorded or put back, whatever happens to the caller
 	after := map[string]Entry{}
 	for _, p := range r.tops() {
@@ -75,7 +75,10 @@ func (j *Journal) Record(ctx context.Context, message string, fn func(fsys works
 }
 
 // recorder is the FileSystem Record gives fn: reads go straight through;
-// each change first captures what it is about to change.
+// each change first captures what it is about to change. It is a
+// MkdirAllFS, RemoveAllFS, LockFS, WalkFS, GrepFS and SwapFS (each falls
+// back to the workspace helper over the inner FileSystem), and a SymlinkFS
+// exactly when the inner FileSystem is one (recorderLinks; see fs).
 type recorder struct {
 	workspace.FileSystem
 	j      *Journal
@@ -93,8 +96,29 @@ type written struct {
 	data []byte
 }
 
+func (j *Journal) newRecorder() *recorder {
+	return &recorder{FileSystem: j.fs, j: j, before: map[string]Entry{}, deep: map[string]bool{}, written: map[string]written{}}
+}
+
+// recorderLinks is a recorder over a SymlinkFS: links are made, and read,
+// through it.
+type recorderLinks struct {
+	*recorder
+	links workspace.SymlinkFS
+}
+
+// fs is r as the FileSystem fn is given: a SymlinkFS exactly when the
+// workspace is one, so that a caller never finds links claimed and then
+// refused.
+func (r *recorder) fs() workspace.FileSystem {
+	if sl, ok := r.FileSystem.(workspace.SymlinkFS); ok {
+		return &recorderLinks{r, sl}
+	}
+	return r
+}
+
 var (
-	_ workspace.SymlinkFS   = (*recorder)(nil)
+	_ workspace.SymlinkFS   = (*recorderLinks)(nil)
 	_ workspace.MkdirAllFS  = (*recorder)(nil)
 	_ workspace.RemoveAllFS = (*recorder)(nil)
 	_ workspace.LockFS      = (*recorder)(nil)
@@ -340,24 +364,16 @@ func (r *recorder) Rename(ctx context.Context, oldname, newname string) error {
 	return r.FileSystem.Rename(ctx, oldname, newname)
 }
 
-func (r *recorder) Symlink(ctx context.Context, target, name string) error {
+func (r *recorderLinks) Symlink(ctx context.Context, target, name string) error {
 	clear(r.written)
-	sl, ok := r.FileSystem.(workspace.SymlinkFS)
-	if !ok {
-		return workspace.PathError("symlink", name, workspace.ErrInvalidArgument)
-	}
 	if err := r.capture(ctx, name, false); err != nil {
 		return err
 	}
-	return sl.Symlink(ctx, target, name)
+	return r.links.Symlink(ctx, target, name)
 }
 
-func (r *recorder) Readlink(ctx context.Context, name string) (string, error) {
-	sl, ok := r.FileSystem.(workspace.SymlinkFS)
-	if !ok {
-		return "", workspace.PathError("readlink", name, workspace.ErrInvalidArgument)
-	}
-	return sl.Readlink(ctx, name)
+func (r *recorderLinks) Readlink(ctx context.Context, name string) (string, error) {
+	return r.links.Readlink(ctx, name)
 }
 
 // Lock takes the underlying workspace's lock, so writers through the

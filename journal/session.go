@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"path"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/sandboxd/sandboxd/workspace"
@@ -51,8 +52,9 @@ func (m manEntry) racy(listed time.Time) bool {
 	return m.mtime >= t-int64(racyWindow)
 }
 
-// scan lists the workspace (all but .sandboxd/) into a manifest, one
-// directory listing per directory and no per-file call.
+// scan lists the workspace into a manifest, one directory listing per
+// directory and no per-file call: .sandboxd/ too (see Own), but for the
+// journal's own store when it is in the workspace.
 func (j *Journal) scan(ctx context.Context) (map[string]manEntry, error) {
 	out := make(map[string]manEntry, max(len(j.base), 64))
 	var walk func(dir string) error
@@ -66,7 +68,7 @@ func (j *Journal) scan(ctx context.Context) (map[string]manEntry, error) {
 		}
 		for _, d := range entries {
 			p := path.Join(dir, d.Name())
-			if ignored(p) {
+			if j.inside && (p == j.dir || strings.HasPrefix(p, j.dir+"/")) {
 				continue
 			}
 			info, err := d.Info()
@@ -132,6 +134,9 @@ type Outcome struct {
 	// InSession says the call ran inside an active provider session, whose
 	// End decides.
 	InSession bool `json:"inSession,omitempty"`
+	// Protected are paths the run changed under .sandboxd/, which only
+	// sandboxd writes (Own): put back, whatever the run's outcome.
+	Protected []string `json:"protected,omitempty"`
 }
 
 // Exec runs a process that changes the workspace behind the port (through
@@ -154,6 +159,7 @@ func (j *Journal) Exec(ctx context.Context, message string, run func(ctx context
 	if err := j.syncBaseline(ctx); err != nil {
 		return Outcome{}, errors.Join(workspace.Errorf(workspace.ErrUnavailable, "journal: the workspace could not be snapshot, so the command was not run"), err)
 	}
+	j.watchOwn()
 	ok, err := run(ctx)
 	out, ferr := j.finish(context.WithoutCancel(ctx), message, ok && err == nil)
 	return out, errors.Join(err, ferr)
@@ -162,6 +168,7 @@ func (j *Journal) Exec(ctx context.Context, message string, run func(ctx context
 // finish ends a workspace session begun with syncBaseline: it commits what
 // changed since, or restores it.
 func (j *Journal) finish(ctx context.Context, message string, keep bool) (Outcome, error) {
+	owned := j.endOwn()
 	listed := j.now()
 	cur, err := j.scan(ctx)
 	if err != nil {
@@ -178,20 +185,25 @@ func (j *Journal) finish(ctx context.Context, message string, keep bool) (Outcom
 			changed[p] = true
 		}
 	}
+	protected, unrestored, settled, err := j.putBackDaemonDir(ctx, changed, cur, owned)
+	if err != nil {
+		return Outcome{Protected: protected, Unrestored: unrestored}, err
+	}
 	if !keep {
 		want := make(map[string]Entry, len(changed))
 		for p := range changed {
 			want[p] = j.base[p].state // absent for a new path
 		}
-		unrestored, err := j.apply(ctx, want)
-		return Outcome{Restored: err == nil, Unrestored: unrestored}, err
+		more, err := j.apply(ctx, want)
+		return Outcome{Restored: err == nil, Unrestored: append(unrestored, more...), Protected: protected}, err
 	}
 	var outside []string
-	var unrestored []string
 	if j.committable != nil {
-		outside, unrestored, err = j.restoreOutside(ctx, changed, cur)
+		var more []string
+		outside, more, err = j.restoreOutside(ctx, changed, cur)
+		unrestored = append(unrestored, more...)
 		if err != nil {
-			return Outcome{OutOfScope: outside, Unrestored: unrestored}, err
+			return Outcome{OutOfScope: outside, Unrestored: unrestored, Protected: protected}, err
 		}
 	}
 	var changes []Change
@@ -206,14 +218,14 @@ func (j *Journal) finish(ctx context.Context, message string, keep bool) (Outcom
 		changes = append(changes, Change{Path: p, Before: j.base[p].state, After: m.state})
 	}
 	for p, m := range cur {
-		if !changed[p] {
+		if !changed[p] && !settled[p] {
 			m.state = j.base[p].state
 			cur[p] = m
 		}
 	}
 	j.base, j.baseTime = cur, listed
 	c, err := j.commit(ctx, message, changes)
-	return Outcome{Committed: err == nil, Commit: c, OutOfScope: outside, Unrestored: unrestored}, err
+	return Outcome{Committed: err == nil, Commit: c, OutOfScope: outside, Unrestored: unrestored, Protected: protected}, err
 }
 
 // restoreOutside puts back the changed paths outside the commit scope and
@@ -283,6 +295,7 @@ func (j *Journal) Begin(ctx context.Context, message string) (*Session, error) {
 	if err := j.syncBaseline(ctx); err != nil {
 		return nil, err
 	}
+	j.watchOwn()
 	j.active = &Session{j: j, message: message}
 	return j.active, nil
 }

@@ -2,6 +2,8 @@ package localfs
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"sync/atomic"
 	"syscall"
 
@@ -75,4 +77,39 @@ func replaceEntry(dfd int, tmp, base string) error {
 	// The new file is in place: any other failure to unlink the old one
 	// (gone meanwhile, say) leaves at most a hidden file behind.
 	return nil
+}
+
+// followsNoFollow reports whether the kernel follows a symbolic link that
+// open(2) is told not to follow when the flags also hold O_DIRECTORY, as
+// gVisor's runsc does (its releases to date treat O_DIRECTORY as a trailing
+// slash). os.Root, and the walks of this package, open each directory of a
+// name with O_NOFOLLOW|O_DIRECTORY and rely on that open failing on a link:
+// on such a kernel a link would take them outside the root. It tries
+// /proc/self, a link on Linux and on gVisor alike, so it writes nothing;
+// without /proc it makes a link in a temporary directory. When neither can
+// be tried it reports false.
+func followsNoFollow() bool {
+	const flags = unix.O_RDONLY | unix.O_NOFOLLOW | unix.O_DIRECTORY | unix.O_CLOEXEC
+	var st unix.Stat_t
+	if unix.Lstat("/proc/self", &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFLNK {
+		fd, err := unix.Open("/proc/self", flags, 0)
+		if err == nil {
+			unix.Close(fd)
+		}
+		return err == nil
+	}
+	dir, err := os.MkdirTemp("", "sandboxd-nofollow-")
+	if err != nil {
+		return false
+	}
+	defer os.RemoveAll(dir)
+	link := filepath.Join(dir, "l")
+	if os.Symlink(".", link) != nil {
+		return false
+	}
+	fd, err := unix.Open(link, flags, 0)
+	if err == nil {
+		unix.Close(fd)
+	}
+	return err == nil
 }

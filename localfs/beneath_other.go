@@ -23,3 +23,8 @@ func sysStat(st *unix.Stat_t) any { return st }
 func replaceEntry(dfd int, tmp, base string) error {
 	return unix.Renameat(dfd, tmp, dfd, base)
 }
+
+// followsNoFollow reports whether the kernel follows a link that open(2)
+// is told not to (see the Linux version): no kernel of these systems is
+// known to.
+func followsNoFollow() bool { return false }

@@ -31,6 +31,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"math"
@@ -38,6 +39,7 @@ import (
 	"path"
 	"path/filepath"
 	"slices"
+	"sync"
 	"syscall"
 
 	"github.com/sandboxd/sandboxd/workspace"
@@ -106,6 +108,9 @@ func New(dir string, opts ...Option) (*FS, error) {
 	if info, err := os.Stat(canon); err != nil || !info.IsDir() { // nor open a pipe
 		return nil, &fs.PathError{Op: "open", Path: dir, Err: workspace.ErrNotADirectory}
 	}
+	if kernelFollows() {
+		return nil, &fs.PathError{Op: "open", Path: dir, Err: ErrKernelFollowsLinks}
+	}
 	root, err := os.OpenRoot(canon)
 	if err != nil {
 		return nil, &fs.PathError{Op: "open", Path: dir, Err: kindOf(err)}
@@ -121,6 +126,18 @@ func New(dir string, opts ...Option) (*FS, error) {
 	}
 	return &FS{root: root, dir: rootDir, abs: abs, canon: canon, opts: o}, nil
 }
+
+// ErrKernelFollowsLinks is why New refuses a workspace on a kernel that
+// follows a symbolic link open(2) is told not to follow
+// (O_NOFOLLOW|O_DIRECTORY), as gVisor's runsc releases to date do: every
+// name is walked that way, so there a link would lead outside the
+// workspace. It is a workspace.ErrUnavailable.
+var ErrKernelFollowsLinks = fmt.Errorf("%w: the kernel follows symbolic links that open(2) is told not to follow "+
+	"(O_NOFOLLOW|O_DIRECTORY), so links would lead outside the workspace; this is gVisor's runsc before the fix "+
+	"that .ci/gvisor.sh applies: run the session under runc, or under a runsc built with that fix", workspace.ErrUnavailable)
+
+// kernelFollows is followsNoFollow, asked once per process.
+var kernelFollows = sync.OnceValue(followsNoFollow)
 
 // Close releases the directory. Operations after Close fail with
 // workspace.ErrUnavailable.
@@ -313,6 +330,9 @@ func (f *FS) check(ctx context.Context, op, name string) error {
 	}
 	if !fs.ValidPath(name) {
 		return workspace.PathError(op, name, workspace.ErrInvalidArgument)
+	}
+	if err := workspace.CheckNameLength(f.abs, name); err != nil {
+		return &fs.PathError{Op: op, Path: name, Err: err}
 	}
 	return nil
 }

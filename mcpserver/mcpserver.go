@@ -39,8 +39,10 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/sandboxd/sandboxd/tools"
@@ -107,7 +109,7 @@ func New(set *tools.Set, opts ...Option) *Server {
 		// Tools with list_changed, and nothing else: no logging capability.
 		Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{ListChanged: true}},
 	})
-	s.mcp.AddReceivingMiddleware(s.unserved)
+	s.mcp.AddReceivingMiddleware(s.unserved, undeclared)
 	s.sync()
 	return s
 }
@@ -167,6 +169,20 @@ func (s *Server) unserved(next mcp.MethodHandler) mcp.MethodHandler {
 	}
 }
 
+// undeclared answers a request of a capability the server does not declare
+// — logging, resources, prompts, completions — with -32601, as MCP asks,
+// where the SDK would serve some of them (prompts/list, an empty list).
+func undeclared(next mcp.MethodHandler) mcp.MethodHandler {
+	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		for _, prefix := range []string{"logging/", "resources/", "prompts/", "completion/"} {
+			if strings.HasPrefix(method, prefix) {
+				return nil, &jsonrpc.Error{Code: jsonrpc.CodeMethodNotFound, Message: "method not found: this server declares no " + strings.TrimSuffix(prefix, "/") + " capability"}
+			}
+		}
+		return next(ctx, method, req)
+	}
+}
+
 func mcpTool(t tools.Tool) *mcp.Tool {
 	ro := t.ReadOnly
 	closed, destructive := false, !ro
@@ -190,35 +206,111 @@ func (s *Server) handler(name string) mcp.ToolHandler {
 			opts.RunID = id
 		}
 		if tok := req.Params.GetProgressToken(); tok != nil && req.Session != nil {
-			opts.Progress = s.progress(ctx, req.Session, tok)
+			p := s.progress(ctx, req.Session, tok)
+			opts.Progress = p.add
+			// Every progress of the call is sent before its result.
+			defer p.wait()
 		}
 		return result(s.set.Call(ctx, name, req.Params.Arguments, opts)), nil
 	}
 }
 
-// progress returns a tools progress hook that sends each run of output as a
-// notifications/progress for token. A run longer than the set's maxBytes is
-// cut to its end, like bash's own output.
-func (s *Server) progress(ctx context.Context, ss *mcp.ServerSession, token any) func(tools.Progress) {
-	limit := s.set.Config().MaxBytes
-	var sent int64
-	return func(p tools.Progress) {
-		sent += int64(len(p.Text))
-		text := p.Text
-		if len(text) > limit {
-			tail := validTail(text, limit)
-			text = fmt.Sprintf("[… %d bytes not shown]\n", len(text)-len(tail)) + tail
+// progress returns the progress of one call: each run of output is sent as
+// a notifications/progress for token, in order, by a goroutine of its own,
+// so a client that does not read stalls the sending, never the command.
+// While a send waits, what arrives is merged into the last run waiting when
+// it is of the same stream, so what waits stays bounded (and a few runs at
+// most when the streams take turns). A run longer than
+// the set's maxBytes is cut to its end, like bash's own output.
+func (s *Server) progress(ctx context.Context, ss *mcp.ServerSession, token any) *progress {
+	return &progress{ctx: ctx, ss: ss, token: token, limit: s.set.Config().MaxBytes}
+}
+
+// maxPendingRuns bounds the runs of output waiting to be sent for one call.
+const maxPendingRuns = 8
+
+type progress struct {
+	ctx   context.Context
+	ss    *mcp.ServerSession
+	token any
+	limit int
+
+	mu      sync.Mutex
+	sent    int64        // output bytes published so far
+	queue   []pendingRun // waiting to be sent, oldest first
+	sending bool         // a goroutine is sending the queue
+	wg      sync.WaitGroup
+}
+
+// pendingRun is output waiting to be sent: its stream, its text (the end
+// of it when it was longer than the limit, and how much was cut) and the
+// progress value once it is sent.
+type pendingRun struct {
+	stream string
+	text   string
+	cut    int
+	at     int64
+}
+
+func (p *progress) add(r tools.Progress) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.sent += int64(len(r.Text))
+	if n := len(p.queue); n > 0 && p.queue[n-1].stream == r.Stream {
+		q := &p.queue[n-1]
+		q.text += r.Text
+		q.at = p.sent
+	} else {
+		p.queue = append(p.queue, pendingRun{stream: r.Stream, text: r.Text, at: p.sent})
+	}
+	if len(p.queue) > maxPendingRuns { // streams taking turns: the oldest is dropped, and counted
+		p.queue[1].cut += p.queue[0].cut + len(p.queue[0].text)
+		p.queue = p.queue[1:]
+	}
+	for i := range p.queue {
+		if q := &p.queue[i]; len(q.text) > p.limit {
+			tail := validTail(q.text, p.limit)
+			q.cut += len(q.text) - len(tail)
+			q.text = tail
+		}
+	}
+	if !p.sending {
+		p.sending = true
+		p.wg.Add(1)
+		go p.send()
+	}
+}
+
+// send sends the queue until it is empty.
+func (p *progress) send() {
+	defer p.wg.Done()
+	for {
+		p.mu.Lock()
+		if len(p.queue) == 0 {
+			p.sending = false
+			p.mu.Unlock()
+			return
+		}
+		r := p.queue[0]
+		p.queue = p.queue[1:]
+		p.mu.Unlock()
+		text := r.text
+		if r.cut > 0 {
+			text = fmt.Sprintf("[… %d bytes not shown]\n", r.cut) + text
 		}
 		// A progress notification is advice: a client gone away is noticed
 		// by the call itself, so a failed send is not an error of the call.
-		_ = ss.NotifyProgress(ctx, &mcp.ProgressNotificationParams{
-			Meta:          mcp.Meta{MetaStream: p.Stream},
-			ProgressToken: token,
-			Progress:      float64(sent),
+		_ = p.ss.NotifyProgress(p.ctx, &mcp.ProgressNotificationParams{
+			Meta:          mcp.Meta{MetaStream: r.stream},
+			ProgressToken: p.token,
+			Progress:      float64(r.at),
 			Message:       text,
 		})
 	}
 }
+
+// wait returns once every run added has been sent (or failed to be).
+func (p *progress) wait() { p.wg.Wait() }
 
 // validTail returns at most n bytes from the end of s, starting on a rune
 // boundary.

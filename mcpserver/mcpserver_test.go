@@ -261,7 +261,8 @@ func TestFailureIsErrorWithKind(t *testing.T) {
 		{"load_skill", map[string]any{"skill": "workspace.edit"}, tools.KindCapabilityForbidden, "fs.write"},
 		// Tools the server does not list answer as over HTTP: a tool
 		// failure that says what to do, not the SDK's bare "unknown tool".
-		{"write", map[string]any{"path": "a", "content": "x"}, tools.KindToolUnavailable, `call load_skill with skill "workspace.edit"`},
+		// Its grant missing, the first answer says so.
+		{"write", map[string]any{"path": "a", "content": "x"}, tools.KindToolUnavailable, `skill workspace.edit, whose grant fs.write this session was not given`},
 		{"no_such_tool", map[string]any{}, tools.KindToolUnavailable, `no tool named "no_such_tool"`},
 	} {
 		res := call(t, c, tc.tool, tc.args)

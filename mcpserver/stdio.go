@@ -32,9 +32,15 @@ import (
 //   - An error the SDK answers without a JSON-RPC code (a request before
 //     initialize, above all) gets one: -32600 for a request read before
 //     initialize succeeded, -32603 otherwise.
+//   - A request whose ID is that of a request not yet answered is answered
+//     -32600 with that ID (the SDK drops it without a word).
+//   - A request the client cancelled (notifications/cancelled) is not
+//     answered, as MCP asks: its response is dropped here.
 //
 // Blank lines are skipped. Only a failure to read or write ends the
-// session: io.EOF when the reader is done.
+// session: io.EOF when the reader is done, once every request read before
+// has been answered — requests piped in and followed at once by the end of
+// input (printf '…' | sandboxd mcp) are answered before the session ends.
 type LineTransport struct {
 	Reader io.Reader
 	Writer io.Writer
@@ -46,20 +52,25 @@ type LineTransport struct {
 	LimitHint string
 }
 
-// Connect implements mcp.Transport. It may be called once.
-func (t *LineTransport) Connect(context.Context) (mcp.Connection, error) {
+// Connect implements mcp.Transport. It may be called once. When ctx ends,
+// the end of input no longer waits for the calls in flight.
+func (t *LineTransport) Connect(ctx context.Context) (mcp.Connection, error) {
 	limit := t.MaxLineBytes
 	if limit <= 0 {
 		limit = mcp.DefaultMaxLineLength
 	}
 	c := &lineConn{
-		w:       t.Writer,
-		limit:   limit,
-		hint:    t.LimitHint,
-		lines:   make(chan line),
-		closed:  make(chan struct{}),
-		early:   map[jsonrpc.ID]bool{},
-		batches: map[jsonrpc.ID]*batch{},
+		w:         t.Writer,
+		limit:     limit,
+		hint:      t.LimitHint,
+		lines:     make(chan line),
+		closed:    make(chan struct{}),
+		early:     map[jsonrpc.ID]bool{},
+		batches:   map[jsonrpc.ID]*batch{},
+		inflight:  map[jsonrpc.ID]bool{},
+		cancelled: map[jsonrpc.ID]bool{},
+		changed:   make(chan struct{}),
+		serving:   ctx,
 	}
 	go c.readLines(bufio.NewReaderSize(t.Reader, 64<<10))
 	return c, nil
@@ -85,6 +96,15 @@ type lineConn struct {
 	version string     // the negotiated protocol version, once initialize is answered
 	early   map[jsonrpc.ID]bool
 	batches map[jsonrpc.ID]*batch // by the ID of each of a batch's calls not yet answered
+	// inflight are the calls read and not yet answered; cancelled those of
+	// them the client cancelled. changed is closed (and made anew) when
+	// one is answered.
+	inflight  map[jsonrpc.ID]bool
+	cancelled map[jsonrpc.ID]bool
+	changed   chan struct{}
+	// serving is Connect's context: the server's run, whose end (SIGTERM
+	// to sandboxd mcp) stops the wait for calls in flight.
+	serving context.Context
 }
 
 // line is one line read, without its newline, or the error that ended the
@@ -164,7 +184,7 @@ func (c *lineConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 		case l = <-c.lines:
 		}
 		if l.err != nil {
-			return nil, l.err
+			return nil, c.drain(ctx, l.err)
 		}
 		msgs, err := c.accept(l)
 		if err != nil {
@@ -178,6 +198,29 @@ func (c *lineConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 			continue
 		}
 		c.queue = msgs
+	}
+}
+
+// drain waits until every call read has been answered, then returns err,
+// the error that ended the reading: the SDK cancels the calls in flight
+// when Read fails, and their answers would be lost.
+func (c *lineConn) drain(ctx context.Context, err error) error {
+	for {
+		c.mu.Lock()
+		n, changed := len(c.inflight), c.changed
+		c.mu.Unlock()
+		if n == 0 {
+			return err
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-c.serving.Done():
+			return err
+		case <-c.closed:
+			return err
+		}
 	}
 }
 
@@ -197,6 +240,11 @@ func (c *lineConn) accept(l line) ([]jsonrpc.Message, error) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	for _, msg := range msgs {
+		if req, ok := msg.(*jsonrpc.Request); ok && req.IsCall() && c.inflight[req.ID] {
+			return nil, Refuse(req.ID, jsonrpc.CodeInvalidRequest, "invalid request: ID %v is in use by a request not yet answered", req.ID.Raw())
+		}
+	}
 	if isBatch {
 		if c.version >= "2025-06-18" {
 			return nil, Refuse(jsonrpc.ID{}, jsonrpc.CodeInvalidRequest, "invalid request: protocol version %s has no batches; send one message a line", c.version)
@@ -217,8 +265,15 @@ func (c *lineConn) accept(l line) ([]jsonrpc.Message, error) {
 	}
 	for _, msg := range msgs {
 		req, ok := msg.(*jsonrpc.Request)
+		if ok && req.IsCall() {
+			c.inflight[req.ID] = true
+		}
 		switch {
-		case !ok || !req.IsCall():
+		case !ok:
+		case !req.IsCall():
+			if id, ok := cancelledID(req); ok && c.inflight[id] {
+				c.cancelled[id] = true
+			}
 		case req.Method == "initialize":
 			c.initID = req.ID
 		case !c.inited:
@@ -242,7 +297,10 @@ func (c *lineConn) Write(ctx context.Context, msg jsonrpc.Message) error {
 		}
 		return c.writeLine(data)
 	}
-	resp, done := c.answered(resp)
+	resp, done, drop := c.answered(resp)
+	if drop {
+		return nil
+	}
 	var data []byte
 	var err error
 	switch {
@@ -266,12 +324,20 @@ func (c *lineConn) Write(ctx context.Context, msg jsonrpc.Message) error {
 }
 
 // answered notes resp: the negotiated version when it answers initialize,
-// a JSON-RPC code for an error without one. When resp answers a batch's
-// call, done is non-nil: empty while calls of the batch are pending, the
-// batch's responses once resp is its last.
-func (c *lineConn) answered(resp *jsonrpc.Response) (_ *jsonrpc.Response, done []*jsonrpc.Response) {
+// a JSON-RPC code for an error without one, the call no longer in flight.
+// When resp answers a batch's call, done is non-nil: empty while calls of
+// the batch are pending, the batch's responses once resp is its last. drop
+// says resp answers a call the client cancelled, which is not answered.
+func (c *lineConn) answered(resp *jsonrpc.Response) (_ *jsonrpc.Response, done []*jsonrpc.Response, drop bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.inflight[resp.ID] {
+		delete(c.inflight, resp.ID)
+		close(c.changed)
+		c.changed = make(chan struct{})
+	}
+	drop = c.cancelled[resp.ID] && c.batches[resp.ID] == nil
+	delete(c.cancelled, resp.ID)
 	early := c.early[resp.ID]
 	delete(c.early, resp.ID)
 	var we *jsonrpc.Error
@@ -291,15 +357,30 @@ func (c *lineConn) answered(resp *jsonrpc.Response) (_ *jsonrpc.Response, done [
 	}
 	b := c.batches[resp.ID]
 	if b == nil {
-		return resp, nil
+		return resp, nil, drop
 	}
 	delete(c.batches, resp.ID)
 	b.responses[b.pending[resp.ID]] = resp
 	delete(b.pending, resp.ID)
 	if len(b.pending) > 0 {
-		return resp, []*jsonrpc.Response{}
+		return resp, []*jsonrpc.Response{}, false
 	}
-	return resp, b.responses
+	return resp, b.responses, false
+}
+
+// cancelledID returns the ID a notifications/cancelled names.
+func cancelledID(req *jsonrpc.Request) (jsonrpc.ID, bool) {
+	if req.Method != "notifications/cancelled" {
+		return jsonrpc.ID{}, false
+	}
+	var p struct {
+		RequestID any `json:"requestId"`
+	}
+	if json.Unmarshal(req.Params, &p) != nil {
+		return jsonrpc.ID{}, false
+	}
+	id, err := jsonrpc.MakeID(p.RequestID)
+	return id, err == nil && id.IsValid()
 }
 
 func (c *lineConn) writeLine(data []byte) error {

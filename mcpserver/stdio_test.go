@@ -2,11 +2,14 @@ package mcpserver_test
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 
@@ -32,12 +35,23 @@ type answer struct {
 	Error  *jsonrpc.Error  `json:"error"`
 }
 
-func serveLines(t *testing.T, maxLine int) *rawClient {
+func serveLines(t *testing.T, maxLine int) *rawClient { return serveBash(t, maxLine, nil) }
+
+// serveBash serves a set whose bash runs run (none when nil), with the
+// shell skill on.
+func serveBash(t *testing.T, maxLine int, run func(context.Context, workspace.Command) (workspace.Result, error)) *rawClient {
 	t.Helper()
 	fsys := memfs.New()
 	cfg := tools.DefaultConfig()
 	cfg.Grants = []string{tools.GrantFSWrite}
-	set, err := tools.New(tools.Env{FS: fsys, Session: workspace.Session{ID: "s1", RunID: "s1", Root: "/workspace"}}, cfg)
+	env := tools.Env{FS: fsys, Session: workspace.Session{ID: "s1", RunID: "s1", Root: "/workspace"}}
+	if run != nil {
+		env.Bash = bashFunc(run)
+		cfg.Grants = append(cfg.Grants, tools.GrantShellExec)
+		cfg.Always = []string{"read", "shell"}
+		cfg.ProgressMs = 1
+	}
+	set, err := tools.New(env, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,6 +159,13 @@ func TestBadLinesAreAnsweredAndTheSessionGoesOn(t *testing.T) {
 		{"batch after 2025-03-26", `[{"jsonrpc":"2.0","id":10,"method":"ping"}]`, -32600, nil, "2025-06-18 has no batches"},
 		{"too long", long, -32600, float64(77), "over the limit of 4096 bytes"},
 		{"unknown method", `{"jsonrpc":"2.0","id":11,"method":"no/such"}`, -32601, float64(11), ""},
+		{"fractional id", `{"jsonrpc":"2.0","id":1.5,"method":"ping"}`, -32600, nil, "not an integer"},
+		{"huge id", `{"jsonrpc":"2.0","id":1e300,"method":"ping"}`, -32600, nil, "not an integer"},
+		// Capabilities the server does not declare are not served.
+		{"logging", `{"jsonrpc":"2.0","id":12,"method":"logging/setLevel","params":{"level":"debug"}}`, -32601, float64(12), "method not found"},
+		{"resources", `{"jsonrpc":"2.0","id":13,"method":"resources/list"}`, -32601, float64(13), "method not found"},
+		{"prompts", `{"jsonrpc":"2.0","id":14,"method":"prompts/list"}`, -32601, float64(14), "method not found"},
+		{"completion", `{"jsonrpc":"2.0","id":15,"method":"completion/complete","params":{}}`, -32601, float64(15), "method not found"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c.t = t
@@ -283,4 +304,111 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("the refusal of %q: %s", frame, fe.Encode())
 		}
 	})
+}
+
+// bashFunc is a workspace.Bash that runs a Go function.
+type bashFunc func(context.Context, workspace.Command) (workspace.Result, error)
+
+func (f bashFunc) Run(ctx context.Context, cmd workspace.Command) (workspace.Result, error) {
+	return f(ctx, cmd)
+}
+
+// rest reads what the server writes until it ends its output: each line,
+// parsed.
+func (c *rawClient) rest() []map[string]json.RawMessage {
+	c.t.Helper()
+	var out []map[string]json.RawMessage
+	for {
+		line, err := c.out.ReadString('\n')
+		if err == io.EOF {
+			return out
+		} else if err != nil {
+			c.t.Fatal(err)
+		}
+		var m map[string]json.RawMessage
+		if json.Unmarshal([]byte(line), &m) != nil {
+			c.t.Fatalf("not a JSON object: %s", line)
+		}
+		out = append(out, m)
+	}
+}
+
+// TestProgressNeverStallsTheCommand: a client that does not read while a
+// command writes much stalls the sending of progress, not the command; and
+// all of a call's progress comes before its result.
+func TestProgressNeverStallsTheCommand(t *testing.T) {
+	finished := make(chan struct{})
+	c := serveBash(t, 0, func(ctx context.Context, cmd workspace.Command) (workspace.Result, error) {
+		chunk := []byte(strings.Repeat("x", 1023) + "\n")
+		for range 4 << 10 { // 4 MiB, many times ProgressCap and the pipe's room
+			cmd.Output(workspace.Stdout, chunk)
+		}
+		close(finished)
+		return workspace.Result{}, nil
+	})
+	c.initialize("2025-06-18")
+	c.send(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"bash","arguments":{"command":"spew"},"_meta":{"progressToken":"p"}}}`)
+	// Nothing is read until the command has ended.
+	select {
+	case <-finished:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the command stalled while the client did not read its progress")
+	}
+	c.in.Close()
+	var progress []float64
+	answered := false
+	for _, m := range c.rest() {
+		switch {
+		case string(m["method"]) == `"notifications/progress"`:
+			if answered {
+				t.Fatal("progress after the call's result")
+			}
+			var p struct{ Progress float64 }
+			json.Unmarshal(m["params"], &p)
+			progress = append(progress, p.Progress)
+		case string(m["id"]) == "1":
+			answered = true
+		}
+	}
+	if !answered || len(progress) == 0 || !slices.IsSorted(progress) || progress[len(progress)-1] != 4<<20 {
+		t.Fatalf("answered %v, progress %v", answered, progress)
+	}
+}
+
+// TestRequestsInFlight: a cancelled call is not answered; an ID in use by a
+// call not yet answered is refused with that ID; calls read before the end
+// of input are answered before the session ends.
+func TestRequestsInFlight(t *testing.T) {
+	release := make(chan struct{})
+	c := serveBash(t, 0, func(ctx context.Context, cmd workspace.Command) (workspace.Result, error) {
+		switch cmd.Script {
+		case "wait":
+			<-release
+		case "cancel me":
+			<-ctx.Done()
+			return workspace.Result{}, ctx.Err()
+		}
+		return workspace.Result{}, nil
+	})
+	c.initialize("2025-06-18")
+	c.send(`{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"bash","arguments":{"command":"wait"}}}`)
+	c.send(`{"jsonrpc":"2.0","id":7,"method":"ping"}`)
+	if a := c.answer(); a.ID != float64(7) || a.Error == nil || a.Error.Code != -32600 || !strings.Contains(a.Error.Message, "in use") {
+		t.Fatalf("a second request with ID 7: %+v %+v", a, a.Error)
+	}
+	c.send(`{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":"bash","arguments":{"command":"cancel me"}}}`)
+	c.send(`{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":8,"reason":"changed my mind"}}`)
+	// Piped in, then the end of input at once: answered all the same.
+	c.send(`{"jsonrpc":"2.0","id":9,"method":"ping"}`)
+	c.in.Close()
+	close(release)
+	ids := map[string]bool{}
+	for _, m := range c.rest() {
+		if m["id"] != nil {
+			ids[string(m["id"])] = true
+		}
+	}
+	if !ids["7"] || !ids["9"] || ids["8"] {
+		t.Fatalf("answered %v, want 7 and 9 and not the cancelled 8", ids)
+	}
 }

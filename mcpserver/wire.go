@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
+	"strconv"
 	"strings"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
@@ -98,10 +100,16 @@ func decodeMessage(data []byte) (jsonrpc.Message, error) {
 	if data[0] != '{' {
 		return nil, Refuse(jsonrpc.ID{}, jsonrpc.CodeInvalidRequest, "invalid request: a message is a JSON object, not %s", kindOf(data[0]))
 	}
+	var m struct{ ID json.RawMessage }
+	if json.Unmarshal(data, &m) == nil && len(m.ID) > 0 && (m.ID[0] == '-' || m.ID[0] >= '0' && m.ID[0] <= '9') {
+		// The SDK takes 1.5 for 1: the answer would go to another request.
+		if f, err := strconv.ParseFloat(string(m.ID), 64); err != nil || f != math.Trunc(f) || math.Abs(f) > 1<<53 {
+			return nil, Refuse(jsonrpc.ID{}, jsonrpc.CodeInvalidRequest, "invalid request: the id %s is not an integer; an id is a string or an integer", m.ID)
+		}
+	}
 	msg, err := jsonrpc.DecodeMessage(data)
 	if err != nil {
-		var m struct{ ID json.RawMessage }
-		if json.Unmarshal(data, &m) == nil && len(m.ID) > 0 && strings.IndexByte(`{[tf`, m.ID[0]) >= 0 {
+		if len(m.ID) > 0 && strings.IndexByte(`{[tf`, m.ID[0]) >= 0 {
 			return nil, Refuse(jsonrpc.ID{}, jsonrpc.CodeInvalidRequest, "invalid request: the id %s is not a string, a number or null", m.ID)
 		}
 		return nil, Refuse(idOf(data), jsonrpc.CodeInvalidRequest, "invalid request: %v", err)

@@ -209,6 +209,9 @@ func (f *FS) resolve(name string, follow bool) (loc, error) {
 	if !validName(name) {
 		return loc{}, workspace.ErrInvalidArgument
 	}
+	if err := workspace.CheckNameLength(f.rootPath, name); err != nil {
+		return loc{}, err
+	}
 	dirs := []*node{f.root} // the directories reached; dirs[i+1] is named names[i]
 	var names []string
 	todo := split(name)

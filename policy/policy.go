@@ -10,7 +10,7 @@
 // session's Request into a Profile, or refuses it with a *DeniedError naming
 // the setting.
 //
-// The package knows no Docker types: the dockerexec package turns a Profile
+// The package knows no Docker types: package backend/docker turns a Profile
 // into a container configuration. What the profile promises is what the
 // kernel and the OCI runtime enforce; see the README for the limits.
 package policy
@@ -62,8 +62,10 @@ const (
 
 // DefaultSessionUIDs is the range of host uids sessions run as, one of
 // its own each: 65536 uids from 1000000000, far from the uids of a host's
-// users, its services and the usual /etc/subuid ranges. Daemons sharing a
-// host should each have a range of their own (Policy.SessionUIDs).
+// users, its services and the usual /etc/subuid ranges. Daemons on one host
+// may share it: a uid is held host-wide (UIDRange.Take). Daemons on
+// different hosts that share an engine should each have a range of their
+// own (Policy.SessionUIDs).
 var DefaultSessionUIDs = UIDRange{First: 1_000_000_000, Count: 65536}
 
 // UIDRange is a range of host uids: First, First+1, ..., First+Count-1.
@@ -100,7 +102,7 @@ type Profile struct {
 	User string
 	// SessionUIDs, when its Count is above 0 and User is not root, gives
 	// the container a host uid of its own in place of User: one of the
-	// range no other container of this process has, as uid and gid, chosen
+	// range no other container of this host's daemons has (UIDRange.Take), as uid and gid, chosen
 	// when it starts. Per-user kernel limits (inotify instances, processes,
 	// keys, locked memory) are then the session's alone; without a user
 	// namespace every session running as one uid shares them.

@@ -76,6 +76,12 @@ func TestApply(t *testing.T) {
 			want: func(p Profile) bool { return p.Runtime == RuntimeRunsc }},
 		{name: "default runtime named", pol: strict, req: Request{Runtime: RuntimeRunc},
 			want: func(p Profile) bool { return p.Runtime == RuntimeRunc }},
+		// A policy requires gVisor by making runsc the default and listing
+		// nothing else: every session runs under it, and none may ask for runc.
+		{name: "runsc required: the default", pol: Policy{DefaultImage: img, DefaultRuntime: RuntimeRunsc}, req: Request{},
+			want: func(p Profile) bool { return p.Runtime == RuntimeRunsc }},
+		{name: "runsc required: runc refused", pol: Policy{DefaultImage: img, DefaultRuntime: RuntimeRunsc}, req: Request{Runtime: RuntimeRunc},
+			denied: "runtime", wantMsg: `"runc"`},
 		{name: "host network", pol: open, req: Request{Network: NetworkHost}, denied: "network"},
 		{name: "bridge refused by strict", pol: strict, req: Request{Network: NetworkBridge}, denied: "network"},
 		{name: "bridge allowed", pol: open, req: Request{Network: NetworkBridge},

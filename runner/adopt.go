@@ -10,6 +10,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/backend"
 	"github.com/sandboxd/sandboxd/policy"
+	"github.com/sandboxd/sandboxd/tools"
 	"github.com/sandboxd/sandboxd/workspace"
 )
 
@@ -27,6 +28,9 @@ type record struct {
 	Idle         Duration  `json:"idle,omitzero"`
 	Created      time.Time `json:"created"`
 	Pooled       bool      `json:"pooled,omitempty"`
+	// Placeholders are the session's secrets' placeholders, by name, which
+	// its commands hold: the adopting replica's proxy takes the same.
+	Placeholders map[string]string `json:"placeholders,omitempty"`
 }
 
 // adoptTimeout bounds one adoption (Get of a session another replica
@@ -39,10 +43,17 @@ func (m *Manager) publish(ctx context.Context, s *Session, tenantEgress []string
 	if s.inst.Publish == nil {
 		return nil
 	}
-	data, err := json.Marshal(record{
-		Settings: s.settings, TenantEgress: tenantEgress, Lifetime: Duration(s.lifetime), Idle: Duration(s.idle),
-		Created: s.created, Pooled: s.pooled,
-	})
+	r := record{TenantEgress: tenantEgress, Lifetime: Duration(s.lifetime), Idle: Duration(s.idle), Created: s.created, Pooled: s.pooled}
+	s.mu.Lock()
+	r.Settings = s.settings
+	s.mu.Unlock()
+	if s.eg != nil && len(s.eg.secrets) > 0 {
+		r.Placeholders = map[string]string{}
+		for _, sec := range s.eg.secrets {
+			r.Placeholders[sec.Name] = sec.placeholder
+		}
+	}
+	data, err := json.Marshal(r)
 	if err != nil {
 		return err
 	}
@@ -87,6 +98,9 @@ func (m *Manager) adopt(ad backend.Adopter, tenant, id string, notFound error) (
 		return nil, fmt.Errorf("runner: the record of session %s is unreadable (%v): %w", id, err, workspace.ErrUnavailable)
 	}
 	cfg, err := toolsConfig(m.o.tools, r.Settings, m.o.grants)
+	if err == nil {
+		err = toolsError(cfg.Check(tools.Caps{Bash: inst.Bash != nil, Scope: r.Settings.Scope}))
+	}
 	if err != nil {
 		return nil, errors.Join(err, inst.Close(ctx))
 	}
@@ -94,17 +108,22 @@ func (m *Manager) adopt(ad backend.Adopter, tenant, id string, notFound error) (
 	if err != nil {
 		return nil, errors.Join(err, inst.Close(ctx))
 	}
+	secrets, err := m.sessionSecrets(tenant, r.Settings.Secrets, r.Placeholders)
+	if err != nil {
+		return nil, errors.Join(err, inst.Close(ctx))
+	}
+	secrets = keptTenantSecrets(secrets, r.Settings.SecretValues, r.Placeholders)
 	if err := m.reserve(tenant, 0); err != nil {
 		return nil, errors.Join(err, inst.Close(ctx))
 	}
-	s, err := m.newSession(id, tenant, r.Settings, cfg, inst, time.Duration(r.Lifetime), time.Duration(r.Idle), out)
+	s, err := m.newSession(id, tenant, r.Settings, cfg, inst, time.Duration(r.Lifetime), time.Duration(r.Idle), sessionOut{out, r.TenantEgress, secrets})
 	if err != nil {
 		m.release(tenant)
 		return nil, errors.Join(err, inst.Close(ctx))
 	}
 	s.created, s.pooled = r.Created, r.Pooled
 	s.base = &baseline{err: errors.New("the session was taken over from another replica, which kept its first tree")}
-	if err := m.track(ctx, s, out); err != nil {
+	if err := m.track(ctx, s); err != nil {
 		return nil, err
 	}
 	m.o.logger.Info("session taken over from another replica", "tenant", tenant, "session", id, "workspace", inst.ID)
@@ -137,6 +156,7 @@ func (m *Manager) moved(s *Session, cause error) {
 	s.mu.Lock()
 	s.closing = true
 	s.mu.Unlock()
+	s.leave.Store(true) // what the workspace keeps (background commands) is the new holder's
 	s.cancel(cause)
 	m.o.logger.Info("session taken over by another replica", "tenant", s.tenant, "session", s.id, "workspace", s.inst.ID)
 	go func() {

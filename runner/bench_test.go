@@ -15,8 +15,8 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/backend/memory"
-	"github.com/sandboxd/sandboxd/internal/dockertest"
 	"github.com/sandboxd/sandboxd/runner"
+	"github.com/sandboxd/sandboxd/testharness/dockertest"
 	"github.com/sandboxd/sandboxd/tools"
 )
 

@@ -10,9 +10,11 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/sandboxd/sandboxd/delivery"
 	"github.com/sandboxd/sandboxd/journal"
+	"github.com/sandboxd/sandboxd/snapshot"
 	"github.com/sandboxd/sandboxd/workspace"
 )
 
@@ -20,8 +22,106 @@ import (
 // can say what the session changed.
 type baseline struct {
 	tree  *delivery.Tree
-	store *delivery.Store
+	store contents
 	err   error // why there is none
+	// pack, for a session that started from a snapshot or a template, is
+	// that snapshot's pack, held open: tree and store are made from it at
+	// the first Diff, so a restore reads no file twice and writes none to
+	// the host.
+	pack *snapshot.Reader
+	once sync.Once
+}
+
+// contents are a baseline's files, by object name: a delivery.Store, or a
+// snapshot's pack.
+type contents interface {
+	Get(oid string) ([]byte, error)
+	Size(oid string) (int64, error)
+}
+
+// baselineOf is the first tree of s, which started from o: o's pack when
+// it can be opened, else the tree read as takeBaseline reads it.
+func (m *Manager) baselineOf(ctx context.Context, s *Session, o origin) *baseline {
+	if !o.set() {
+		return m.takeBaseline(ctx, s)
+	}
+	var r *snapshot.Reader
+	var err error
+	if o.template != "" {
+		r, err = m.o.snapshots.TemplateReader(o.template)
+	} else {
+		r, err = m.o.snapshots.Reader(o.tenant, o.snapshot)
+	}
+	if err != nil {
+		m.o.logger.Warn("the snapshot the session started from cannot be read again: its first tree is read from the workspace", "session", s.id, "err", err)
+		return m.takeBaseline(ctx, s)
+	}
+	return &baseline{pack: r}
+}
+
+// get returns the tree and its contents, made from the pack on first use.
+func (b *baseline) get() (*delivery.Tree, contents, error) {
+	b.once.Do(func() {
+		if b.pack == nil {
+			return
+		}
+		pc := &packContents{r: b.pack, paths: map[string]string{}, links: map[string]string{}, sizes: map[string]int64{}}
+		t := &delivery.Tree{Files: map[string]delivery.Entry{}, Skipped: map[string]string{}}
+		for _, e := range b.pack.Entries() {
+			if delivery.Excluded(e.Path) {
+				continue
+			}
+			switch e.Type {
+			case snapshot.TypeFile:
+				if e.Size > delivery.MaxFileBytes {
+					t.Skipped[e.Path] = fmt.Sprintf("over %d bytes", delivery.MaxFileBytes)
+					continue
+				}
+				data, err := b.pack.ReadFile(e.Path)
+				if err != nil {
+					b.err = err
+					return
+				}
+				oid := delivery.BlobOID(data)
+				pc.paths[oid], pc.sizes[oid] = e.Path, e.Size
+				t.Files[e.Path] = delivery.Entry{Mode: e.Mode, OID: oid}
+			case snapshot.TypeLink:
+				oid := delivery.BlobOID([]byte(e.Target))
+				pc.links[oid] = e.Target
+				t.Files[e.Path] = delivery.Entry{Mode: e.Mode | fs.ModeSymlink, OID: oid}
+			}
+		}
+		b.tree, b.store = t, pc
+	})
+	return b.tree, b.store, b.err
+}
+
+// packContents are a baseline's contents read from a snapshot's pack.
+type packContents struct {
+	r     *snapshot.Reader
+	paths map[string]string // a file's object name → its path
+	sizes map[string]int64
+	links map[string]string // a link's object name → its target
+}
+
+func (p *packContents) Get(oid string) ([]byte, error) {
+	if t, ok := p.links[oid]; ok {
+		return []byte(t), nil
+	}
+	if name, ok := p.paths[oid]; ok {
+		return p.r.ReadFile(name)
+	}
+	return nil, fmt.Errorf("no object %s in the first tree", oid)
+}
+
+func (p *packContents) Size(oid string) (int64, error) {
+	if t, ok := p.links[oid]; ok {
+		return int64(len(t)), nil
+	}
+	if n, ok := p.sizes[oid]; ok {
+		return n, nil
+	}
+	return 0, fmt.Errorf("no object %s in the first tree", oid)
 }
 
 // takeBaseline reads the tree of a new session's workspace (its files'
@@ -48,10 +148,16 @@ func readBaseline(ctx context.Context, fsys workspace.FileSystem) *baseline {
 }
 
 func (b *baseline) close() error {
-	if b == nil || b.store == nil {
+	switch {
+	case b == nil:
 		return nil
+	case b.pack != nil:
+		return b.pack.Close()
 	}
-	return b.store.Close()
+	if st, ok := b.store.(*delivery.Store); ok {
+		return st.Close()
+	}
+	return nil
 }
 
 // DiffReaders is how many files a Diff reads at once (and holds, with
@@ -82,6 +188,9 @@ type Diff struct {
 	// Skipped names paths that cannot be shown, with why (a file over
 	// delivery.MaxFileBytes, contents the journal did not keep).
 	Skipped map[string]string
+	// Ignored are the files added that the project's .gitignore files
+	// ignore, sorted: left out of the diff, as a delivery leaves them out.
+	Ignored []string
 	store   *delivery.Store
 	hold    delivery.Hold
 }
@@ -107,6 +216,9 @@ func (d *Diff) WritePatch(ctx context.Context, w io.Writer) error {
 	var header strings.Builder
 	for _, p := range slices.Sorted(maps.Keys(d.Skipped)) {
 		fmt.Fprintf(&header, "sandboxd: not in this diff: %s (%s)\n", p, d.Skipped[p])
+	}
+	if len(d.Ignored) > 0 {
+		fmt.Fprintf(&header, "sandboxd: not in this diff, added and ignored by the project's .gitignore: %s\n", delivery.Some(d.Ignored))
 	}
 	return d.holding(ctx, 3*largest, func() error {
 		return delivery.WritePatch(w, header.String(), d.Changes, d.store)
@@ -162,7 +274,10 @@ func (d *Diff) compute(ctx context.Context, s *Session, req DiffRequest) error {
 	if err != nil {
 		return err
 	}
-	base, from := s.base.tree, s.base.store
+	base, from, err := s.base.get()
+	if err != nil {
+		return fmt.Errorf("runner: the session's first tree: %w", err)
+	}
 	if req.Since != nil {
 		if base, err = d.journalBase(ctx, s, *req.Since, now); err != nil {
 			return err
@@ -172,7 +287,13 @@ func (d *Diff) compute(ctx context.Context, s *Session, req DiffRequest) error {
 	d.Changes = delivery.Changes(base, now)
 	maps.Copy(d.Skipped, base.Skipped)
 	maps.Copy(d.Skipped, now.Skipped)
-	if from == d.store {
+	// What the project's .gitignore files ignore among the files added is
+	// left out, as a delivery leaves it out: build output, caches. When
+	// git cannot say (no git on the daemon's host), everything is shown.
+	if ignored, err := delivery.IgnoredAdds(ctx, now, d.store, d.Changes); err == nil && len(ignored) > 0 {
+		d.Changes, d.Ignored = delivery.LeaveOut(d.Changes, ignored)
+	}
+	if from == contents(d.store) {
 		return nil
 	}
 	// The diff holds its contents in one store: the old sides come over.

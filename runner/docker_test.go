@@ -18,10 +18,10 @@ import (
 
 	"github.com/sandboxd/sandboxd/backend"
 	"github.com/sandboxd/sandboxd/backend/docker"
-	"github.com/sandboxd/sandboxd/internal/agentbin"
-	"github.com/sandboxd/sandboxd/internal/dockertest"
 	"github.com/sandboxd/sandboxd/policy"
 	"github.com/sandboxd/sandboxd/runner"
+	"github.com/sandboxd/sandboxd/testharness/agentbin"
+	"github.com/sandboxd/sandboxd/testharness/dockertest"
 	"github.com/sandboxd/sandboxd/tools"
 )
 
@@ -46,7 +46,7 @@ func dockerManagerOn(t testing.TB, b *docker.Backend, opts ...runner.Option) (*r
 	opts = append([]runner.Option{
 		runner.WithDaemonName(dockertest.DaemonName("runner-" + strings.ToLower(strings.NewReplacer("/", "-", "#", "-").Replace(t.Name())))),
 		runner.WithLabels(dockertest.Labels()),
-		runner.WithPolicy(policy.Policy{DefaultImage: dockertest.Image(t)}),
+		runner.WithPolicy(dockertest.Policy(policy.Policy{DefaultImage: dockertest.Image(t)})),
 	}, opts...)
 	m, err := runner.New(context.Background(), b, opts...)
 	if err != nil {
@@ -78,7 +78,13 @@ func containers(t *testing.T, cli *client.Client, labels map[string]string) []st
 
 func bash(t *testing.T, s *runner.Session, script string) (*tools.BashResult, tools.Result) {
 	t.Helper()
-	args, _ := json.Marshal(map[string]any{"command": script, "timeout": 20})
+	return bashFor(t, s, script, 20)
+}
+
+// bashFor is bash with a timeout of seconds.
+func bashFor(t *testing.T, s *runner.Session, script string, seconds int) (*tools.BashResult, tools.Result) {
+	t.Helper()
+	args, _ := json.Marshal(map[string]any{"command": script, "timeout": seconds})
 	res, err := s.Call(context.Background(), "bash", args, tools.CallOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -174,7 +180,7 @@ func TestDockerReapAfterCrash(t *testing.T) {
 		t.Fatalf("%d containers before the restart, want the session's and the marker", n)
 	}
 	_, err := runner.New(context.Background(), crashed.Backend(), runner.WithLabels(dockertest.Labels()),
-		runner.WithPolicy(policy.Policy{DefaultImage: dockertest.Image(t)}), runner.WithDaemonName(name))
+		runner.WithPolicy(dockertest.Policy(policy.Policy{DefaultImage: dockertest.Image(t)})), runner.WithDaemonName(name))
 	if !errors.Is(err, backend.ErrDaemonRunning) || !strings.Contains(err.Error(), fmt.Sprintf("pid %d", self.PID)) {
 		t.Fatalf("a second run of a living daemon: %v", err)
 	}
@@ -192,7 +198,7 @@ func TestDockerReapAfterCrash(t *testing.T) {
 	remote, _ := dockerManager(t, runner.WithDaemonName(name+"-remote"), runner.WithLabels(backend.Owner{Host: "elsewhere/boot", PID: 1}.Labels()))
 	defer remote.Shutdown(context.Background())
 	_, err = runner.New(context.Background(), crashed.Backend(), runner.WithLabels(dockertest.Labels()),
-		runner.WithPolicy(policy.Policy{DefaultImage: dockertest.Image(t)}), runner.WithDaemonName(name+"-remote"))
+		runner.WithPolicy(dockertest.Policy(policy.Policy{DefaultImage: dockertest.Image(t)})), runner.WithDaemonName(name+"-remote"))
 	if !errors.Is(err, backend.ErrDaemonRunning) || !strings.Contains(err.Error(), "host elsewhere") || !strings.Contains(err.Error(), "docker rm sandboxd-daemon-"+name+"-remote") {
 		t.Fatalf("a second run of a daemon living on another host: %v", err)
 	}

@@ -19,11 +19,16 @@ type PoolConfig struct {
 	Image string `json:"image,omitempty"`
 	// Size is how many ready workspaces the pool keeps.
 	Size int `json:"size"`
+	// Template, when set, names a template (WithTemplates) the pool's
+	// workspaces hold before they are claimed, written in and checked
+	// against its manifest as each is started: they go to the sessions
+	// that ask for the template.
+	Template string `json:"template,omitempty"`
 }
 
 // PoolStats describes a warm pool.
 type PoolStats struct {
-	Image string
+	Image, Template string
 	// Size is the target; Ready how many wait now; Claimed how many went to
 	// sessions so far; Lost how many ended while they waited (a container
 	// killed from outside), and were replaced.
@@ -45,6 +50,8 @@ type pool struct {
 	ctx   context.Context
 	done  chan struct{}
 	image string
+	// template is what its workspaces hold ("" for none).
+	template string
 
 	mu      sync.Mutex
 	ready   []*backend.Instance
@@ -64,28 +71,40 @@ func (m *Manager) newPool(pc PoolConfig) (*pool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("runner: pool of %q: %w", pc.Image, err)
 	}
+	if pc.Template != "" {
+		if err := m.check(origin{template: pc.Template}); err != nil {
+			return nil, fmt.Errorf("runner: pool of %q: %w", pc.Image, err)
+		}
+	}
 	spec := m.spec(prof, m.o.tools)
-	p := &pool{m: m, w: w, key: poolKey(spec), spec: spec, size: pc.Size, image: prof.Image,
+	p := &pool{m: m, w: w, key: poolKey(spec), spec: spec, size: pc.Size, image: prof.Image, template: pc.Template,
 		wake: make(chan struct{}, 1), done: make(chan struct{})}
 	p.ctx, p.stop = context.WithCancel(context.Background())
 	go p.fill()
 	return p, nil
 }
 
-// claim takes a ready workspace for spec from a matching pool, if any.
-func (m *Manager) claim(ctx context.Context, spec backend.Spec) (*backend.Instance, bool) {
+// claim takes a ready workspace for spec from a matching pool, if any:
+// one of a pool of the template, which holds its tree (filled), or else
+// an empty one.
+func (m *Manager) claim(ctx context.Context, spec backend.Spec, template string) (inst *backend.Instance, pooled, filled bool) {
 	if len(m.pools) == 0 {
-		return nil, false
+		return nil, false, false
 	}
 	key := poolKey(spec)
-	for _, p := range m.pools {
-		if p.key == key {
-			if inst := p.claim(ctx); inst != nil {
-				return inst, true
+	for _, want := range []string{template, ""} {
+		for _, p := range m.pools {
+			if p.key == key && p.template == want {
+				if inst := p.claim(ctx); inst != nil {
+					return inst, true, want != ""
+				}
 			}
 		}
+		if template == "" {
+			break
+		}
 	}
-	return nil, false
+	return nil, false, false
 }
 
 // checkTimeout bounds the check of a pooled workspace before a claim.
@@ -191,12 +210,12 @@ func (p *pool) fill() {
 				return
 			}
 		}
-		inst, err := p.w.Warm(p.ctx, p.spec)
+		inst, err := p.start()
 		if err != nil {
 			if p.ctx.Err() != nil {
 				return
 			}
-			p.m.o.logger.Warn("warm pool: starting a workspace failed", "image", p.image, "error", err, "retry_in", backoff)
+			p.m.o.logger.Warn("warm pool: starting a workspace failed", "image", p.image, "template", p.template, "error", err, "retry_in", backoff)
 			select {
 			case <-time.After(backoff):
 				backoff = min(2*backoff, 30*time.Second)
@@ -213,10 +232,24 @@ func (p *pool) fill() {
 	}
 }
 
+// start starts a workspace for the pool, with the pool's template written
+// in and checked now, before any session can claim it.
+func (p *pool) start() (*backend.Instance, error) {
+	inst, err := p.w.Warm(p.ctx, p.spec)
+	if err != nil || p.template == "" {
+		return inst, err
+	}
+	if err := p.m.fill(p.ctx, inst, origin{template: p.template}); err != nil {
+		inst.Close(context.WithoutCancel(p.ctx))
+		return nil, err
+	}
+	return inst, nil
+}
+
 func (p *pool) stats() PoolStats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return PoolStats{Image: p.image, Size: p.size, Ready: len(p.ready), Claimed: p.claimed, Lost: p.lost}
+	return PoolStats{Image: p.image, Template: p.template, Size: p.size, Ready: len(p.ready), Claimed: p.claimed, Lost: p.lost}
 }
 
 // closePools stops the pools filling and removes their ready workspaces.

@@ -33,10 +33,13 @@ import (
 	"cmp"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -46,6 +49,7 @@ import (
 	"github.com/sandboxd/sandboxd/egress"
 	"github.com/sandboxd/sandboxd/images"
 	"github.com/sandboxd/sandboxd/policy"
+	"github.com/sandboxd/sandboxd/snapshot"
 	"github.com/sandboxd/sandboxd/sources"
 	"github.com/sandboxd/sandboxd/tools"
 	"github.com/sandboxd/sandboxd/workspace"
@@ -67,6 +71,11 @@ var (
 	// container was killed or removed from outside), and the session with
 	// it. It wraps ErrClosed.
 	ErrWorkspaceEnded = fmt.Errorf("%w: its workspace ended", ErrClosed)
+	// ErrResultNotKept: a detached call ended, but its result is not kept,
+	// or no longer: it was over a session's bytes of results, the memory
+	// budget had no room for it (DetachRequest.Hold), a newer result took
+	// its place, or it expired (WithDetachedResults). The error says which.
+	ErrResultNotKept = errors.New("the detached call's result is not kept")
 )
 
 // DefaultImage is the image sessions get when the policy names none.
@@ -85,7 +94,10 @@ const (
 // never carries arguments, file contents or command output.
 type CallEvent struct {
 	Tenant, Session, Tool, Outcome string
-	Duration                       time.Duration
+	// Call names the call, as the egress records of its commands'
+	// connections do ("" for a refused one).
+	Call     string
+	Duration time.Duration
 }
 
 // Option configures New.
@@ -110,6 +122,13 @@ type options struct {
 	sweep          time.Duration
 	egress         egress.Policy
 	egressOpts     []egress.Option
+	secrets        []Secret
+	caPEM          []byte
+	resultBytes    int64
+	resultTTL      time.Duration
+	journalStores  JournalStores
+	snapshots      *snapshot.Store
+	templates      []Template
 }
 
 // WithPolicy sets the operator's policy sessions are judged by (default:
@@ -195,6 +214,48 @@ func WithEgress(p egress.Policy, opts ...egress.Option) Option {
 	return func(o *options) { o.egress, o.egressOpts = p, opts }
 }
 
+// WithDetachedResults bounds the results of a session's detached calls
+// (Session.Detach) that the daemon keeps in its memory once their calls
+// end: at most bytes of them a session (default
+// DefaultDetachedResultBytes; a newer result displaces the oldest), each
+// for ttl after its call ended (default DefaultDetachedResultTTL); zero
+// keeps a default. A result over bytes on its own is not kept. Each is
+// drawn from DetachRequest.Hold as well, the memory budget of whoever
+// started the call.
+func WithDetachedResults(bytes int64, ttl time.Duration) Option {
+	return func(o *options) { o.resultBytes, o.resultTTL = bytes, ttl }
+}
+
+// WithSecrets declares the operator's secrets: credentials sessions'
+// commands use without holding them (Secret). Each needs a destination
+// WithEgress allows; a session gets the secrets of its tenant's
+// (Secret.Tenants), or those of them Settings.Secrets names.
+func WithSecrets(secrets ...Secret) Option {
+	return func(o *options) { o.secrets = append(o.secrets, secrets...) }
+}
+
+// WithCACerts adds the PEM certificates of authorities that sessions trust
+// — beside their image's and their own (the egress proxy's, for the HTTPS
+// it inspects) — and that the daemon's own outbound TLS trusts beside the
+// host's: the proxy's connections to the destinations it inspects, and the
+// source gateway's. A network that re-signs TLS (a corporate proxy, these
+// build machines) needs its authority here for sessions to reach anything.
+func WithCACerts(pem []byte) Option {
+	return func(o *options) { o.caPEM = append(o.caPEM, pem...) }
+}
+
+// JournalStores makes the store of one session's journal (tools.Env's
+// JournalStore) and returns how to remove it once the session has ended.
+type JournalStores func() (store workspace.FileSystem, drop func() error, err error)
+
+// WithJournalStores gives each session's journal a store of f's: a file
+// system the session's commands cannot reach, so that they cannot choose
+// what a failed workspace_exec restores (the daemon makes a private
+// directory of its own per session). Without it a session's journal is kept
+// in memory, lost with the session. A store that cannot be made fails the
+// session's creation.
+func WithJournalStores(f JournalStores) Option { return func(o *options) { o.journalStores = f } }
+
 // WithSweepInterval sets how often expiry is checked (default 1s).
 func WithSweepInterval(d time.Duration) Option { return func(o *options) { o.sweep = d } }
 
@@ -219,6 +280,9 @@ type Manager struct {
 	// gateway sends the requests of the operator's http sources for every
 	// session's shell; nil without them.
 	gateway *sources.Gateway
+	// roots verify the daemon's own outbound TLS: the host's and
+	// WithCACerts'.
+	roots *x509.CertPool
 	// unclaimFn gives back the backend's claim (backend.Claimer); nil
 	// without one.
 	unclaimFn func(context.Context) error
@@ -231,6 +295,8 @@ type Manager struct {
 	// adopting is held while a session is taken over from another replica
 	// (backend.Adopter), one at a time.
 	adopting sync.Mutex
+	// snapOps counts snapshot operations by op and outcome (snapOp).
+	snapOps map[[2]string]uint64
 }
 
 // lostSession is a session whose workspace ended by itself.
@@ -274,6 +340,11 @@ func New(ctx context.Context, b backend.Backend, opts ...Option) (*Manager, erro
 	for _, opt := range opts {
 		opt(&o)
 	}
+	if o.resultBytes < 0 || o.resultTTL < 0 {
+		return nil, fmt.Errorf("runner: detached results: %d bytes for %v is less than nothing (limits.detachedResultBytes, limits.detachedResultTTL; 0 is the default)", o.resultBytes, o.resultTTL)
+	}
+	o.resultBytes = cmp.Or(o.resultBytes, DefaultDetachedResultBytes)
+	o.resultTTL = cmp.Or(o.resultTTL, DefaultDetachedResultTTL)
 	if o.logger == nil {
 		o.logger = slog.New(slog.DiscardHandler)
 	}
@@ -289,10 +360,22 @@ func New(ctx context.Context, b backend.Backend, opts ...Option) (*Manager, erro
 	if err := o.egress.Validate(); err != nil {
 		return nil, fmt.Errorf("runner: egress: %w", err)
 	}
+	if err := validateSecrets(o.secrets, o.egress); err != nil {
+		return nil, fmt.Errorf("runner: secrets: %w", err)
+	}
+	roots, err := trustedRoots(o.caPEM)
+	if err != nil {
+		return nil, fmt.Errorf("runner: caCerts: %w", err)
+	}
 	var gateway *sources.Gateway
 	if o.tools.Sources.HTTP() {
-		var err error
-		if gateway, err = sources.NewGateway(o.tools.Sources, sources.WithAudit(auditTo(o.logger))); err != nil {
+		gopts := []sources.GatewayOption{sources.WithAudit(auditTo(o.logger))}
+		if len(o.caPEM) > 0 {
+			tr := http.DefaultTransport.(*http.Transport).Clone()
+			tr.TLSClientConfig = &tls.Config{RootCAs: roots}
+			gopts = append(gopts, sources.WithTransport(tr))
+		}
+		if gateway, err = sources.NewGateway(o.tools.Sources, gopts...); err != nil {
 			return nil, fmt.Errorf("runner: sources: %w", err)
 		}
 	}
@@ -302,6 +385,7 @@ func New(ctx context.Context, b backend.Backend, opts ...Option) (*Manager, erro
 	m := &Manager{
 		backend: b, o: o,
 		gateway:   gateway,
+		roots:     roots,
 		labels:    labels,
 		sessions:  map[string]*Session{},
 		ended:     map[string]lostSession{},
@@ -324,6 +408,10 @@ func New(ctx context.Context, b backend.Backend, opts ...Option) (*Manager, erro
 	}
 	if n > 0 {
 		o.logger.Info("reaped workspaces of an earlier run", "backend", b.Name(), "count", n)
+	}
+	if err := m.makeTemplates(ctx); err != nil {
+		m.unclaim(ctx)
+		return nil, err
 	}
 	for _, pc := range o.pools {
 		p, err := m.newPool(pc)
@@ -350,6 +438,9 @@ type CreateRequest struct {
 	// MaxSessions, when positive, is this tenant's cap instead of the
 	// manager's.
 	MaxSessions int
+	// MaxSecrets is how many secrets of its own (Settings.SecretValues)
+	// this tenant's sessions may bring; zero allows none.
+	MaxSecrets int
 	// Source, when set, is a host directory whose contents the workspace
 	// starts with (Spec.Source). It is for the operator's own tools — the
 	// command line's --workspace — and must never come from a tenant. A
@@ -358,6 +449,11 @@ type CreateRequest struct {
 	// Egress, when not nil, is this tenant's egress rules: the operator's
 	// (WithEgress) narrowed, as Settings.Egress narrows them further.
 	Egress []string
+
+	// from, for a fork, is the snapshot its tree comes from, and forkOf
+	// the session it is a fork of.
+	from   origin
+	forkOf string
 }
 
 // Create starts a session. It fails with a *policy.DeniedError naming the
@@ -372,69 +468,124 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Session, erro
 	}
 	st := req.Settings
 	id := randomID("s-")
-	lifetime, err := bounded("lifetime", st.Lifetime, m.o.lifetime, m.o.maxLifetime)
-	if err != nil {
-		return nil, err
-	}
-	idle, err := bounded("idleTimeout", st.IdleTimeout, m.o.idle, m.o.maxIdle)
-	if err != nil {
-		return nil, err
-	}
-	cfg, err := toolsConfig(m.o.tools, st, m.o.grants)
-	if err != nil {
-		return nil, err
-	}
-	if err := st.Scope.Validate(); err != nil {
-		return nil, &SettingError{"scope", err.Error()}
-	}
-	if err := checkTools(cfg, st.Scope); err != nil {
-		return nil, err
-	}
-	prof, err := m.o.policy.Apply(st.request(id, req.Tenant))
-	if err != nil {
-		return nil, err
-	}
-	out, err := egressPolicy(m.o.egress, req.Egress, st.Egress)
+	r, err := m.resolve(id, req)
 	if err != nil {
 		return nil, err
 	}
 	if err := m.reserve(req.Tenant, cmp.Or(req.MaxSessions, m.o.maxSessions)); err != nil {
 		return nil, err
 	}
-	spec := m.spec(prof, cfg)
+	spec := m.spec(r.profile, r.tools)
 	spec.Session, spec.Tenant, spec.Source = id, req.Tenant, req.Source
-	inst, pooled := m.claim(ctx, spec)
+	inst, pooled, filled := m.claim(ctx, spec, r.from.template)
 	if inst == nil {
 		if inst, err = m.backend.Open(ctx, spec); err != nil {
 			m.release(req.Tenant)
 			return nil, fmt.Errorf("runner: starting the workspace: %w", err)
 		}
 	}
-	s, err := m.newSession(id, req.Tenant, st, cfg, inst, lifetime, idle, out)
+	if inst.Bash == nil { // resolve took it to run commands
+		if err := toolsError(r.tools.Check(tools.Caps{Scope: st.Scope})); err != nil {
+			inst.Close(context.WithoutCancel(ctx))
+			m.release(req.Tenant)
+			return nil, err
+		}
+	}
+	if r.from.set() && !filled {
+		err := m.fill(ctx, inst, r.from)
+		m.snapOp("restore", err)
+		if err != nil {
+			inst.Close(context.WithoutCancel(ctx))
+			m.release(req.Tenant)
+			return nil, err
+		}
+	}
+	s, err := m.newSession(id, req.Tenant, st, r.tools, inst, r.lifetime, r.idle, r.out)
 	if err != nil {
 		inst.Close(context.WithoutCancel(ctx))
 		m.release(req.Tenant)
 		return nil, err
 	}
-	s.pooled = pooled
-	s.base = m.takeBaseline(ctx, s)
+	s.pooled, s.forkOf, s.tenantEgress = pooled, req.forkOf, req.Egress
+	s.base = m.baselineOf(ctx, s, r.from)
 	if err := m.publish(ctx, s, req.Egress); err != nil {
 		s.close(context.WithoutCancel(ctx), fmt.Errorf("%w: %w", ErrClosed, err), false)
 		return nil, err
 	}
-	if err := m.track(ctx, s, out); err != nil {
+	if err := m.track(ctx, s); err != nil {
 		return nil, err
 	}
 	m.o.logger.Info("session created", "tenant", req.Tenant, "session", id, "backend", m.backend.Name(), "workspace", inst.ID, "pooled", pooled)
 	return s, nil
 }
 
+// resolved is a session's request as Create judged it: all it needs before
+// it reserves a place for the session and starts its workspace.
+type resolved struct {
+	lifetime, idle time.Duration
+	tools          tools.Config
+	profile        policy.Profile
+	out            sessionOut
+	// from is where the workspace's first tree comes from (origin).
+	from origin
+}
+
+// resolve judges a request in one step, in this order, before anything is
+// reserved or started: the lifetime and idle timeout within the operator's
+// bounds; the tool configuration within the operator's (toolsConfig:
+// options, grants, sources, vars); the actor's scope, and whether each
+// always-on skill can be active (tools.Config.Check, the workspace taken
+// to run commands until it has started: Create checks again one that does
+// not); the container profile the policy gives; the egress policy
+// and the secrets; the snapshot or template the tree comes from, which
+// must exist. The first failure is returned.
+func (m *Manager) resolve(id string, req CreateRequest) (resolved, error) {
+	st := req.Settings
+	var r resolved
+	var err error
+	if r.lifetime, err = bounded("lifetime", st.Lifetime, m.o.lifetime, m.o.maxLifetime); err != nil {
+		return r, err
+	}
+	if r.idle, err = bounded("idleTimeout", st.IdleTimeout, m.o.idle, m.o.maxIdle); err != nil {
+		return r, err
+	}
+	if r.tools, err = toolsConfig(m.o.tools, st, m.o.grants); err != nil {
+		return r, err
+	}
+	if err := st.Scope.Validate(); err != nil {
+		return r, &SettingError{"scope", err.Error()}
+	}
+	if err := toolsError(r.tools.Check(tools.Caps{Bash: true, Scope: st.Scope})); err != nil {
+		return r, err
+	}
+	if r.profile, err = m.o.policy.Apply(st.request(id, req.Tenant)); err != nil {
+		return r, err
+	}
+	r.out.tenantRules = req.Egress
+	if r.out.policy, err = egressPolicy(m.o.egress, req.Egress, st.Egress); err != nil {
+		return r, err
+	}
+	if r.out.secrets, err = m.sessionSecrets(req.Tenant, st.Secrets, nil); err != nil {
+		return r, err
+	}
+	if r.out.secrets, err = tenantSecrets(r.out.secrets, st.SecretValues, req.MaxSecrets, r.out.policy); err != nil {
+		return r, err
+	}
+	r.from, err = m.origin(req, st)
+	return r, err
+}
+
 // track adds s, whose workspace is ready, to the manager's sessions and
 // serves it: its egress proxy, and the watch that ends it with its
 // workspace. It fails with ErrShuttingDown, s closed, once Shutdown has
-// begun.
-func (m *Manager) track(ctx context.Context, s *Session, out egress.Policy) error {
-	m.serveEgress(ctx, s, out) // before anyone can reach the session; it ends with it
+// begun, and with the egress's error, s closed, when egress cannot be
+// served as its secrets need.
+func (m *Manager) track(ctx context.Context, s *Session) error {
+	// Before anyone can reach the session; it ends with it.
+	if err := s.eg.start(ctx); err != nil {
+		s.close(context.WithoutCancel(ctx), fmt.Errorf("%w: %w", ErrClosed, err), false)
+		return err
+	}
 	m.mu.Lock()
 	if m.closing {
 		m.mu.Unlock()
@@ -559,21 +710,28 @@ func (m *Manager) gone(tenant, id string) error {
 // lose ends s, whose workspace ended by itself: its calls fail at once
 // with ErrWorkspaceEnded and the workspace's cause, its workspace is
 // removed in the background, and later requests for it are told why it
-// ended. It does nothing for a session already ending.
-func (m *Manager) lose(s *Session) {
+// ended. It does nothing for a session already ending. It returns the
+// cause calls are told — also when another goroutine's lose got there
+// first and has not yet cancelled the session's context — or nil when the
+// session ended otherwise.
+func (m *Manager) lose(s *Session) error {
 	why := "no cause given"
 	if s.inst.Err != nil && s.inst.Err() != nil {
 		if err := s.inst.Err(); errors.Is(err, backend.ErrMoved) {
-			m.moved(s, fmt.Errorf("%w (%w); ask again to take it back", workspace.ErrUnavailable, err))
-			return
+			cause := fmt.Errorf("%w (%w); ask again to take it back", workspace.ErrUnavailable, err)
+			m.moved(s, cause)
+			return cause
 		}
 		why = s.inst.Err().Error()
 	}
 	cause := fmt.Errorf("%w: %s", ErrWorkspaceEnded, why)
 	m.mu.Lock()
 	if m.sessions[s.id] != s {
-		m.mu.Unlock()
-		return
+		defer m.mu.Unlock()
+		if l, ok := m.ended[s.id]; ok && l.tenant == s.tenant {
+			return l.cause
+		}
+		return nil
 	}
 	delete(m.sessions, s.id)
 	if len(m.ended) >= maxEnded {
@@ -601,6 +759,7 @@ func (m *Manager) lose(s *Session) {
 			m.o.logger.Warn("removing a lost session's workspace failed", "tenant", s.tenant, "session", s.id, "error", err)
 		}
 	}()
+	return cause
 }
 
 // List returns the tenant's sessions, oldest first.
@@ -666,6 +825,8 @@ type Stats struct {
 	Lost uint64
 	// Egress counts the sessions' egress connections.
 	Egress EgressStats
+	// Snapshots describes the snapshot store; nil without one.
+	Snapshots *SnapshotStats
 }
 
 // Stats returns a snapshot of the sessions and pools.
@@ -680,6 +841,7 @@ func (m *Manager) Stats() Stats {
 	for _, p := range pools {
 		st.Pools = append(st.Pools, p.stats())
 	}
+	st.Snapshots = m.snapshotStats()
 	return st
 }
 
@@ -736,21 +898,25 @@ func (m *Manager) sweepLoop() {
 	}
 }
 
-// expire ends the sessions past their lifetime or idle timeout at now.
+// expire ends the sessions past their lifetime or idle timeout at now, and
+// forgets the detached calls' results past their time.
 func (m *Manager) expire(now time.Time) {
 	type ending struct {
 		s   *Session
 		why string
 	}
 	var due []ending
+	var freed []func()
 	m.mu.Lock()
 	for id, s := range m.sessions {
 		if why := s.expired(now); why != "" {
 			delete(m.sessions, id)
 			due = append(due, ending{s, why})
 		}
+		freed = append(freed, s.expireResults(now, m.o.resultTTL)...)
 	}
 	m.mu.Unlock()
+	giveBack(freed)
 	for _, e := range due {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		if err := e.s.close(ctx, fmt.Errorf("%w: %s", ErrClosed, e.why), false); err != nil {
@@ -761,7 +927,7 @@ func (m *Manager) expire(now time.Time) {
 }
 
 func (m *Manager) observe(ev CallEvent) {
-	m.o.logger.Info("tool call", "tenant", ev.Tenant, "session", ev.Session, "tool", ev.Tool,
+	m.o.logger.Info("tool call", "tenant", ev.Tenant, "session", ev.Session, "call", ev.Call, "tool", ev.Tool,
 		"outcome", ev.Outcome, "duration_ms", float64(ev.Duration.Microseconds())/1000)
 	if m.o.observe != nil {
 		m.o.observe(ev)

@@ -18,6 +18,7 @@ import (
 	"github.com/sandboxd/sandboxd/backend"
 	"github.com/sandboxd/sandboxd/backend/local"
 	"github.com/sandboxd/sandboxd/backend/memory"
+	"github.com/sandboxd/sandboxd/localfs"
 	"github.com/sandboxd/sandboxd/policy"
 	"github.com/sandboxd/sandboxd/runner"
 	"github.com/sandboxd/sandboxd/scope"
@@ -642,20 +643,32 @@ func TestMissingCredentialStopsStart(t *testing.T) {
 	cfg := tools.DefaultConfig()
 	cfg.Sources = sources.Decls{{Name: "api", Kind: sources.KindHTTP, HTTPDecl: sources.HTTPDecl{URL: "https://api.example.com",
 		Requests:   []sources.RequestShape{{Method: "GET", Path: "/x"}},
-		Credential: &sources.Credential{Header: "Authorization", Env: "SANDBOXD_TEST_NEVER_SET"}}}}
+		Credential: &sources.Credential{Header: "Authorization", Secret: sources.Secret{Env: "SANDBOXD_TEST_NEVER_SET"}}}}}
 	_, err := runner.New(context.Background(), memory.Backend{}, runner.WithTools(cfg))
 	if !errors.Is(err, workspace.ErrUnavailable) || !strings.Contains(err.Error(), "SANDBOXD_TEST_NEVER_SET") {
 		t.Fatalf("err = %v", err)
 	}
 }
 
-// TestJournalStoreOutsideTheWorkspace: a session's journal is kept in a
-// private directory of the daemon's, not in the workspace its commands can
-// write, and the directory goes with the session.
+// TestJournalStoreOutsideTheWorkspace: a session's journal is kept in the
+// store WithJournalStores makes — here a private directory, as the
+// daemon's — not in the workspace its commands can write, and the store
+// goes with the session.
 func TestJournalStoreOutsideTheWorkspace(t *testing.T) {
 	tmp := t.TempDir()
 	t.Setenv("TMPDIR", tmp) // not parallel: os.MkdirTemp reads it
-	m := newManager(t, memory.Backend{TempDir: t.TempDir()}, runner.WithGrants(tools.GrantFSWrite))
+	private := func() (workspace.FileSystem, func() error, error) {
+		dir, err := os.MkdirTemp("", "sandboxd-journal-")
+		if err != nil {
+			return nil, nil, err
+		}
+		fsys, err := localfs.New(dir, localfs.WithSync(false))
+		if err != nil {
+			return nil, nil, err
+		}
+		return fsys, func() error { return errors.Join(fsys.Close(), os.RemoveAll(dir)) }, nil
+	}
+	m := newManager(t, memory.Backend{TempDir: t.TempDir()}, runner.WithGrants(tools.GrantFSWrite), runner.WithJournalStores(private))
 	s := create(t, m, "acme", runner.Settings{Grants: []string{tools.GrantFSWrite}, Always: []string{"read", "edit"}})
 	r, err := s.Call(context.Background(), "write", json.RawMessage(`{"path":"a.txt","content":"a\n"}`), tools.CallOptions{})
 	if err != nil || r.IsError || r.Commit == nil {

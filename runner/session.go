@@ -5,15 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/sandboxd/sandboxd/backend"
 	"github.com/sandboxd/sandboxd/egress"
-	"github.com/sandboxd/sandboxd/localfs"
-	"github.com/sandboxd/sandboxd/scope"
 	"github.com/sandboxd/sandboxd/tools"
 	"github.com/sandboxd/sandboxd/workspace"
 )
@@ -30,9 +28,16 @@ type Session struct {
 	idle     time.Duration
 	inst     *backend.Instance
 	set      *tools.Set
+	// eg is its egress; nil where commands use the host's network.
+	eg *sessionEgress
 	// dropJournal removes the journal's store (see journalStore).
 	dropJournal func() error
 	pooled      bool
+	// forkOf is the session this one is a fork of ("" for none);
+	// tenantEgress the tenant's egress rules it was made with
+	// (CreateRequest.Egress), which its forks get.
+	forkOf       string
+	tenantEgress []string
 	// base is the workspace's tree as the session began (Diff).
 	base *baseline
 
@@ -44,21 +49,18 @@ type Session struct {
 	lastUsed time.Time
 	closing  bool
 	calls    sync.WaitGroup
-	detached []*Detached // Detach's calls, oldest first
+	detached []*Detached // Detach's calls running or with their results kept, oldest first
+	gone     []*Detached // ended calls whose results are no longer kept, oldest first
+	// keptBytes is what the kept results of detached hold; resultsDropped
+	// is set as the session ends, when they are given back.
+	keptBytes      int64
+	resultsDropped bool
 
 	closeOnce sync.Once
 	closeErr  error
 	// leave makes close leave the workspace for another replica
 	// (Instance.Leave) rather than remove it: set as the daemon stops.
 	leave atomic.Bool
-}
-
-// checkTools fails when a tool configuration cannot start a session — an
-// always-on skill without its grant — before a workspace is started for it.
-// Whether the backend has a shell is known only once it has: until then it
-// is taken to have one.
-func checkTools(cfg tools.Config, actor scope.Rules) error {
-	return toolsError(cfg.Check(tools.Caps{Bash: true, Scope: actor}))
 }
 
 // toolsError is a failed tools.Config.Check as a *SettingError: the bad
@@ -77,61 +79,87 @@ func toolsError(err error) error {
 // removeTimeout bounds the removal of one workspace.
 const removeTimeout = time.Minute
 
-// journalStore makes the store of a session's journal: a private directory
-// of the daemon's (mode 0700 in the host's temporary directory), outside
-// every backend's workspace — a container's processes cannot reach it — so
-// a session's commands cannot choose what the journal restores. drop
-// removes it; a crashed daemon's stores stay behind as sandboxd-journal-*.
-// Nothing reads a store but the session that made it, which does not
-// outlive the daemon, so its writes are not flushed to stable storage
-// (fsync cost a journaled write three flushes, most of its time).
-func journalStore() (store workspace.FileSystem, drop func() error, err error) {
-	dir, err := os.MkdirTemp("", "sandboxd-journal-")
-	if err != nil {
-		return nil, nil, fmt.Errorf("the session's journal store: %w (set TMPDIR to a writable directory)", err)
+// journalStore makes the store of a session's journal with the store
+// WithJournalStores gives, or none: the journal is then kept in memory
+// (tools.Env.JournalStore nil).
+func (m *Manager) journalStore() (store workspace.FileSystem, drop func() error, err error) {
+	if m.o.journalStores == nil {
+		return nil, func() error { return nil }, nil
 	}
-	fsys, err := localfs.New(dir, localfs.WithSync(false))
-	if err != nil {
-		return nil, nil, errors.Join(err, os.RemoveAll(dir))
-	}
-	return fsys, func() error { return errors.Join(fsys.Close(), os.RemoveAll(dir)) }, nil
+	return m.o.journalStores()
 }
 
-func (m *Manager) newSession(id, tenant string, st Settings, cfg tools.Config, inst *backend.Instance, lifetime, idle time.Duration, out egress.Policy) (*Session, error) {
-	if err := toolsError(cfg.Check(tools.Caps{Bash: inst.Bash != nil, Scope: st.Scope})); err != nil {
-		return nil, err
-	}
-	store, dropJournal, err := journalStore()
+// sessionOut is what a session's egress starts from: the policy, the
+// tenant's rules that narrowed it (its ceiling for SetEgress), and its
+// secrets.
+type sessionOut struct {
+	policy      egress.Policy
+	tenantRules []string
+	secrets     []sessionSecret
+}
+
+// newSession makes the session of a workspace started (or taken over) for
+// it, with the tool configuration its request was judged to have (Create's
+// resolve, adopt's record): it judges nothing again.
+func (m *Manager) newSession(id, tenant string, st Settings, cfg tools.Config, inst *backend.Instance, lifetime, idle time.Duration, out sessionOut) (*Session, error) {
+	store, dropJournal, err := m.journalStore()
 	if err != nil {
-		return nil, err
-	}
-	env := tools.Env{
-		FS: inst.FS, Bash: inst.Bash,
-		Session:      workspace.Session{ID: id, RunID: id, Tenant: tenant, Root: inst.Root, Vars: egressVars(st.Vars, out, inst)},
-		Scope:        st.Scope,
-		JournalStore: store,
-	}
-	if m.gateway != nil && cfg.Sources.HTTP() {
-		env.Sources = m.gateway.Only(cfg.Sources.Names()...)
-	}
-	set, err := tools.New(env, cfg)
-	if err != nil {
-		if derr := dropJournal(); derr != nil {
-			m.o.logger.Warn("the session's journal store was not removed", "session", id, "err", derr)
-		}
 		return nil, err
 	}
 	now := time.Now()
 	s := &Session{
 		m: m, id: id, tenant: tenant, settings: st, created: now, lastUsed: now,
-		lifetime: lifetime, idle: idle, inst: inst, set: set, dropJournal: dropJournal,
+		lifetime: lifetime, idle: idle, inst: inst, dropJournal: dropJournal,
 	}
 	s.ctx, s.cancel = context.WithCancelCause(context.Background())
+	s.eg = m.newSessionEgress(s, out.policy, out.tenantRules, out.secrets)
+	env := tools.Env{
+		FS: inst.FS, Bash: inst.Bash,
+		Session:      workspace.Session{ID: id, RunID: id, Tenant: tenant, Root: inst.Root, Vars: sessionVars(st.Vars, out.secrets)},
+		Scope:        st.Scope,
+		JournalStore: store,
+	}
+	if s.eg != nil {
+		env.Egress = s.eg
+	}
+	if m.gateway != nil && cfg.Sources.HTTP() {
+		env.Sources = m.gateway.Only(cfg.Sources.Names()...)
+	}
+	if s.set, err = tools.New(env, cfg); err != nil {
+		s.cancel(err)
+		if derr := dropJournal(); derr != nil {
+			m.o.logger.Warn("the session's journal store was not removed", "session", id, "err", derr)
+		}
+		return nil, err
+	}
 	return s, nil
+}
+
+// sessionVars are the variables of a session's commands: its settings',
+// and its secrets' placeholders and git configuration (secretVars), which
+// the settings' cannot replace.
+func sessionVars(vars map[string]string, secrets []sessionSecret) map[string]string {
+	sv := secretVars(secrets)
+	if len(sv) == 0 {
+		return vars
+	}
+	out := maps.Clone(vars)
+	if out == nil {
+		out = map[string]string{}
+	}
+	maps.Copy(out, sv)
+	return out
 }
 
 // ID names the session.
 func (s *Session) ID() string { return s.id }
+
+// settingsNow returns the session's settings.
+func (s *Session) settingsNow() Settings {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.settings
+}
 
 // Tenant names the session's owner.
 func (s *Session) Tenant() string { return s.tenant }
@@ -167,6 +195,8 @@ type Info struct {
 	IdleTimeout   Duration   `json:"idleTimeout,omitzero"`
 	CallsInFlight int        `json:"callsInFlight"`
 	Pooled        bool       `json:"pooled"`
+	// ForkOf is the session this one was forked from (Manager.Fork).
+	ForkOf string `json:"forkOf,omitempty"`
 	// Background are the session's background commands (bash with
 	// background), running or ended and kept.
 	Background []tools.Background `json:"background,omitempty"`
@@ -182,7 +212,7 @@ func (s *Session) Info() Info {
 	in := Info{
 		ID: s.id, Tenant: s.tenant, Backend: s.m.backend.Name(), Root: s.inst.Root, Workspace: s.inst.ID,
 		Settings: s.settings, Created: s.created, LastUsed: s.lastUsed,
-		IdleTimeout: Duration(s.idle), CallsInFlight: s.inflight, Pooled: s.pooled,
+		IdleTimeout: Duration(s.idle), CallsInFlight: s.inflight, Pooled: s.pooled, ForkOf: s.forkOf,
 	}
 	if s.lifetime > 0 {
 		t := s.created.Add(s.lifetime)
@@ -210,7 +240,7 @@ func (s *Session) Do(ctx context.Context, op string, fn func(ctx context.Context
 	if err := s.admit(op); err != nil {
 		return err
 	}
-	return s.run(ctx, op, start, fn)
+	return s.run(ctx, op, "", start, fn)
 }
 
 // admit takes a slot for a call named op, as Do does, reporting a refusal
@@ -227,19 +257,23 @@ func (s *Session) admit(op string) error {
 	return err
 }
 
-// run is Do's work once admit took the call's slot, which run gives back.
-func (s *Session) run(ctx context.Context, op string, start time.Time, fn func(ctx context.Context) (failed bool, err error)) error {
-	ev := CallEvent{Tenant: s.tenant, Session: s.id, Tool: op}
+// run is Do's work once admit took the call's slot, which run gives back;
+// call names the call in the audit ("" for none).
+func (s *Session) run(ctx context.Context, op, call string, start time.Time, fn func(ctx context.Context) (failed bool, err error)) error {
+	ev := CallEvent{Tenant: s.tenant, Session: s.id, Tool: op, Call: call}
 	cctx, cancel := context.WithCancelCause(ctx)
 	stop := context.AfterFunc(s.ctx, func() { cancel(context.Cause(s.ctx)) })
 	failed, err := fn(cctx)
 	if errors.Is(err, workspace.ErrUnavailable) {
 		settle(ctx, s.inst)
 	}
+	var lost error
 	if s.inst.Ended() {
 		// The call failed because the workspace is gone: the session ends
-		// now, and the call says so, not the tool's error.
-		s.m.lose(s)
+		// now, and the call says so, not the tool's error — also when the
+		// watch of the workspace is ending it and has not yet cancelled
+		// the session's context.
+		lost = s.m.lose(s)
 	}
 	// Whether the session ended while fn ran is decided before the slot is
 	// given back: once it is, a draining close goes on to end the session,
@@ -252,6 +286,9 @@ func (s *Session) run(ctx context.Context, op string, start time.Time, fn func(c
 	case interrupted:
 		ev.Outcome = OutcomeClosed
 		err = fmt.Errorf("%w (during the call)", context.Cause(s.ctx))
+	case lost != nil:
+		ev.Outcome = OutcomeClosed
+		err = fmt.Errorf("%w (during the call)", lost)
 	case err != nil:
 		ev.Outcome = OutcomeFailed
 	case failed:
@@ -264,10 +301,19 @@ func (s *Session) run(ctx context.Context, op string, start time.Time, fn func(c
 }
 
 // Call runs a tool of the session within Do. The result is the tool's (a
-// failure of the tool is a Result with IsError); the error is Do's.
+// failure of the tool is a Result with IsError); the error is Do's. The
+// call is named opts.CallID (a new "call-…" when empty) in the audit log,
+// its tool call's line and its commands' egress lines alike.
 func (s *Session) Call(ctx context.Context, tool string, args json.RawMessage, opts tools.CallOptions) (tools.Result, error) {
+	start := time.Now()
+	if opts.CallID == "" {
+		opts.CallID = randomID("call-")
+	}
+	if err := s.admit(tool); err != nil {
+		return tools.Result{}, err
+	}
 	var res tools.Result
-	err := s.Do(ctx, tool, s.toolCall(tool, args, opts, &res))
+	err := s.run(ctx, tool, opts.CallID, start, s.toolCall(tool, args, opts, &res))
 	return res, err
 }
 
@@ -347,16 +393,24 @@ func (s *Session) close(ctx context.Context, cause error, drain bool) error {
 		// Removal happens even when ctx is over: a workspace is never leaked.
 		// Background commands are stopped first, their trees killed by
 		// the backend, which a removed workspace could no longer do.
+		s.dropResults()
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), removeTimeout)
-		if err := s.set.Close(rctx); err != nil {
+		leaving := s.leave.Load() && s.inst.Leave != nil
+		// A session left for another run keeps the background commands
+		// its workspace holds (tools.Set.Release).
+		stop := s.set.Close
+		if leaving {
+			stop = s.set.Release
+		}
+		if err := stop(rctx); err != nil {
 			s.m.o.logger.Warn("the session's background commands did not end in time", "session", s.id, "err", err)
 		}
-		leaving := s.leave.Load() && s.inst.Leave != nil
 		release := s.inst.Close
 		if leaving {
 			release = s.inst.Leave
 		}
 		s.closeErr = errors.Join(release(rctx), s.dropJournal(), s.base.close())
+		s.eg.close()
 		cancel()
 		s.m.release(s.tenant)
 		if leaving {

@@ -75,6 +75,21 @@ type Settings struct {
 	// within the operator's (egress.allow) and the tenant's; nil keeps
 	// theirs, an empty list is no egress.
 	Egress []string `json:"egress,omitzero"`
+	// Secrets names the operator's secrets (WithSecrets) this session's
+	// commands get placeholders for, among those its tenant may have; nil:
+	// all of those, an empty list: none.
+	Secrets []string `json:"secrets,omitzero"`
+	// SecretValues are the tenant's own secrets for this session (see
+	// TenantSecret), as many as the operator allows the tenant
+	// (CreateRequest.MaxSecrets; none by default). Their values are never
+	// marshalled: not in the session's record, not in what the API shows.
+	SecretValues []TenantSecret `json:"secretValues,omitzero"`
+	// Snapshot is a snapshot of the tenant's (Session.Snapshot) whose tree
+	// the workspace starts with, checked against its manifest before the
+	// session is handed out; Template names an operator's template
+	// (WithTemplates) instead. At most one of them.
+	Snapshot string `json:"snapshot,omitempty"`
+	Template string `json:"template,omitempty"`
 }
 
 // Limits are a session container's resource limits; zero is the policy's

@@ -81,3 +81,21 @@ func TestConformance(t *testing.T) {
 		}})
 	})
 }
+
+// TestWrapper: the decorator claims links exactly when its inner file
+// system has them, and every extension it claims works.
+func TestWrapper(t *testing.T) {
+	conformance.TestWrapper(t, conformance.WrapperHarness{
+		New: func(t *testing.T) (workspace.FileSystem, string) {
+			fsys := memfs.New()
+			return fsys, fsys.Root()
+		},
+		Wrap: func(t *testing.T, inner workspace.FileSystem, root string) workspace.FileSystem {
+			scoped, err := scope.New(inner, root, everything)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return scoped
+		},
+	})
+}

@@ -381,33 +381,12 @@ func (g *Gateway) secret(s *httpSource) (string, error) {
 	if c == nil {
 		return "", nil
 	}
-	unavailable := func(where string) error {
-		return fmt.Errorf("%w: the credential of source %s is not available (%s)", workspace.ErrUnavailable, s.Name, where)
-	}
-	var v string
-	if c.Env != "" {
-		val, ok := g.lookupEnv(c.Env)
-		if !ok || val == "" {
-			return "", unavailable("the daemon's environment variable " + c.Env + " is unset or empty")
-		}
-		v = val
-	} else {
-		f, err := os.Open(c.File)
-		if err != nil {
-			return "", unavailable("cannot open " + c.File)
-		}
-		data, err := io.ReadAll(io.LimitReader(f, 64<<10))
-		f.Close()
-		if err != nil {
-			return "", unavailable("cannot read " + c.File)
-		}
-		v = strings.TrimRight(string(data), "\r\n")
-		if v == "" {
-			return "", unavailable(c.File + " is empty")
-		}
+	v, err := c.Secret.Read(g.lookupEnv)
+	if err != nil {
+		return "", fmt.Errorf("the credential of source %s: %w", s.Name, err)
 	}
 	if !validHeaderValue(c.Prefix + v) {
-		return "", unavailable("the secret holds a character a header cannot")
+		return "", fmt.Errorf("the credential of source %s: %w: its prefix and secret hold a character a header cannot", s.Name, workspace.ErrUnavailable)
 	}
 	return v, nil
 }

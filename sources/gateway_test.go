@@ -59,7 +59,7 @@ func itemsSource(url string) sources.Decl {
 			{Method: "GET", Path: "/files/{path...}"},
 			{Method: "POST", Path: "/items/{id}/touch"},
 		},
-		Credential:       &sources.Credential{Header: "Authorization", Prefix: "Bearer ", Env: "ITEMS_TOKEN"},
+		Credential:       &sources.Credential{Header: "Authorization", Prefix: "Bearer ", Secret: sources.Secret{Env: "ITEMS_TOKEN"}},
 		MaxResponseBytes: 1 << 10,
 		TimeoutMs:        2000,
 	}}
@@ -256,7 +256,7 @@ func TestGatewayCredentialFromFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := itemsSource(srv.URL)
-	d.Credential = &sources.Credential{Header: "Authorization", Prefix: "Bearer ", File: file}
+	d.Credential = &sources.Credential{Header: "Authorization", Prefix: "Bearer ", Secret: sources.Secret{File: file}}
 	g := gateway(t, nil, d)
 	resp, err := g.Do(context.Background(), sources.HTTPRequest{Method: "GET", URL: srv.URL + "/v1/items/42"})
 	if err != nil || resp.Status != 200 {
@@ -271,7 +271,7 @@ func TestGatewayCredentialFromFile(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 
-	d.Credential = &sources.Credential{Header: "Authorization", Env: "NOT_SET_ANYWHERE"}
+	d.Credential = &sources.Credential{Header: "Authorization", Secret: sources.Secret{Env: "NOT_SET_ANYWHERE"}}
 	_, err = sources.NewGateway(sources.Decls{d}, sources.WithLookupEnv(func(string) (string, bool) { return "", false }))
 	if !errors.Is(err, workspace.ErrUnavailable) || !strings.Contains(err.Error(), "NOT_SET_ANYWHERE") {
 		t.Fatalf("err = %v", err)

@@ -3,12 +3,16 @@ package sources
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"maps"
 	"net/http"
 	"net/url"
+	"os"
 	"regexp"
 	"slices"
 	"strings"
+
+	"github.com/sandboxd/sandboxd/workspace"
 )
 
 // HTTPDecl declares an API-backed ("http") source: the API's base URL,
@@ -60,18 +64,75 @@ type RequestShape struct {
 }
 
 // Credential says where the daemon finds the secret it adds to a source's
-// requests, as the header Header with the value Prefix + secret. Exactly one
-// of Env and File is set; the secret is read at each request, so it can be
-// rotated, and a trailing newline is dropped.
+// requests, as the header Header with the value Prefix + secret.
 type Credential struct {
 	// Header is the header that carries it ("Authorization").
 	Header string `json:"header"`
 	// Prefix comes before the secret ("Bearer ").
 	Prefix string `json:"prefix,omitempty"`
+	Secret
+}
+
+// Secret says where the daemon reads a secret: exactly one of Env and
+// File. It is read each time it is needed, so it can be rotated, and a
+// trailing newline is dropped. The configuration holds where, never the
+// secret, and no error says what it holds. The source gateway's
+// credentials are Secrets, and so are the egress broker's (package runner).
+type Secret struct {
 	// Env names the daemon's environment variable that holds the secret.
 	Env string `json:"env,omitempty"`
 	// File is an absolute path on the daemon's host of a file that holds it.
 	File string `json:"file,omitempty"`
+}
+
+// Validate checks that exactly one of Env and File is set, File an
+// absolute path; the error names the field ("file").
+func (s Secret) Validate() *DeclError {
+	switch {
+	case (s.Env == "") == (s.File == ""):
+		return &DeclError{Reason: "set exactly one of env and file (the secret itself is never in the configuration)"}
+	case s.File != "" && !strings.HasPrefix(s.File, "/"):
+		return &DeclError{Field: "file", Reason: fmt.Sprintf("%q must be an absolute path", s.File)}
+	}
+	return nil
+}
+
+// Read reads the secret now: the environment variable through lookupEnv
+// (nil: os.LookupEnv), or the file (at most 64 KiB). It fails wrapping
+// workspace.ErrUnavailable with where it looked — never what it found —
+// when the variable is unset or empty, the file cannot be read or is
+// empty, or the secret holds a character a header cannot.
+func (s Secret) Read(lookupEnv func(string) (string, bool)) (string, error) {
+	unavailable := func(where string) error { return fmt.Errorf("%w: %s", workspace.ErrUnavailable, where) }
+	var v string
+	if s.Env != "" {
+		if lookupEnv == nil {
+			lookupEnv = os.LookupEnv
+		}
+		val, ok := lookupEnv(s.Env)
+		if !ok || val == "" {
+			return "", unavailable("the daemon's environment variable " + s.Env + " is unset or empty")
+		}
+		v = val
+	} else {
+		f, err := os.Open(s.File)
+		if err != nil {
+			return "", unavailable("cannot open " + s.File)
+		}
+		data, err := io.ReadAll(io.LimitReader(f, 64<<10))
+		f.Close()
+		if err != nil {
+			return "", unavailable("cannot read " + s.File)
+		}
+		v = strings.TrimRight(string(data), "\r\n")
+		if v == "" {
+			return "", unavailable(s.File + " is empty")
+		}
+	}
+	if !validHeaderValue(v) {
+		return "", unavailable("the secret holds a character a header cannot")
+	}
+	return v, nil
 }
 
 // Limits of HTTP sources.
@@ -127,10 +188,9 @@ func (h HTTPDecl) validate() *DeclError {
 			return bad("credential.header", "%s is a header of the connection", credHeader)
 		case !validHeaderValue(c.Prefix):
 			return bad("credential.prefix", "%q cannot be in a header", c.Prefix)
-		case (c.Env == "") == (c.File == ""):
-			return bad("credential", "set exactly one of env and file (the secret itself is never in the configuration)")
-		case c.File != "" && !strings.HasPrefix(c.File, "/"):
-			return bad("credential.file", "%q must be an absolute path", c.File)
+		}
+		if err := c.Secret.Validate(); err != nil {
+			return bad(strings.TrimSuffix("credential."+err.Field, "."), "%s", err.Reason)
 		}
 	}
 	if h.MaxResponseBytes < 0 {

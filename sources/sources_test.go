@@ -370,7 +370,7 @@ func TestCheck(t *testing.T) {
 	os.WriteFile(notTar, []byte(strings.Repeat("not a tar archive ", 64)), 0o644)
 	http := func(env string) sources.Decl {
 		return sources.Decl{Name: "api", Kind: sources.KindHTTP, HTTPDecl: sources.HTTPDecl{URL: "https://api.example.com",
-			Requests: []sources.RequestShape{{Method: "GET", Path: "/x"}}, Credential: &sources.Credential{Header: "Authorization", Env: env}}}
+			Requests: []sources.RequestShape{{Method: "GET", Path: "/x"}}, Credential: &sources.Credential{Header: "Authorization", Secret: sources.Secret{Env: env}}}}
 	}
 	t.Setenv("SANDBOXD_TEST_CHECK_TOKEN", "s3cret-for-check")
 	for _, tc := range []struct {

@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 
@@ -25,11 +25,15 @@ import (
 // permission prompts and a model's choice of tool can then tell apart. A
 // single tool with an action argument would hide that.
 //
-// A background command runs through the same workspace.Bash as any other,
-// under a context of the Set's: stopping it (bash_kill, its timeout,
-// Set.Close at the session's end) ends that context, and the adapter then
-// kills its whole process tree, as for a foreground command, before Run
-// returns. Bounds: Config.BashBackground commands kept at once (an ended
+// A background command is kept where the workspace.Bash keeps it
+// (workspace.Background): in the workspace itself when the Bash is a
+// workspace.BackgroundBash — the agent in a container, where it runs on,
+// its output kept in a ring inside the container's quotas, while no daemon
+// is connected, so a restart of the daemon finds it, what it wrote
+// meanwhile and how it ended — and otherwise in a workspace.Jobs of the
+// Set's, in this process. Stopping it (bash_kill, its timeout, Set.Close
+// at the session's end) kills its whole process tree, as for a foreground
+// command. Bounds: Config.BashBackground commands kept at once (an ended
 // one is forgotten to make room for a new one; running ones are never),
 // Config.BashBackgroundBytes of output kept for each (the newest; what is
 // dropped is counted and said), and the command's timeout, by default
@@ -61,6 +65,10 @@ type BackgroundResult struct {
 	// OutputBytes is all the output the command wrote so far.
 	OutputBytes int64 `json:"outputBytes"`
 	DurationMs  int64 `json:"durationMs"`
+	// Egress is what the session's egress decided for the command's
+	// connections since the last read (absent where commands have no
+	// egress proxy).
+	Egress []EgressDecision `json:"egress,omitempty"`
 }
 
 // Background describes one background command of a Set, as a session's
@@ -79,141 +87,130 @@ type Background struct {
 	Unread int64 `json:"unread"`
 }
 
-// backgrounds are a Set's background commands.
+// backgrounds are a Set's background commands: the Bash's own when it
+// keeps them (a workspace.BackgroundBash: the agent in a container, where
+// they and their output outlive the daemon), else a workspace.Jobs of the
+// Set's, in this process.
 type backgrounds struct {
-	ctx    context.Context // ends at Close: every command's context derives from it
-	stop   context.CancelFunc
-	mu     sync.Mutex
-	jobs   []*job // in the order started
-	lastID int
-	closed bool
-}
-
-// job is one background command.
-type job struct {
-	id, command string
-	started     time.Time
-	timeout     time.Duration
-	cancel      context.CancelFunc
-	done        chan struct{} // closed once Run returned: the tree is gone
-
+	workspace.BackgroundBash
+	durable bool
 	mu      sync.Mutex
-	kept    []byte // the newest output: at least keep bytes when there were
-	keep    int
-	total   int64 // bytes written in all; kept ends there
-	next    int64 // where the next read starts
-	killed  bool
-	res     workspace.Result
-	runErr  error
-	endedAt time.Time
+	kept    map[string]keptJob // what this process holds of each command, while it is kept
+	closed  bool
+	// final is how the commands stood once Close had stopped them (the
+	// workspace that kept them may be gone since).
+	final []workspace.BackgroundStatus
 }
 
-func (j *job) write(_ workspace.Stream, p []byte) {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	j.total += int64(len(p))
-	j.kept = append(j.kept, p...)
-	if len(j.kept) > 2*j.keep { // trimmed now and then, not at every write
-		j.kept = append(j.kept[:0], j.kept[len(j.kept)-j.keep:]...)
+// keptJob is what this process holds of a background command: its egress
+// decisions, and what to clean up once it ended (its long script's file).
+type keptJob struct {
+	trace   EgressTrace
+	cleanup func()
+}
+
+func (bg *backgrounds) trace(id string) EgressTrace {
+	bg.mu.Lock()
+	defer bg.mu.Unlock()
+	return bg.kept[id].trace
+}
+
+// ended cleans up after command id, which has ended.
+func (bg *backgrounds) ended(id string) {
+	bg.mu.Lock()
+	k, ok := bg.kept[id]
+	cleanup := k.cleanup
+	if ok {
+		k.cleanup = nil
+		bg.kept[id] = k
+	}
+	bg.mu.Unlock()
+	if cleanup != nil {
+		cleanup()
 	}
 }
 
-// unread returns the output not read yet and how much of it was dropped,
-// and marks it read.
-func (j *job) unread() (p []byte, dropped int64) {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	kept := j.kept[max(0, len(j.kept)-j.keep):]
-	start := j.total - int64(len(kept))
-	if j.next < start {
-		dropped = start - j.next
-		j.next = start
+// prune forgets what is held of commands no longer kept.
+func (bg *backgrounds) prune(kept []workspace.BackgroundStatus) {
+	bg.mu.Lock()
+	var gone []keptJob
+	for id, k := range bg.kept {
+		if !slices.ContainsFunc(kept, func(st workspace.BackgroundStatus) bool { return st.ID == id }) {
+			gone = append(gone, k)
+			delete(bg.kept, id)
+		}
 	}
-	p = slices.Clone(kept[j.next-start:])
-	j.next = j.total
-	return p, dropped
-}
-
-func (j *job) ended() bool {
-	select {
-	case <-j.done:
-		return true
-	default:
-		return false
+	bg.mu.Unlock()
+	for _, k := range gone {
+		if k.trace != nil {
+			k.trace.Close()
+		}
+		if k.cleanup != nil {
+			k.cleanup()
+		}
 	}
 }
 
-func (j *job) describe() Background {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	b := Background{ID: j.id, Command: j.command, Started: j.started, Running: !j.ended(), OutputBytes: j.total,
-		Unread: j.total - max(j.next, j.total-int64(min(len(j.kept), j.keep)))}
-	if !b.Running {
-		b.ExitCode, b.Signal, b.TimedOut, b.Killed = j.res.ExitCode, j.res.Signal, j.res.TimedOut, j.killed
-	}
-	return b
-}
+// backgroundCall bounds the calls a Set makes to its background commands
+// on its own account (listing them for a description, stopping them).
+const backgroundCall = 30 * time.Second
 
 // startBackground starts cmd as a background command and answers with its
 // id, refusing when Config.BashBackground commands are running.
-func (s *Set) startBackground(command string, cmd workspace.Command) (Result, error) {
-	bg := &s.bg
+//
+// cleanup is called once the command has ended (as a read or the Set's end
+// finds it), or did not start.
+func (s *Set) startBackground(ctx context.Context, command string, cmd workspace.Command, tr EgressTrace, cleanup func()) (Result, error) {
+	bg := s.bg
+	started := false
+	defer func() {
+		if !started {
+			cleanup()
+			if tr != nil {
+				tr.Close()
+			}
+		}
+	}()
 	bg.mu.Lock()
-	defer bg.mu.Unlock()
+	closed := bg.closed
+	bg.mu.Unlock()
 	switch {
-	case bg.closed:
+	case bg.BackgroundBash == nil:
+		return Result{}, newError(workspace.ErrUnavailable, "this session runs no commands")
+	case closed:
 		return Result{}, newError(workspace.ErrUnavailable, "the session is ending: no background command can start")
 	case s.cfg.BashBackground == 0:
 		return Result{}, newError(workspace.ErrForbidden, "background commands are off in this session (bashBackground is 0): run the command in the foreground, with a timeout")
 	}
-	if len(bg.jobs) >= s.cfg.BashBackground {
-		i := slices.IndexFunc(bg.jobs, (*job).ended)
-		if i < 0 {
-			return Result{}, newError(workspace.ErrForbidden, "%d background commands are running, the most this session keeps (bashBackground): stop one with bash_kill, or wait for one to end with bash_output", len(bg.jobs))
-		}
-		bg.jobs = slices.Delete(bg.jobs, i, i+1) // the oldest that ended makes room
+	req := workspace.BackgroundRequest{Command: cmd, Name: command, Keep: min(s.cfg.BashBackgroundBytes, 1<<40), Max: s.cfg.BashBackground}
+	if cmd.Stdin != nil {
+		req.Stdin, _ = io.ReadAll(cmd.Stdin)
+		req.Command.Stdin = nil
 	}
-	bg.lastID++
-	ctx, cancel := context.WithCancel(bg.ctx)
-	j := &job{
-		id: "bg" + strconv.Itoa(bg.lastID), command: command, started: time.Now(), timeout: cmd.Timeout,
-		cancel: cancel, done: make(chan struct{}), keep: int(min(s.cfg.BashBackgroundBytes, 1<<40)),
+	st, err := bg.StartBackground(ctx, req)
+	switch {
+	case errors.Is(err, workspace.ErrForbidden):
+		return Result{}, newError(workspace.ErrForbidden, "%d background commands are running, the most this session keeps (bashBackground): stop one with bash_kill, or wait for one to end with bash_output", s.cfg.BashBackground)
+	case err != nil:
+		return Result{}, err
 	}
-	cmd.Output = j.write
-	bg.jobs = append(bg.jobs, j)
-	go func() {
-		res, err := s.env.Bash.Run(ctx, cmd)
-		cancel()
-		j.mu.Lock()
-		j.res, j.runErr, j.endedAt = res, err, time.Now()
-		if errors.Is(err, context.Canceled) { // stopped: bash_kill or Close
-			j.killed, j.runErr = true, nil
-		}
-		j.mu.Unlock()
-		close(j.done)
-	}()
-	r := &BackgroundResult{ID: j.id, Command: command, Running: true}
-	return Result{Text: fmt.Sprintf("Started background command %s. Read its output with bash_output (id %q; wait up to a number of seconds for it to end), stop it with bash_kill. It is killed after %g s, or when the session ends.",
-		j.id, j.id, cmd.Timeout.Seconds()), Structured: r}, nil
-}
-
-// job finds a background command by id.
-func (s *Set) job(id string) (*job, error) {
-	s.bg.mu.Lock()
-	defer s.bg.mu.Unlock()
-	for _, j := range s.bg.jobs {
-		if j.id == id {
-			return j, nil
-		}
+	started = true
+	bg.mu.Lock()
+	if bg.kept == nil {
+		bg.kept = map[string]keptJob{}
 	}
-	ids := make([]string, 0, len(s.bg.jobs))
-	for _, j := range s.bg.jobs {
-		ids = append(ids, j.id)
+	bg.kept[st.ID] = keptJob{trace: tr, cleanup: cleanup}
+	bg.mu.Unlock()
+	if list, err := bg.ListBackground(ctx); err == nil {
+		bg.prune(list)
 	}
-	if len(ids) == 0 {
-		return nil, newError(workspace.ErrNotFound, "no background command %q: there are none (an ended one is forgotten when a new one needs its place)", id)
+	r := &BackgroundResult{ID: st.ID, Command: st.Command, Running: true}
+	until := "or when the session ends"
+	if bg.durable {
+		until = "or when the session ends (it runs on while no client is connected: a restart of the daemon does not stop it)"
 	}
-	return nil, newError(workspace.ErrNotFound, "no background command %q; there are %v", id, ids)
+	return Result{Text: fmt.Sprintf("Started background command %s. Read its output with bash_output (id %q; wait up to a number of seconds for it to end), stop it with bash_kill. It is killed after %g s, %s.",
+		st.ID, st.ID, cmd.Timeout.Seconds(), until), Structured: r}, nil
 }
 
 type bashOutputArgs struct {
@@ -234,25 +231,25 @@ var bashOutputTool = newTool(spec[bashOutputArgs, *BackgroundResult]{
 })
 
 func (s *Set) bashOutput(ctx context.Context, p bashOutputArgs, _ *call) (Result, error) {
-	j, err := s.job(p.ID)
+	if p.ID == "" {
+		return Result{}, invalid("id is required: the background command's id, as bash with background gave it (bg1, …)")
+	}
+	var wait time.Duration
+	if p.Wait != nil {
+		maxS := float64(s.cfg.BashMaxTimeoutMs) / 1000
+		if w := *p.Wait; w > maxS { // not negative, as the schema says (checkBounds)
+			return Result{}, invalid("wait must be from 0 to %v seconds, got %v", maxS, w)
+		}
+		wait = time.Duration(*p.Wait * float64(time.Second))
+	}
+	if s.bg.BackgroundBash == nil {
+		return Result{}, newError(workspace.ErrNotFound, "no background command %q: this session runs no commands", p.ID)
+	}
+	r, err := s.bg.ReadBackground(ctx, p.ID, wait)
 	if err != nil {
 		return Result{}, err
 	}
-	if p.Wait != nil {
-		maxS := float64(s.cfg.BashMaxTimeoutMs) / 1000
-		if w := *p.Wait; w < 0 || w > maxS {
-			return Result{}, invalid("wait must be from 0 to %v seconds, got %v", maxS, w)
-		}
-		t := time.NewTimer(time.Duration(*p.Wait * float64(time.Second)))
-		defer t.Stop()
-		select {
-		case <-j.done:
-		case <-t.C:
-		case <-ctx.Done():
-			return Result{}, ctx.Err()
-		}
-	}
-	return s.backgroundResult(ctx, j)
+	return s.backgroundResult(ctx, r)
 }
 
 type bashKillArgs struct {
@@ -273,90 +270,144 @@ var bashKillTool = newTool(spec[bashKillArgs, *BackgroundResult]{
 func backgroundOffered(s *Set) bool { return s.cfg.BashBackground > 0 && bashTool.offered(s) }
 
 func (s *Set) bashKill(ctx context.Context, p bashKillArgs, _ *call) (Result, error) {
-	j, err := s.job(p.ID)
+	if p.ID == "" {
+		return Result{}, invalid("id is required: the background command's id, as bash with background gave it (bg1, …)")
+	}
+	if s.bg.BackgroundBash == nil {
+		return Result{}, newError(workspace.ErrNotFound, "no background command %q: this session runs no commands", p.ID)
+	}
+	r, err := s.bg.KillBackground(ctx, p.ID)
 	if err != nil {
 		return Result{}, err
 	}
-	if !j.ended() {
-		j.cancel()
-		select {
-		case <-j.done:
-		case <-ctx.Done():
-			return Result{}, ctx.Err()
-		}
-	}
-	return s.backgroundResult(ctx, j)
+	return s.backgroundResult(ctx, r)
 }
 
-// backgroundResult reads j's new output and says how it stands.
-func (s *Set) backgroundResult(ctx context.Context, j *job) (Result, error) {
-	ended := j.ended() // before the read: output written before the end is all in
-	p, dropped := j.unread()
+// backgroundResult is what a read of a background command says.
+func (s *Set) backgroundResult(ctx context.Context, rd workspace.BackgroundRead) (Result, error) {
+	ended := !rd.Running
 	out := newCapture(ctx, s.cfg.MaxFileBytes, s.cfg.MaxBytes)
-	out.write(workspace.Stdout, p)
-	r := &BackgroundResult{ID: j.id, Command: j.command, Running: !ended, DroppedBytes: dropped}
+	out.write(workspace.Stdout, rd.Output)
+	r := &BackgroundResult{ID: rd.ID, Command: rd.Command, Running: rd.Running, DroppedBytes: rd.Dropped, OutputBytes: rd.OutputBytes}
 	var notes []string
-	if dropped > 0 {
-		notes = append(notes, fmt.Sprintf("[%s of output before this was not kept (over bashBackgroundBytes, %s) and is lost.]", kb(dropped), kb(int64(j.keep))))
+	if rd.Dropped > 0 {
+		notes = append(notes, fmt.Sprintf("[%s of output before this was not kept (over bashBackgroundBytes, %s) and is lost.]", kb(rd.Dropped), kb(s.cfg.BashBackgroundBytes)))
 	}
 	var more []string
 	r.Output, r.Truncated, r.OutputPath, _, more = s.keepOutput(ctx, out)
 	notes = append(notes, more...)
-	j.mu.Lock()
-	r.OutputBytes = j.total
 	if ended {
-		r.ExitCode, r.Signal, r.TimedOut, r.Killed = j.res.ExitCode, j.res.Signal, j.res.TimedOut, j.killed
-		r.DurationMs = j.endedAt.Sub(j.started).Milliseconds()
+		r.ExitCode, r.Signal, r.TimedOut, r.Killed = rd.Result.ExitCode, rd.Result.Signal, rd.Result.TimedOut, rd.Killed
+		r.DurationMs = rd.Ended.Sub(rd.Started).Milliseconds()
 	} else {
-		r.DurationMs = time.Since(j.started).Milliseconds()
+		r.DurationMs = time.Since(rd.Started).Milliseconds()
 	}
-	res, runErr := j.res, j.runErr
-	j.mu.Unlock()
+	tr := s.bg.trace(rd.ID)
+	if tr != nil {
+		r.Egress = tr.Take(ctx, ended)
+	}
+	if ended {
+		s.bg.ended(rd.ID)
+	}
 	switch {
 	case !ended:
-		notes = append(notes, fmt.Sprintf("[%s is still running (%s so far, %s of output in all).]", j.id, time.Duration(r.DurationMs)*time.Millisecond, kb(r.OutputBytes)))
-	case runErr != nil:
-		return Result{}, runErr
+		notes = append(notes, fmt.Sprintf("[%s is still running (%s so far, %s of output in all).]", rd.ID, time.Duration(r.DurationMs)*time.Millisecond, kb(r.OutputBytes)))
+	case rd.RunErr() != nil:
+		return Result{}, rd.RunErr()
 	case r.Killed:
-		notes = append(notes, fmt.Sprintf("[%s was stopped: the command and everything it started were killed.]", j.id))
+		notes = append(notes, fmt.Sprintf("[%s was stopped: the command and everything it started were killed.]", rd.ID))
 	default:
-		notes = append(notes, ending(res, j.timeout))
+		notes = append(notes, ending(rd.Result, rd.Timeout))
+	}
+	if tr != nil {
+		notes = append(notes, egressNotes(tr, r.Egress, r.Output)...)
 	}
 	return Result{Text: outputText(r.Output, notes), Structured: r}, nil
 }
 
 // Background lists the session's background commands, running or ended
-// and kept, in the order they started.
+// and kept, in the order they started; nil when they cannot be listed now
+// (the workspace does not answer). After Close it lists them as Close
+// left them.
 func (s *Set) Background() []Background {
+	if s.bg.BackgroundBash == nil {
+		return nil
+	}
 	s.bg.mu.Lock()
-	jobs := slices.Clone(s.bg.jobs)
+	list, closed := s.bg.final, s.bg.closed
 	s.bg.mu.Unlock()
-	out := make([]Background, 0, len(jobs))
-	for _, j := range jobs {
-		out = append(out, j.describe())
+	if !closed {
+		ctx, cancel := context.WithTimeout(context.Background(), backgroundCall)
+		defer cancel()
+		var err error
+		if list, err = s.bg.ListBackground(ctx); err != nil {
+			return nil
+		}
+	}
+	out := make([]Background, 0, len(list))
+	for _, st := range list {
+		out = append(out, Background{ID: st.ID, Command: st.Command, Started: st.Started, Running: st.Running, ExitCode: st.Result.ExitCode,
+			Signal: st.Result.Signal, TimedOut: st.Result.TimedOut, Killed: st.Killed, OutputBytes: st.OutputBytes, Unread: st.Unread})
 	}
 	return out
 }
 
+// DurableBackground reports whether the Set's background commands outlive
+// this process: the workspace keeps them (workspace.Background).
+func (s *Set) DurableBackground() bool { return s.bg.durable }
+
 // Close stops what the Set keeps running beyond a call: every background
-// command is stopped, its whole process tree killed by its adapter, and
-// Close waits for them to end until ctx does (then it returns ctx's
-// error, and the commands still end in the background). After Close, bash
-// with background fails (Unavailable); other calls are unaffected.
-// Close may be called more than once.
+// command is stopped, its whole process tree killed by its adapter — the
+// workspace's own ones too — and Close waits for them to end until ctx
+// does (then it returns ctx's error, and the commands still end in the
+// background). After Close, bash with background fails (Unavailable);
+// other calls are unaffected. Close may be called more than once.
 func (s *Set) Close(ctx context.Context) error {
-	s.bg.mu.Lock()
-	s.bg.closed = true
-	jobs := slices.Clone(s.bg.jobs)
-	s.bg.mu.Unlock()
-	s.bg.stop()
-	for _, j := range jobs {
-		select {
-		case <-j.done:
-		case <-ctx.Done():
-			return ctx.Err()
+	bg := s.bg
+	bg.mu.Lock()
+	bg.closed = true
+	bg.mu.Unlock()
+	defer bg.prune(nil)
+	if bg.BackgroundBash == nil {
+		return nil
+	}
+	var errs []error
+	if j, ok := bg.BackgroundBash.(*workspace.Jobs); ok {
+		errs = append(errs, j.Close(ctx))
+	} else {
+		list, err := bg.ListBackground(ctx)
+		if err != nil {
+			return err
+		}
+		for _, st := range list {
+			if st.Running {
+				if _, err := bg.KillBackground(ctx, st.ID); err != nil && !errors.Is(err, workspace.ErrNotFound) {
+					errs = append(errs, err)
+				}
+			}
 		}
 	}
+	final, err := bg.ListBackground(ctx)
+	bg.mu.Lock()
+	bg.final = final
+	bg.mu.Unlock()
+	return errors.Join(append(errs, err)...)
+}
+
+// Release lets go of what the Set holds in this process, and leaves
+// running what outlives it: the workspace's own background commands
+// (DurableBackground) run on for whoever holds the session next (a
+// restarted daemon, another replica), while those this process keeps are
+// stopped, as Close stops them. After Release, bash with background fails
+// (Unavailable).
+func (s *Set) Release(ctx context.Context) error {
+	if !s.bg.durable {
+		return s.Close(ctx)
+	}
+	s.bg.mu.Lock()
+	s.bg.closed = true
+	s.bg.mu.Unlock()
+	s.bg.prune(nil)
 	return nil
 }
 

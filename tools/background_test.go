@@ -3,13 +3,19 @@ package tools_test
 import (
 	"context"
 	"errors"
+	"net"
+	"path"
 	"regexp"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/sandboxd/sandboxd/agent"
+	"github.com/sandboxd/sandboxd/localexec"
+	"github.com/sandboxd/sandboxd/localfs"
 	"github.com/sandboxd/sandboxd/tools"
 	"github.com/sandboxd/sandboxd/workspace"
 )
@@ -108,8 +114,84 @@ func allGone(t *testing.T, ps []int) {
 	}
 }
 
+// agentBackend is a workspace served by the agent over a pipe, whose
+// client keeps background commands in the agent (workspace.BackgroundBash);
+// read counts the bytes the client was sent.
+func agentBackend(t *testing.T) (b shellBackend, read *atomic.Int64) {
+	t.Helper()
+	dir := t.TempDir()
+	fsys, err := localfs.New(dir, localfs.WithLockDir(t.TempDir()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sh, err := localexec.New(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, srvEnd := net.Pipe()
+	srv := agent.NewServer(fsys, sh)
+	go srv.Serve(context.Background(), srvEnd)
+	read = new(atomic.Int64)
+	c, err := agent.NewClient(&countingConn{Conn: a, read: read})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c.Close()
+		srv.Close(context.Background())
+		fsys.Close()
+	})
+	return shellBackend{"agent", c, c, dir}, read
+}
+
+type countingConn struct {
+	net.Conn
+	read *atomic.Int64
+}
+
+func (c *countingConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.read.Add(int64(n))
+	return n, err
+}
+
+// TestBackgroundOutputStaysInTheWorkspace runs four commands that write
+// without pause in the background: where the workspace keeps background
+// commands (the agent), their output stays in its ring until a read, and
+// costs the host nothing meanwhile — not a byte crosses the stream.
+func TestBackgroundOutputStaysInTheWorkspace(t *testing.T) {
+	b, read := agentBackend(t)
+	set := backgroundSet(t, b, func(c *tools.Config) { c.BashBackground = 4 })
+	if !set.DurableBackground() {
+		t.Fatal("the agent's Set does not keep its background commands in the agent")
+	}
+	before := read.Load()
+	for range 4 {
+		background(t, set, "yes")
+	}
+	for deadline := time.Now().Add(time.Minute); ; {
+		list, done := set.Background(), 0
+		for _, bg := range list {
+			if bg.OutputBytes > 16<<20 {
+				done++
+			}
+		}
+		if done == 4 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the commands did not write 16 MiB each: %+v", list)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := read.Load() - before; n > 256<<10 {
+		t.Errorf("the host was sent %d bytes while four background commands wrote 64 MiB: their output crossed the stream", n)
+	}
+}
+
 func TestBackground(t *testing.T) {
-	for _, b := range shellBackends(t) {
+	ab, _ := agentBackend(t)
+	for _, b := range append(shellBackends(t), ab) {
 		t.Run(b.name, func(t *testing.T) {
 			set := backgroundSet(t, b, nil)
 			id := background(t, set, treeScript)
@@ -213,5 +295,116 @@ func TestBackgroundBounds(t *testing.T) {
 	}
 	if r := callJSON(t, off, "bash", map[string]any{"command": "true", "background": true}); errKind(r) != "Forbidden" {
 		t.Errorf("background with bashBackground 0: %s", r.Text)
+	}
+}
+
+// TestBashState: by default each call is a new shell, and the description
+// says so; with bashKeepState the working directory and exported variables
+// carry over (and a background command starts from them), on the host and
+// on the memory backend.
+func TestBashState(t *testing.T) {
+	run := func(t *testing.T, set *tools.Set, command string) *tools.BashResult {
+		t.Helper()
+		r := callJSON(t, set, "bash", map[string]any{"command": command})
+		br, ok := r.Structured.(*tools.BashResult)
+		if r.IsError || !ok {
+			t.Fatalf("bash %q: %s", command, r.Text)
+		}
+		return br
+	}
+	for _, b := range shellBackends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			stateless := backgroundSet(t, b, nil)
+			if d := stateless.List(); !strings.Contains(toolDesc(d, "bash"), "gone by the next call") {
+				t.Errorf("the description does not say bash is stateless: %s", toolDesc(d, "bash"))
+			}
+			run(t, stateless, "mkdir -p sub && cd sub && export FOO=1")
+			if got := run(t, stateless, `echo "${PWD##*/} ${FOO-unset}"`).Output; got != path.Base(b.root)+" unset\n" {
+				t.Errorf("stateless: %q", got)
+			}
+
+			set := backgroundSet(t, b, func(c *tools.Config) { c.BashKeepState = true })
+			if d := set.List(); !strings.Contains(toolDesc(d, "bash"), "carry over") {
+				t.Errorf("the description does not say the state is kept: %s", toolDesc(d, "bash"))
+			}
+			if r := run(t, set, `cd sub && export FOO="a b'c" BAR=2 && unset HOME; exit 3`); r.ExitCode != 3 {
+				t.Errorf("exit code %d, want 3 (the trap keeps it)", r.ExitCode)
+			}
+			if got := run(t, set, `echo "${PWD##*/}|$FOO|$BAR|${HOME-unset}"`).Output; got != "sub|a b'c|2|unset\n" {
+				t.Errorf("kept: %q", got)
+			}
+			id := background(t, set, `echo "bg ${PWD##*/} $FOO"`)
+			if out := readUntil(t, set, id, "\n"); out != "bg sub a b'c\n" {
+				t.Errorf("background: %q", out)
+			}
+			run(t, set, "cd .. && unset FOO")
+			if got := run(t, set, `echo "${PWD##*/} ${FOO-unset} $BAR"`).Output; got != path.Base(b.root)+" unset 2\n" {
+				t.Errorf("after cd .. and unset: %q", got)
+			}
+		})
+	}
+}
+
+// TestBashLongScript: a command over what one argument may be (128 KiB)
+// runs whole, through a file that is gone once it ran; one over
+// maxFileBytes is refused, naming it.
+func TestBashLongScript(t *testing.T) {
+	for _, b := range shellBackends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			set := backgroundSet(t, b, func(c *tools.Config) { c.MaxFileBytes = 1 << 20 })
+			var long strings.Builder
+			for long.Len() < 300<<10 {
+				long.WriteString(": 0123456789012345678901234567890123456789012345678901234567890123456789\n")
+			}
+			long.WriteString("echo \"done $LINENO\"\n")
+			lines := strings.Count(long.String(), "\n")
+			r := callJSON(t, set, "bash", map[string]any{"command": long.String()})
+			if br, ok := r.Structured.(*tools.BashResult); r.IsError || !ok || br.ExitCode != 0 || br.Output != "done "+strconv.Itoa(lines)+"\n" {
+				t.Fatalf("a 300 KiB command: %s", r.Text)
+			}
+			ls := callJSON(t, set, "bash", map[string]any{"command": "ls -A .sandboxd/runtime/scripts 2>/dev/null | wc -l"})
+			if out := ls.Structured.(*tools.BashResult).Output; strings.TrimSpace(out) != "0" {
+				t.Errorf("scripts left behind: %s", out)
+			}
+			r = callJSON(t, set, "bash", map[string]any{"command": strings.Repeat("#", 2<<20)})
+			if errKind(r) != "InvalidArgument" || !strings.Contains(r.Text, "maxFileBytes") {
+				t.Errorf("a command over maxFileBytes: %s", r.Text)
+			}
+		})
+	}
+}
+
+func toolDesc(list []tools.Tool, name string) string {
+	for _, t := range list {
+		if t.Name == name {
+			return t.Description
+		}
+	}
+	return ""
+}
+
+// TestBookkeepingInvisibleToGit: what the tools keep in the workspace (a
+// spilled output, the bash state) never shows in git status.
+func TestBookkeepingInvisibleToGit(t *testing.T) {
+	for _, b := range shellBackends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			set := backgroundSet(t, b, func(c *tools.Config) { c.BashKeepState = true })
+			must := func(command string) string {
+				t.Helper()
+				r := callJSON(t, set, "bash", map[string]any{"command": command})
+				br, ok := r.Structured.(*tools.BashResult)
+				if r.IsError || !ok || br.ExitCode != 0 {
+					t.Fatalf("bash %q: %s", command, r.Text)
+				}
+				return br.Output
+			}
+			must("git init -q && git -c user.name=t -c user.email=t@t commit -q --allow-empty -m first")
+			if r := callJSON(t, set, "bash", map[string]any{"command": "seq 100000"}); r.Structured.(*tools.BashResult).OutputPath == "" {
+				t.Fatalf("the output was not spilled: %s", r.Text)
+			}
+			if st := must("ls .sandboxd/runtime/tool-output | wc -l; git status --porcelain --untracked-files=all"); strings.TrimSpace(st) != "1" {
+				t.Errorf("git status shows sandboxd's bookkeeping:\n%s", st)
+			}
+		})
 	}
 }

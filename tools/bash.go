@@ -36,6 +36,9 @@ type BashResult struct {
 	OutputBytes int64 `json:"outputBytes"`
 	SavedBytes  int64 `json:"savedBytes,omitempty"`
 	DurationMs  int64 `json:"durationMs"`
+	// Egress is what the session's egress decided for the connections the
+	// command made (absent where commands have no egress proxy).
+	Egress []EgressDecision `json:"egress,omitempty"`
 }
 
 type bashArgs struct {
@@ -61,6 +64,7 @@ var bashTool = newTool(spec[bashArgs, bashOutput]{
 		c := s.cfg
 		desc := fmt.Sprintf("Run a shell command in the workspace root. Returns the end of its output (stdout and stderr, last %s) and how it ended; when there was more, the whole output (up to %s) is saved to a file under %s whose path the result gives. Non-zero exit, a signal or a timeout are reported, not failures. Default timeout %ds, at most %ds.",
 			s.limits(), kb(c.MaxFileBytes), c.SpillDir, c.BashTimeoutMs/1000, c.BashMaxTimeoutMs/1000)
+		desc += s.statelessNote()
 		if sh := s.notBash(); sh != "" {
 			desc += " " + noBashNote(sh)
 		}
@@ -93,11 +97,9 @@ func (s *Set) bash(ctx context.Context, p bashArgs, c *call) (Result, error) {
 	}
 	if p.Timeout != nil {
 		maxS := float64(s.cfg.BashMaxTimeoutMs) / 1000
-		switch t := *p.Timeout; {
-		case t <= 0:
-			return Result{}, invalid("timeout must be a positive number of seconds, got %v", t)
+		switch t := *p.Timeout; { // positive, as the schema says (checkBounds)
 		case t > maxS:
-			return Result{}, invalid("timeout %vs is over the %vs a command may ask for", t, maxS)
+			return Result{}, invalid("timeout %vs is over the %vs a command may ask for (bashMaxTimeoutMs, a setting of the tools configuration): ask for %v at most, or start the command with background: true and read it with bash_output", t, maxS, maxS)
 		default:
 			timeout = time.Duration(t * float64(time.Second))
 		}
@@ -105,14 +107,23 @@ func (s *Set) bash(ctx context.Context, p bashArgs, c *call) (Result, error) {
 	// One stream: the output keeps the order the command wrote it in (two
 	// pipes read apart do not), at the cost of progress events telling
 	// stderr from stdout.
-	cmd := workspace.Command{Script: p.Command, Env: s.commandEnv(c), Timeout: timeout, Combined: true}
+	script, cleanup, err := s.script(ctx, p.Command, !p.Background)
+	if err != nil {
+		return Result{}, err
+	}
+	tr := s.egressTrace(c)
+	cmd := workspace.Command{Script: script, Env: s.commandEnv(c, tr), Timeout: timeout, Combined: true}
 	if p.Stdin != nil {
 		cmd.Stdin = strings.NewReader(*p.Stdin)
 	}
 	if p.Background {
-		return s.startBackground(p.Command, cmd)
+		return s.startBackground(ctx, p.Command, cmd, tr, cleanup)
 	}
-	res, _, err := s.runCommand(ctx, c, timeout, func(ctx context.Context, output func(workspace.Stream, []byte)) (workspace.Result, error) {
+	defer cleanup()
+	if tr != nil {
+		defer tr.Close()
+	}
+	res, _, err := s.runCommand(ctx, c, tr, timeout, func(ctx context.Context, output func(workspace.Stream, []byte)) (workspace.Result, error) {
 		cmd.Output = output
 		return s.env.Bash.Run(ctx, cmd)
 	})
@@ -141,9 +152,10 @@ func noBashNote(sh string) string {
 
 // runCommand runs a command through run, gathering its output (published
 // as progress when the call asks), and returns the bash result: the kept
-// tail, the whole output saved to the spill directory when cut, and how
-// the command ended, with the text for the model.
-func (s *Set) runCommand(ctx context.Context, c *call, timeout time.Duration,
+// tail, the whole output saved to the spill directory when cut, how the
+// command ended and what egress decided for its connections (tr's, when
+// not nil), with the text for the model.
+func (s *Set) runCommand(ctx context.Context, c *call, tr EgressTrace, timeout time.Duration,
 	run func(ctx context.Context, output func(workspace.Stream, []byte)) (workspace.Result, error)) (Result, *BashResult, error) {
 	out := newCapture(ctx, s.cfg.MaxFileBytes, s.cfg.MaxBytes)
 	var stop func()
@@ -167,6 +179,10 @@ func (s *Set) runCommand(ctx context.Context, c *call, timeout time.Duration,
 	r.Output, r.Truncated, r.OutputPath, r.SavedBytes, notes = s.keepOutput(ctx, out)
 	tail := r.Output
 	notes = append(notes, ending(res, timeout))
+	if tr != nil {
+		r.Egress = tr.Take(ctx, true)
+		notes = append(notes, egressNotes(tr, r.Egress, tail)...)
+	}
 	return Result{Text: outputText(tail, notes), Structured: r}, r, nil
 }
 
@@ -214,13 +230,15 @@ func (s *Set) keepOutput(ctx context.Context, out *capture) (tail string, trunca
 }
 
 // commandEnv is what a command gets on top of the adapter's base
-// environment: the session's variables, bashEnv, and the SANDBOXD_*
-// variables when bashSessionEnv is set.
-func (s *Set) commandEnv(c *call) map[string]string {
-	env := maps.Clone(s.env.Session.Vars)
-	if env == nil {
-		env = map[string]string{}
+// environment: its egress trace's variables (tr, when not nil), the
+// session's variables, bashEnv, and the SANDBOXD_* variables when
+// bashSessionEnv is set — a later one winning.
+func (s *Set) commandEnv(c *call, tr EgressTrace) map[string]string {
+	env := map[string]string{}
+	if tr != nil {
+		maps.Copy(env, tr.Env())
 	}
+	maps.Copy(env, s.env.Session.Vars)
 	maps.Copy(env, s.cfg.BashEnv)
 	if s.cfg.BashSessionEnv {
 		env["SANDBOXD_SESSION_ID"] = s.env.Session.ID
@@ -235,13 +253,15 @@ func (s *Set) commandEnv(c *call) map[string]string {
 // file's workspace name.
 func (s *Set) saveOutput(ctx context.Context, data []byte) (string, error) {
 	dir := path.Clean(s.cfg.SpillDir)
-	if err := workspace.MkdirAll(ctx, s.env.FS, dir, 0o755); err != nil {
+	if err := workspace.Bookkeeping(ctx, s.env.FS, dir, 0o755); err != nil {
 		return "", err
 	}
 	var rnd [4]byte
 	_, _ = rand.Read(rnd[:])
 	name := path.Join(dir, "bash-"+time.Now().UTC().Format("20060102-150405.000000000")+"-"+hex.EncodeToString(rnd[:])+".log")
-	if err := s.env.FS.WriteFile(ctx, name, data, 0o644); err != nil {
+	err := s.env.FS.WriteFile(ctx, name, data, 0o644)
+	s.own(ctx, name)
+	if err != nil {
 		return "", err
 	}
 	s.spill.Lock()
@@ -257,7 +277,9 @@ func (s *Set) saveOutput(ctx context.Context, data []byte) (string, error) {
 		}
 	}
 	for _, n := range spills[:max(0, len(spills)-s.cfg.SpillKeep)] {
-		if err := s.env.FS.Remove(ctx, n); err != nil && !errors.Is(err, workspace.ErrNotFound) {
+		err := s.env.FS.Remove(ctx, n)
+		s.own(ctx, n)
+		if err != nil && !errors.Is(err, workspace.ErrNotFound) {
 			break
 		}
 	}

@@ -302,3 +302,44 @@ func TestBashNamesItsShell(t *testing.T) {
 		}
 	}
 }
+
+// TestFirstAnswerNamesTheFix: a refusal says in its first answer what to
+// do, so a model does not need a second round trip to learn it.
+func TestFirstAnswerNamesTheFix(t *testing.T) {
+	ok := func(context.Context, workspace.Command) (workspace.Result, error) { return workspace.Result{}, nil }
+	set, _ := bashSet(t, memfs.New(), ok)
+	call := func(set *tools.Set, tool, args string) tools.Result {
+		return set.Call(context.Background(), tool, json.RawMessage(args), tools.CallOptions{})
+	}
+	tests := []struct {
+		set        *tools.Set
+		tool, args string
+		kind       string
+		says       []string
+	}{
+		{set, "bash", `{"command":"x","timeout":900}`, "InvalidArgument", []string{"600", "bashMaxTimeoutMs", "background: true", "bash_output"}},
+		{set, "bash", `{"command":"x","cwd":"src"}`, "InvalidArgument", []string{"unknown argument \"cwd\"", "background, command, stdin, timeout"}},
+		{set, "ls", `{"recursive":true}`, "InvalidArgument", []string{"limit, path"}},
+		{set, "bash_output", `{}`, "InvalidArgument", []string{"id is required"}},
+		{set, "bash_kill", `{"id":""}`, "InvalidArgument", []string{"id is required"}},
+		// A grant missing is said at once, not after load_skill.
+		{set, "write", `{"path":"a","content":"x"}`, tools.KindToolUnavailable, []string{"workspace.edit", "grant fs.write", "load_skill cannot help"}},
+	}
+	for _, tt := range tests {
+		r := call(tt.set, tt.tool, tt.args)
+		if errKind(r) != tt.kind {
+			t.Errorf("%s %s: %s, want %s", tt.tool, tt.args, r.Text, tt.kind)
+			continue
+		}
+		for _, s := range tt.says {
+			if !strings.Contains(r.Text, s) {
+				t.Errorf("%s %s: %q does not say %q", tt.tool, tt.args, r.Text, s)
+			}
+		}
+	}
+	// Granted but not loaded: load_skill is the fix, as before.
+	granted, _ := bashSet(t, memfs.New(), ok, func(c *tools.Config) { c.Grants = append(c.Grants, tools.GrantFSWrite) })
+	if r := call(granted, "write", `{"path":"a","content":"x"}`); errKind(r) != tools.KindToolUnavailable || !strings.Contains(r.Text, "call load_skill") {
+		t.Errorf("write granted, not loaded: %s", r.Text)
+	}
+}

@@ -75,6 +75,7 @@ func ceilingCases(t *testing.T) []ceilingCase {
 		{option: "bashEnvAllow", widen: []string{opt("bashEnvAllow", []string{"*"}), opt("bashEnvAllow", []string{"PATH", "AWS_*"})},
 			narrow: []string{opt("bashEnvAllow", []string{"PATH"})}},
 		{option: "bashSessionEnv", free: true, widen: []string{opt("bashSessionEnv", true)}},
+		{option: "bashKeepState", free: true, widen: []string{opt("bashKeepState", true)}},
 		{option: "bashBackground", widen: []string{opt("bashBackground", 5)}, narrow: []string{opt("bashBackground", 0)}},
 		{option: "bashBackgroundBytes", widen: []string{opt("bashBackgroundBytes", 2<<20)}, narrow: []string{opt("bashBackgroundBytes", 1024)}},
 		{option: "spillDir", widen: []string{opt("spillDir", ".git/hooks")}, narrow: []string{opt("spillDir", tools.DefaultSpillDir)}},

@@ -34,6 +34,9 @@ type ExecResult struct {
 	// OutOfScope are paths the command changed outside the session's commit
 	// rules; they were put back and not committed.
 	OutOfScope []string `json:"outOfScope,omitempty"`
+	// Protected are paths the command changed under .sandboxd/, which only
+	// sandboxd writes: put back, whether it succeeded or not.
+	Protected []string `json:"protected,omitempty"`
 }
 
 type execArgs struct {
@@ -69,7 +72,11 @@ func (s *Set) workspaceExec(ctx context.Context, p execArgs, c *call) (Result, e
 	if s.hidesPaths() {
 		return Result{}, newError(workspace.ErrForbidden, "workspace_exec cannot run %s: this session has visible rules, which bind the file tools but not what a process reads", req.Command)
 	}
-	env := s.commandEnv(c)
+	tr := s.egressTrace(c)
+	if tr != nil {
+		defer tr.Close()
+	}
+	env := s.commandEnv(c, tr)
 	maps.Copy(env, cmd.Env)
 	cmd.Env = env
 	j, err := s.Journal(ctx)
@@ -80,7 +87,7 @@ func (s *Set) workspaceExec(ctx context.Context, p execArgs, c *call) (Result, e
 	var br *BashResult
 	out, err := j.Exec(ctx, ExecMessage, func(ctx context.Context) (bool, error) {
 		var err error
-		res, br, err = s.runCommand(ctx, c, cmd.Timeout, func(ctx context.Context, output func(workspace.Stream, []byte)) (workspace.Result, error) {
+		res, br, err = s.runCommand(ctx, c, tr, cmd.Timeout, func(ctx context.Context, output func(workspace.Stream, []byte)) (workspace.Result, error) {
 			cmd.Output = output
 			return s.env.Bash.Run(ctx, cmd)
 		})
@@ -89,12 +96,15 @@ func (s *Set) workspaceExec(ctx context.Context, p execArgs, c *call) (Result, e
 	if br == nil || (err != nil && !out.Restored) {
 		return Result{}, err
 	}
-	r := &ExecResult{BashResult: *br, Committed: out.Committed, Restored: out.Restored, Unrestored: out.Unrestored, InSession: out.InSession, OutOfScope: out.OutOfScope}
+	r := &ExecResult{BashResult: *br, Committed: out.Committed, Restored: out.Restored, Unrestored: out.Unrestored, InSession: out.InSession, OutOfScope: out.OutOfScope, Protected: out.Protected}
+	if len(out.Protected) > 0 {
+		res.Text += fmt.Sprintf("\n[Written in .sandboxd/, which only sandboxd writes: put back: %s.]", strings.Join(out.Protected, ", "))
+	}
 	if len(out.OutOfScope) > 0 {
 		res.Text += fmt.Sprintf("\n[Outside this session's commit rules, put back and not committed: %s.]", strings.Join(out.OutOfScope, ", "))
-		if len(out.Unrestored) > 0 && !out.Restored {
-			res.Text += "\n[Not put back exactly: " + strings.Join(out.Unrestored, "; ") + ".]"
-		}
+	}
+	if len(out.Unrestored) > 0 && !out.Restored {
+		res.Text += "\n[Not put back exactly: " + strings.Join(out.Unrestored, "; ") + ".]"
 	}
 	switch {
 	case out.InSession:

@@ -40,10 +40,7 @@ func (s *Set) find(ctx context.Context, p findArgs, c *call) (Result, error) {
 	if !doublestar.ValidatePattern(strings.TrimPrefix(p.Pattern, "/")) {
 		return Result{}, invalid("pattern %q is not a valid glob", p.Pattern)
 	}
-	limit, err := limitOf(p.Limit, s.cfg.FindResults)
-	if err != nil {
-		return Result{}, err
-	}
+	limit := limitOf(p.Limit, s.cfg.FindResults)
 	name, err := s.resolve(p.Path)
 	if err != nil {
 		return Result{}, err

@@ -56,16 +56,10 @@ func (s *Set) grep(ctx context.Context, p grepArgs, c *call) (Result, error) {
 	if p.Pattern == "" {
 		return Result{}, invalid("pattern is required")
 	}
-	if p.Context < 0 {
-		return Result{}, invalid("context must not be negative, got %d", p.Context)
-	}
 	if p.Glob != "" && !doublestar.ValidatePattern(strings.TrimPrefix(p.Glob, "/")) {
 		return Result{}, invalid("glob %q is not a valid glob", p.Glob)
 	}
-	limit, err := limitOf(p.Limit, s.cfg.GrepMatches)
-	if err != nil {
-		return Result{}, err
-	}
+	limit := limitOf(p.Limit, s.cfg.GrepMatches)
 	name, err := s.resolve(p.Path)
 	if err != nil {
 		return Result{}, err

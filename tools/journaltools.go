@@ -35,6 +35,7 @@ var journalListTool = newTool(spec[journalListArgs, *JournalListResult]{
 		return "List the workspace journal's commits, newest first: each tool call that changed files (write, edit, writeFile, …, workspace_exec) is one commit."
 	},
 	constrain: func(props map[string]*jsonschema.Schema) { minimum(props, 1, "limit") },
+	tolerate:  []string{"limit"}, // 0 or less is the default, 50
 	handle:    (*Set).journalList,
 	readOnly:  yes,
 })

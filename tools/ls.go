@@ -32,10 +32,7 @@ var lsTool = newTool(spec[lsArgs, *LsResult]{
 })
 
 func (s *Set) ls(ctx context.Context, p lsArgs, c *call) (Result, error) {
-	limit, err := limitOf(p.Limit, s.cfg.LsEntries)
-	if err != nil {
-		return Result{}, err
-	}
+	limit := limitOf(p.Limit, s.cfg.LsEntries)
 	name, err := s.resolve(p.Path)
 	if err != nil {
 		return Result{}, err

@@ -46,8 +46,16 @@ func (s *Set) materializeSources(ctx context.Context, p materializeArgs, c *call
 	if err != nil {
 		return Result{}, err
 	}
+	if err := workspace.Bookkeeping(ctx, c.raw, workspace.BookkeepingDir, 0o755); err != nil {
+		return Result{}, err
+	}
 	res, err := sources.Materialize(ctx, c.raw, decls, sources.Request{Path: name, Names: p.Sources,
 		Limits: sources.Limits{MaxFileBytes: s.cfg.MaxFileBytes}})
+	snapshots := make([]string, 0, len(decls))
+	for _, n := range decls.Names() {
+		snapshots = append(snapshots, path.Join(sources.SnapshotDir, n))
+	}
+	s.own(ctx, snapshots...) // what it wrote, whatever became of the rest
 	if err != nil {
 		var k *workspace.Kind // an undeclared name or a path no snapshot is at, not a host file
 		if errors.As(err, &k) && k == workspace.ErrNotFound {

@@ -9,7 +9,6 @@ import (
 	"strings"
 
 	"github.com/sandboxd/sandboxd/journal"
-	"github.com/sandboxd/sandboxd/memfs"
 	"github.com/sandboxd/sandboxd/workspace"
 	"github.com/sandboxd/sandboxd/workspaceshell"
 )
@@ -82,11 +81,11 @@ func (s *Set) Journal(ctx context.Context) (*journal.Journal, error) {
 	if s.journal != nil {
 		return s.journal, nil
 	}
-	store := s.env.JournalStore
-	if store == nil {
-		store = memfs.New()
+	store := journal.WithStore(s.env.JournalStore)
+	if s.env.JournalStore == nil {
+		store = journal.InMemory()
 	}
-	opts := []journal.Option{journal.WithStore(store), journal.WithRoot(s.root), journal.WithMaxBlobBytes(s.cfg.MaxFileBytes)}
+	opts := []journal.Option{store, journal.WithRoot(s.root), journal.WithMaxBlobBytes(s.cfg.MaxFileBytes)}
 	if s.scoped() {
 		opts = append(opts, journal.WithCommitScope(func(name string) bool {
 			for _, r := range s.rules {
@@ -106,6 +105,18 @@ func (s *Set) Journal(ctx context.Context) (*journal.Journal, error) {
 	}
 	s.journal = j
 	return j, nil
+}
+
+// own tells the journal, when it is open, that sandboxd itself wrote names
+// under .sandboxd/ (journal.Journal.Own): a workspace session keeps them,
+// where it puts back what a process wrote there.
+func (s *Set) own(ctx context.Context, names ...string) {
+	s.mu.Lock()
+	j := s.journal
+	s.mu.Unlock()
+	if j != nil {
+		j.Own(ctx, names...)
+	}
 }
 
 // BeginProviderRun opens a provider run: a workspace session of the journal

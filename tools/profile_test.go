@@ -11,9 +11,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sandboxd/sandboxd/backend/memory"
 	"github.com/sandboxd/sandboxd/localexec"
 	"github.com/sandboxd/sandboxd/localfs"
-	"github.com/sandboxd/sandboxd/memexec"
 	"github.com/sandboxd/sandboxd/memfs"
 	"github.com/sandboxd/sandboxd/tools"
 	"github.com/sandboxd/sandboxd/workspace"
@@ -41,7 +41,7 @@ func shellBackends(t *testing.T) []shellBackend {
 		t.Fatal(err)
 	}
 	mfs := memfs.New(memfs.WithUmask(0))
-	msh, err := memexec.New(mfs, memexec.WithTempDir(t.TempDir()))
+	msh, err := memory.NewMirror(mfs, memory.WithTempDir(t.TempDir()))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -158,16 +158,10 @@ func (s *Set) read(ctx context.Context, p readArgs, c *call) (Result, error) {
 		return Result{}, invalid("path is required")
 	}
 	offset, limit := 1, s.cfg.MaxLines
-	if p.Offset != nil {
-		if *p.Offset < 1 {
-			return Result{}, invalid("offset must be at least 1 (lines count from 1), got %d", *p.Offset)
-		}
+	if p.Offset != nil { // at least 1, as the schema says (checkBounds)
 		offset = *p.Offset
 	}
 	if p.Limit != nil {
-		if *p.Limit < 1 {
-			return Result{}, invalid("limit must be at least 1, got %d", *p.Limit)
-		}
 		limit = min(*p.Limit, s.cfg.MaxLines)
 	}
 	name, err := s.resolve(p.Path)

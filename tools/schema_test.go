@@ -11,7 +11,7 @@ import (
 
 	jsv "github.com/santhosh-tekuri/jsonschema/v6"
 
-	"github.com/sandboxd/sandboxd/memexec"
+	"github.com/sandboxd/sandboxd/backend/memory"
 	"github.com/sandboxd/sandboxd/memfs"
 	"github.com/sandboxd/sandboxd/tools"
 	"github.com/sandboxd/sandboxd/workspace"
@@ -47,7 +47,7 @@ func TestResultsMatchSchemas(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	sh, err := memexec.New(fsys, memexec.WithTempDir(t.TempDir()))
+	sh, err := memory.NewMirror(fsys, memory.WithTempDir(t.TempDir()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -220,6 +220,73 @@ func TestResultsMatchSchemas(t *testing.T) {
 	for _, name := range slices.Compact(all) {
 		if !succeeded[name] || !failed[name] {
 			t.Errorf("tool %s: a success validated %v, a failure %v; want both", name, succeeded[name], failed[name])
+		}
+	}
+}
+
+// TestBoundsHold: every bound an inputSchema states (minimum, exclusive
+// minimum, maximum) holds a call to it — a value past it is refused with
+// InvalidArgument naming the argument, before the tool runs — but where
+// the tool takes such a value as its default (journal_list's limit). The
+// schema is the one place a bound is stated: no handler checks it again.
+func TestBoundsHold(t *testing.T) {
+	fsys := memfs.New()
+	sh, err := memory.NewMirror(fsys, memory.WithTempDir(t.TempDir()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sh.Close()
+	tolerated := map[string]bool{"journal_list.limit": true}
+	for _, cfg := range []func(*tools.Config){
+		func(c *tools.Config) {
+			c.Grants = []string{tools.GrantFSWrite, tools.GrantShellExec}
+			c.Always = []string{"read", "edit", "shell"}
+			c.Profile = tools.Profiles{tools.ProfileWorkspaceTools, tools.ProfileWorkspaceShell}
+			c.WorkspaceShell = &workspaceshell.Settings{Mode: workspaceshell.Write}
+		},
+		func(c *tools.Config) {
+			c.Grants = []string{tools.GrantFSWrite}
+			c.Profile = tools.Profiles{tools.ProfileWorkspaceShell}
+			c.Driver = workspaceshell.DriverProvider
+			c.WorkspaceShell = &workspaceshell.Settings{Mode: workspaceshell.Write, Commands: workspaceshell.Commands{Names: []string{"true"}}}
+		},
+	} {
+		c := tools.DefaultConfig()
+		c.MaxCallsPerRun = 0
+		cfg(&c)
+		set, err := tools.New(tools.Env{FS: fsys, Bash: sh, Session: workspace.Session{ID: "s", Root: "/workspace"}}, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, tool := range set.List() {
+			var schema struct {
+				Properties map[string]struct {
+					Minimum, ExclusiveMinimum, Maximum *float64
+				}
+			}
+			if err := json.Unmarshal(tool.InputSchema, &schema); err != nil {
+				t.Fatal(err)
+			}
+			for name, p := range schema.Properties {
+				var past []float64
+				if p.Minimum != nil {
+					past = append(past, *p.Minimum-1)
+				}
+				if p.ExclusiveMinimum != nil {
+					past = append(past, *p.ExclusiveMinimum)
+				}
+				if p.Maximum != nil {
+					past = append(past, *p.Maximum+1)
+				}
+				for _, v := range past {
+					args, _ := json.Marshal(map[string]float64{name: v})
+					res := set.Call(context.Background(), tool.Name, args, tools.CallOptions{})
+					refused := res.IsError && strings.Contains(res.Text, "InvalidArgument: "+name+" must")
+					if refused == tolerated[tool.Name+"."+name] {
+						t.Errorf("%s %s: %s; want it refused naming %s unless the tool takes it as its default", tool.Name, args, res.Text, name)
+					}
+				}
+			}
 		}
 	}
 }

@@ -10,15 +10,13 @@ import (
 
 // What ls, find and grep share: their limits and how they show names.
 
-// limitOf applies a call's limit under the configured cap.
-func limitOf(limit *int, max int) (int, error) {
+// limitOf applies a call's limit (at least 1: the schema says so, and
+// checkBounds holds calls to it) under the configured cap.
+func limitOf(limit *int, max int) int {
 	if limit == nil {
-		return max, nil
+		return max
 	}
-	if *limit < 1 {
-		return 0, invalid("limit must be at least 1, got %d", *limit)
-	}
-	return min(*limit, max), nil
+	return min(*limit, max)
 }
 
 // capOutput keeps the lines that fit in maxLines and maxBytes.

@@ -12,7 +12,7 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/sandboxd/sandboxd/memexec"
+	"github.com/sandboxd/sandboxd/backend/memory"
 	"github.com/sandboxd/sandboxd/memfs"
 	"github.com/sandboxd/sandboxd/sources"
 	"github.com/sandboxd/sandboxd/tools"
@@ -105,7 +105,7 @@ func TestMaterializeSourcesTool(t *testing.T) {
 // memoryBackend is a memory workspace with bash.
 func memoryBackend(t *testing.T) shellBackend {
 	mfs := memfs.New(memfs.WithUmask(0))
-	msh, err := memexec.New(mfs, memexec.WithTempDir(t.TempDir()))
+	msh, err := memory.NewMirror(mfs, memory.WithTempDir(t.TempDir()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,7 +159,7 @@ func TestAPISourceThroughTheShell(t *testing.T) {
 		c.Sources = sources.Decls{{Name: "api", Kind: sources.KindHTTP, HTTPDecl: sources.HTTPDecl{
 			URL:        srv.URL + "/v1",
 			Requests:   []sources.RequestShape{{Method: "GET", Path: "/me"}},
-			Credential: &sources.Credential{Header: "Authorization", Prefix: "Bearer ", Env: "SANDBOXD_TEST_API_TOKEN"},
+			Credential: &sources.Credential{Header: "Authorization", Prefix: "Bearer ", Secret: sources.Secret{Env: "SANDBOXD_TEST_API_TOKEN"}},
 		}}}
 	})
 	var outputs []string

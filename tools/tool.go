@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"reflect"
 	"slices"
 	"strings"
@@ -63,8 +64,13 @@ type spec[In, Out any] struct {
 	// an error carries an Out as Structured.
 	handle func(s *Set, ctx context.Context, p In, c *call) (Result, error)
 	// constrain adds to the properties of In's schema what its Go type does
-	// not say: bounds, enums, a least number of items.
+	// not say: bounds, enums, a least number of items. A call is held to
+	// the bounds there (checkBounds); handlers do not check them again.
 	constrain func(props map[string]*jsonschema.Schema)
+	// tolerate names arguments whose bounds the schema states for clients
+	// but whose handler takes a value outside them as its default, rather
+	// than refuse it (journal_list's limit 0).
+	tolerate []string
 	// variants are, when Out is an interface, the types that implement it
 	// (as values): the result is one of their shapes.
 	variants []any
@@ -104,7 +110,10 @@ func newTool[In, Out any](sp spec[In, Out]) *tool {
 	}
 	t.run = func(s *Set, ctx context.Context, args json.RawMessage, c *call) (Result, error) {
 		var p In
-		if err := decodeArgs(args, &p); err != nil {
+		if err := decodeArgs(args, &p, func() []string { return t.argNames(s) }); err != nil {
+			return Result{}, err
+		}
+		if err := checkBounds(in, args, sp.tolerate); err != nil {
 			return Result{}, err
 		}
 		res, err := sp.handle(s, ctx, p, c)
@@ -143,6 +152,22 @@ func (t *tool) args(s *Set) json.RawMessage {
 		in.Properties[name].Description = b.String()
 	}
 	return mustJSON(in)
+}
+
+// argNames lists the arguments the tool takes under s's settings, sorted.
+func (t *tool) argNames(s *Set) []string {
+	var omit []string
+	if t.omit != nil {
+		omit = t.omit(s)
+	}
+	var out []string
+	for name := range t.in.Properties {
+		if !slices.Contains(omit, name) {
+			out = append(out, name)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // argText is what the description of an argument may name, as {{.Name}}:
@@ -252,6 +277,38 @@ func toolsOf(skills ...string) []string {
 		}
 	}
 	return out
+}
+
+// checkBounds refuses an argument outside the bounds its property has in
+// the argument schema (constrain): a bound is stated there once, for a
+// client to read and for every call to be held to, and no handler checks
+// it again. An argument left out or null, or one the tool tolerates, is
+// not judged.
+func checkBounds(in *jsonschema.Schema, args json.RawMessage, tolerate []string) error {
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(args, &fields) != nil {
+		return nil // decodeArgs judged the shape
+	}
+	for _, name := range slices.Sorted(maps.Keys(fields)) {
+		p, raw := in.Properties[name], fields[name]
+		var v float64
+		if p == nil || string(raw) == "null" || slices.Contains(tolerate, name) || json.Unmarshal(raw, &v) != nil {
+			continue
+		}
+		switch {
+		case p.ExclusiveMinimum != nil && v <= *p.ExclusiveMinimum && *p.ExclusiveMinimum == 0:
+			return invalid("%s must be positive, got %v", name, v)
+		case p.ExclusiveMinimum != nil && v <= *p.ExclusiveMinimum:
+			return invalid("%s must be above %v, got %v", name, *p.ExclusiveMinimum, v)
+		case p.Minimum != nil && v < *p.Minimum && *p.Minimum == 0:
+			return invalid("%s must not be negative, got %v", name, v)
+		case p.Minimum != nil && v < *p.Minimum:
+			return invalid("%s must be at least %v, got %v", name, *p.Minimum, v)
+		case p.Maximum != nil && v > *p.Maximum:
+			return invalid("%s must be at most %v, got %v", name, *p.Maximum, v)
+		}
+	}
+	return nil
 }
 
 // minimum sets the least value of the named properties.

@@ -27,6 +27,7 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -72,10 +73,16 @@ type Env struct {
 	// JournalStore is where the session's journal keeps its commits and the
 	// contents it may restore: a file system the workspace's commands
 	// cannot write, so that they cannot choose what a failed workspace_exec
-	// "restores". Nil: a store in memory, held by the Set and lost with it
-	// (the daemon gives each session a directory of its own instead). The
-	// journal checks every kept content against its hash either way.
+	// "restores". It comes from whoever wires the session: the daemon
+	// gives each session a private directory of its own. Nil: the journal
+	// is kept in memory (journal.InMemory), held by the Set and lost with
+	// it. The journal checks every kept content against its hash either
+	// way.
 	JournalStore workspace.FileSystem
+	// Egress, when set, traces the connections of the commands the tools
+	// run through the session's egress (EgressTracer): their results list
+	// what was decided. Nil: commands' results carry no egress.
+	Egress EgressTracer
 }
 
 // Tool describes one tool of the catalogue; it marshals to the shape of
@@ -117,6 +124,10 @@ type CallOptions struct {
 	// ToolsChanged, when set, is called after load_skill changed which tools
 	// are active (an MCP server sends tools/list_changed).
 	ToolsChanged func()
+	// CallID names the call in what it leaves behind: the egress proxy's
+	// records of its commands' connections (Env.Egress). Empty: the Set
+	// makes one.
+	CallID string
 }
 
 // Progress is a run of output from one stream of a running command.
@@ -198,9 +209,10 @@ func skillByName(name string) *skillDef {
 
 // call is one call in progress.
 type call struct {
-	tool  string
-	runID string
-	opts  CallOptions
+	tool   string
+	runID  string
+	callID string
+	opts   CallOptions
 	// fsys is the workspace as the call sees and changes it: the journal's
 	// recorder for a journaled tool, else Env.FS, seen through the rules.
 	fsys workspace.FileSystem
@@ -258,7 +270,7 @@ type Set struct {
 	// provider is the active provider run (BeginProviderRun), or nil.
 	provider *journal.Session
 
-	bg backgrounds // bash's background commands
+	bg *backgrounds // bash's background commands
 }
 
 // New builds a tool set. It checks cfg as Config.Check does, with what env
@@ -285,7 +297,10 @@ func New(env Env, cfg Config) (*Set, error) {
 		env.Sources = g
 	}
 	s := &Set{env: env, cfg: cfg, root: path.Clean(root), active: map[string]bool{"workspace.read": true}, runs: map[string]int{}}
-	s.bg.ctx, s.bg.stop = context.WithCancel(context.Background())
+	s.bg = &backgrounds{}
+	if env.Bash != nil {
+		s.bg.BackgroundBash, s.bg.durable = workspace.Background(env.Bash)
+	}
 	for _, r := range []scope.Rules{cfg.Rules(), env.Scope} {
 		if !r.IsZero() {
 			s.rules = append(s.rules, r)
@@ -455,9 +470,12 @@ func (s *Set) EndRun(runID string) {
 // active and calls past maxCallsPerRun. Call never panics on bad input and
 // never returns a Go error: every failure is a Result with IsError set.
 func (s *Set) Call(ctx context.Context, name string, args json.RawMessage, opts CallOptions) Result {
-	c := &call{tool: name, runID: opts.RunID, opts: opts, fsys: s.view, raw: s.env.FS}
+	c := &call{tool: name, runID: opts.RunID, callID: opts.CallID, opts: opts, fsys: s.view, raw: s.env.FS}
 	if c.runID == "" {
 		c.runID = s.env.Session.RunID
+	}
+	if c.callID == "" {
+		c.callID = "call-" + strings.ToLower(rand.Text()[:16])
 	}
 	d := s.lookup(name)
 	if d == nil {
@@ -474,6 +492,10 @@ func (s *Set) Call(ctx context.Context, name string, args json.RawMessage, opts 
 		return failure(KindCallLimit, fmt.Sprintf("this run made its %d tool calls, the cap maxCallsPerRun sets: finish the turn, or start a new run (a new run ID), or have the operator raise maxCallsPerRun in the tools configuration (0 for no cap; sandboxd mcp --config FILE)", s.cfg.MaxCallsPerRun))
 	}
 	if !active {
+		if sk := skillByName(d.skill); sk != nil && !s.granted(sk) {
+			// Said at once: load_skill would only fail naming the grant.
+			return failure(KindToolUnavailable, fmt.Sprintf("tool %s needs the skill %s, whose grant %s this session was not given: load_skill cannot help; the grant is given when a session starts", name, d.skill, sk.grant))
+		}
 		return failure(KindToolUnavailable, fmt.Sprintf("tool %s is not active: call load_skill with skill %q first", name, d.skill))
 	}
 	if d.journaled {
@@ -489,7 +511,10 @@ func (s *Set) Call(ctx context.Context, name string, args json.RawMessage, opts 
 // decodeArgs decodes a call's arguments strictly into p. Text that is not
 // UTF-8 is refused (see badText), not replaced with U+FFFD as encoding/json
 // would, so no content or path changes without the caller being told.
-func decodeArgs(args json.RawMessage, p any) error {
+//
+// valid lists the arguments the tool takes, for the message that refuses an
+// unknown one (called only then).
+func decodeArgs(args json.RawMessage, p any, valid func() []string) error {
 	args = bytes.TrimSpace(args)
 	if len(args) == 0 || string(args) == "null" {
 		args = []byte("{}")
@@ -516,6 +541,11 @@ func decodeArgs(args json.RawMessage, p any) error {
 			msg = fmt.Sprintf("argument %s: want %s, got JSON %s", te.Field, te.Type, te.Value)
 		case strings.HasPrefix(msg, "json: unknown field "):
 			msg = "unknown argument " + strings.TrimPrefix(msg, "json: unknown field ")
+			if names := valid(); len(names) > 0 {
+				msg += " (the arguments are " + strings.Join(names, ", ") + ")"
+			} else {
+				msg += " (the tool takes no arguments)"
+			}
 		default:
 			msg = "arguments: " + strings.TrimPrefix(msg, "json: ")
 		}

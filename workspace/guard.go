@@ -50,6 +50,34 @@ func Resolve(root, p string) (string, error) {
 	return clean, nil
 }
 
+// NameMax and PathMax are what a Linux file system holds, and so what a
+// workspace does, on every backend: a name element of at most NameMax bytes
+// (NAME_MAX), a whole path, with its terminating NUL, of fewer than PathMax
+// (PATH_MAX). A name past them could be kept by some FileSystem (memfs; a
+// disk reached with openat one element at a time), but no command could use
+// it: a memory workspace's mirror, git or a shell on the host would fail on
+// it.
+const (
+	NameMax = 255
+	PathMax = 4096
+)
+
+// CheckNameLength refuses, with ErrInvalidArgument ("file name too long"), a
+// workspace name with an element over NameMax bytes or whose path from root
+// (an absolute slash path, the root as the host sees it) reaches PathMax.
+// It is what every FileSystem checks a name against.
+func CheckNameLength(root, name string) error {
+	if len(root)+1+len(name) >= PathMax {
+		return Errorf(ErrInvalidArgument, "file name too long: %d bytes from the root %s, and a path may be %d at most (PATH_MAX)", len(name), root, PathMax-1)
+	}
+	for elem := range strings.SplitSeq(name, "/") {
+		if len(elem) > NameMax {
+			return Errorf(ErrInvalidArgument, "file name too long: an element of %d bytes, and one may be %d at most (NAME_MAX)", len(elem), NameMax)
+		}
+	}
+	return nil
+}
+
 // DefaultProtect are the globs write and edit refuse unless configured.
 var DefaultProtect = Protect{".git/**", ".sandboxd/**"}
 

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/sandboxd/sandboxd/conformance"
 	"github.com/sandboxd/sandboxd/memfs"
 	"github.com/sandboxd/sandboxd/workspace"
 )
@@ -351,4 +352,18 @@ func TestGuardSwap(t *testing.T) {
 	if _, err := inner.Lstat(ctx, ".git/config"); !errors.Is(err, workspace.ErrNotFound) {
 		t.Errorf(".git/config: %v, want none written", err)
 	}
+}
+
+// TestGuardCapabilities: the guard claims links exactly when its inner
+// file system has them, and every extension it claims works.
+func TestGuardCapabilities(t *testing.T) {
+	conformance.TestWrapper(t, conformance.WrapperHarness{
+		New: func(t *testing.T) (workspace.FileSystem, string) {
+			fsys := memfs.New()
+			return fsys, fsys.Root()
+		},
+		Wrap: func(t *testing.T, inner workspace.FileSystem, root string) workspace.FileSystem {
+			return workspace.Guard(inner, root, workspace.Protect{".git/**"})
+		},
+	})
 }

@@ -11,6 +11,31 @@ import (
 	"sync"
 )
 
+// BookkeepingDir is sandboxd's own directory at a workspace's root: spilled
+// outputs, the bash state, materialised sources, a container session's
+// home. It is protected from the tools, left out of searches, never
+// delivered, and ignored by git (see Bookkeeping).
+const BookkeepingDir = ".sandboxd"
+
+// Bookkeeping creates dir, a name under BookkeepingDir, with its parents,
+// and BookkeepingDir/.gitignore, which ignores everything there (itself
+// included), when it is missing: sandboxd's bookkeeping never shows in git
+// status, whichever backend and whatever the repository's own ignores. A
+// dir outside BookkeepingDir is only created.
+func Bookkeeping(ctx context.Context, fsys FileSystem, dir string, perm fs.FileMode) error {
+	if err := MkdirAll(ctx, fsys, dir, perm); err != nil {
+		return err
+	}
+	if dir != BookkeepingDir && !strings.HasPrefix(dir, BookkeepingDir+"/") {
+		return nil
+	}
+	ignore := BookkeepingDir + "/.gitignore"
+	if _, err := fsys.Lstat(ctx, ignore); !errors.Is(err, ErrNotFound) {
+		return err
+	}
+	return fsys.WriteFile(ctx, ignore, []byte("# sandboxd's bookkeeping, never part of the work\n*\n"), 0o644)
+}
+
 // MkdirAll creates name and any missing parents, like os.MkdirAll. It uses
 // the adapter's own MkdirAll when it has one. It fails with ErrNotADirectory
 // when a component exists and is not a directory.

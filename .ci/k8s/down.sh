@@ -9,8 +9,7 @@ RUN=${SANDBOXD_K8S_RUN:-/tmp/sandboxd-k8s}
 PIDS=$RUN/pids BRIDGE=sbxk8s0
 [ -d "$RUN" ] || { echo "down.sh: nothing to do ($RUN absent)" >&2; exit 0; }
 T0=$(date +%s)
-export KUBECONFIG=$RUN/admin.kubeconfig KUBECACHEDIR=$RUN/kubectl-cache
-KUBECTL=$RUN/kubectl   # up.sh links it there
+API="https://127.0.0.1:26443" PKI=$RUN/pki   # up.sh's API_PORT
 CTR="ctr --address $RUN/containerd/containerd.sock -n k8s.io"
 failed=0
 
@@ -30,8 +29,15 @@ stop() { # stop NAME...: SIGTERM to each, up to 20 s for all to end, then SIGKIL
 }
 
 # 1. pods, through the API, so that sandboxes are torn down (CNI DEL) by the kubelet
-if alive kube-apiserver && alive kubelet && [ -x "$KUBECTL" ]; then
-  "$KUBECTL" delete pods --all --all-namespaces --grace-period=0 --force --wait=false >/dev/null 2>&1
+api() { # api METHOD PATH [BODY]: as the admin; no kubectl (build.sh does not build it)
+  curl -sf --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$PKI/admin.key" -X "$1" \
+    ${3:+-H 'Content-Type: application/json' -d "$3"} "$API$2"
+}
+if alive kube-apiserver && alive kubelet; then
+  # every namespace's pods, at once (kubectl delete pods --all -A --grace-period=0 --force --wait=false)
+  for ns in $(api GET /api/v1/namespaces | tr -d ' \n' | grep -o '"metadata":{"name":"[^"]*"' | cut -d'"' -f6); do
+    api DELETE "/api/v1/namespaces/$ns/pods" '{"kind":"DeleteOptions","apiVersion":"v1","gracePeriodSeconds":0}' >/dev/null 2>&1
+  done
   # until no task runs (the kubelet keeps exited containers for its garbage collector: step 2 removes them)
   for _ in $(seq 60); do
     [ "$($CTR tasks ls 2>/dev/null | awk 'NR > 1 && $3 == "RUNNING"' | wc -l)" = 0 ] && break

@@ -29,7 +29,7 @@ export PATH=$BIN:$PATH KUBECACHEDIR=$RUN/kubectl-cache
 [ ! -e "$RUN" ] || { echo "up.sh: $RUN exists: run .ci/k8s/down.sh first" >&2; exit 1; }
 missing=""
 for f in "$BIN/etcd" "$BIN/kube-apiserver" "$BIN/kube-controller-manager" "$BIN/kube-scheduler" "$BIN/kubelet" \
-  "$BIN/kubectl" "$OUT/images/pause.tar" /usr/bin/containerd "$CNI_BIN/bridge" "$CNI_BIN/host-local" "$CNI_BIN/loopback"; do
+  "$OUT/images/pause.tar" /usr/bin/containerd "$CNI_BIN/bridge" "$CNI_BIN/host-local" "$CNI_BIN/loopback"; do
   [ -e "$f" ] || missing+=" $f"
 done
 for c in runc ctr openssl curl; do command -v "$c" >/dev/null || missing+=" $c"; done
@@ -40,7 +40,8 @@ trap 'echo "up.sh: failed at line $LINENO; logs in $LOGS; run .ci/k8s/down.sh" >
 # Paths outside $RUN that the kubelet, CRI and CNI hard-code: down.sh removes those this run created.
 for p in /var/lib/kubelet /var/log/containers /var/log/pods /var/lib/cni /run/netns; do [ -e "$p" ] || echo "$p"; done > "$RUN/outside.created"
 ls -d /run/netns/* > "$RUN/netns.before" 2>/dev/null || true
-ln -s "$BIN/kubectl" "$RUN/kubectl"
+# kubectl only when build.sh made it (SANDBOXD_K8S_KUBECTL=1): nothing here needs it, a person may.
+[ ! -x "$BIN/kubectl" ] || ln -s "$BIN/kubectl" "$RUN/kubectl"
 # Kernel tunables the kubelet rewrites (it has no switch to leave them): down.sh restores them.
 for s in vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops kernel.keys.root_maxkeys kernel.keys.root_maxbytes; do
   echo "$s=$(sysctl -n "$s")"
@@ -125,7 +126,11 @@ start kube-apiserver "$BIN/kube-apiserver" --etcd-servers="http://127.0.0.1:$ETC
   --service-account-key-file="$PKI/sa.pub" --service-account-signing-key-file="$PKI/sa.key" \
   --service-cluster-ip-range="$SERVICE_CIDR" --authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction \
   --allow-privileged=false --profiling=false
-wait_for "kube-apiserver ready" 180 curl -sf --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$PKI/admin.key" "https://127.0.0.1:$API_PORT/readyz"
+api() { # api PATH: GET PATH from the API server as the admin (no kubectl: build.sh does not build it)
+  curl -sf --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$PKI/admin.key" "https://127.0.0.1:$API_PORT$1"
+}
+node_ready() { api "/api/v1/nodes/$NODE" | tr -d ' \n' | grep -q '"type":"Ready","status":"True"'; }
+wait_for "kube-apiserver ready" 180 api /readyz
 
 start kube-controller-manager "$BIN/kube-controller-manager" --kubeconfig="$RUN/controller-manager.kubeconfig" \
   --authentication-kubeconfig="$RUN/controller-manager.kubeconfig" --authorization-kubeconfig="$RUN/controller-manager.kubeconfig" \
@@ -235,10 +240,9 @@ podLogsDir: "$RUN/pod-logs"
 YAML
 start kubelet "$BIN/kubelet" --config="$RUN/kubelet-config.yaml" --kubeconfig="$RUN/kubelet.kubeconfig" \
   --root-dir="$RUN/kubelet" --hostname-override="$NODE" --v=1
-wait_for "node registered" 180 kubectl get node "$NODE"
-kubectl wait --for=condition=Ready "node/$NODE" --timeout=180s >/dev/null
-log "node $NODE Ready"
-wait_for "default service account" 120 kubectl -n default get serviceaccount default
+wait_for "node registered" 180 api "/api/v1/nodes/$NODE"
+wait_for "node $NODE Ready" 180 node_ready
+wait_for "default service account" 120 api /api/v1/namespaces/default/serviceaccounts/default
 
 cat > "$RUN/env" <<ENV
 export KUBECONFIG=$KUBECONFIG

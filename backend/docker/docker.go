@@ -1,10 +1,29 @@
 // Package docker is the [backend.Backend] of hardened session containers,
-// the one a daemon of many tenants runs: [dockerexec] starts each
-// container from the session's [policy.Profile], and the sandboxd agent,
-// its PID 1, serves the workspace's files ([dockerfs.FS]) and commands
-// ([dockerexec.Bash]) over one stream. It is a [backend.Warmer] (containers
+// the one a daemon of many tenants runs. [Start] creates a container from a
+// [policy.Profile], puts the sandboxd agent and the initial workspace into
+// it before it starts, runs the agent as its PID 1 and talks to it over the
+// container's attached standard input and output; the agent's client
+// ([Container.Agent]) is the workspace's [workspace.FileSystem] and [Bash]
+// its [workspace.Bash], over that one stream. [Backend] opens a session's
+// container from its [backend.Spec]; it is a [backend.Warmer] (containers
 // may wait in a warm pool) and a [backend.Claimer] (daemons sharing an
 // engine claim their name with a marker container).
+//
+//	c, err := docker.Start(ctx, cli, docker.Spec{Profile: prof, WorkspaceDir: dir})
+//	defer c.Close(context.Background())
+//	res, err := c.Bash().Run(ctx, workspace.Command{Script: "make test"})
+//	data, err := c.Agent().ReadFile(ctx, "go.mod", 1<<20)
+//
+// Tool calls go through the agent's one long-lived stream and never through
+// docker exec or the archive API; a file call costs one round trip on the
+// open stream, well under a millisecond. The calls are carried out in the
+// container on /workspace with the agent's traversal-resistant confinement
+// (links are followed only inside the workspace, resolution and use are one
+// step). The archive API is used only while no code runs in the container:
+// before it starts, to put the agent and the initial workspace in.
+// Everything the agent answers is treated as untrusted by the agent client:
+// sizes are bounded, names checked, and a garbled stream makes the
+// workspace unavailable ([workspace.ErrUnavailable]), never panics.
 package docker
 
 import (
@@ -21,36 +40,34 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/sandboxd/sandboxd/backend"
-	"github.com/sandboxd/sandboxd/dockerexec"
-	"github.com/sandboxd/sandboxd/dockerfs"
-	"github.com/sandboxd/sandboxd/images"
+	"github.com/sandboxd/sandboxd/images/engine"
 	"github.com/sandboxd/sandboxd/policy"
 )
 
 // Backend is the backend of hardened session containers: one container per
-// session, made from the session's profile (package dockerexec), its files
-// and commands served by the sandboxd agent running as the container's
-// PID 1 (packages dockerfs and dockerexec). A container killed from outside
+// session, made from the session's profile ([Start]), its files and
+// commands served by the sandboxd agent running as the container's PID 1. A container killed from outside
 // ends its workspace (Instance.Done, Err naming the container's exit code)
 // at once.
 type Backend struct {
 	// Client talks to the engine. Required.
-	Client client.APIClient
-	// Agent is the sandboxd-agent binary; "" finds it (dockerexec.FindAgent).
+	Client Engine
+	// Agent is the sandboxd-agent binary; "" finds it (FindAgent).
 	Agent string
 	// MaxWorkspaceBytes caps the initial copy of a session's Source, sparse
 	// files counted at their full size; 0 is
-	// dockerexec.DefaultMaxWorkspaceBytes.
+	// DefaultMaxWorkspaceBytes.
 	MaxWorkspaceBytes int64
 	// HandoffDir is where each container gets a directory through which
 	// its egress connections reach the daemon without crossing the attach
-	// stream (dockerexec.Spec.HandoffDir); "" carries them on the stream.
+	// stream (Spec.HandoffDir); "" carries them on the stream.
 	HandoffDir string
 }
 
 var (
-	_ backend.Warmer  = (*Backend)(nil)
-	_ backend.Claimer = (*Backend)(nil)
+	_ backend.Warmer      = (*Backend)(nil)
+	_ backend.Claimer     = (*Backend)(nil)
+	_ backend.ImageReader = (*Backend)(nil)
 )
 
 // Name returns "docker".
@@ -73,18 +90,19 @@ func (d *Backend) Warm(ctx context.Context, spec backend.Spec) (*backend.Instanc
 }
 
 func (d *Backend) start(ctx context.Context, spec backend.Spec, prof policy.Profile) (*backend.Instance, error) {
-	ref, err := images.Resolve(ctx, d.Client, prof.Image)
+	ref, err := engine.Resolve(ctx, d.Client, prof.Image)
 	if err != nil {
 		return nil, fmt.Errorf("docker backend: %w", err)
 	}
 	prof.Image = ref
-	c, err := dockerexec.Start(ctx, d.Client, dockerexec.Spec{Profile: prof, Labels: spec.Labels, Agent: d.Agent, WorkspaceDir: spec.Source, MaxWorkspaceBytes: d.MaxWorkspaceBytes, HandoffDir: d.HandoffDir})
+	c, err := Start(ctx, d.Client, Spec{Profile: prof, Labels: spec.Labels, Agent: d.Agent, WorkspaceDir: spec.Source, MaxWorkspaceBytes: d.MaxWorkspaceBytes, HandoffDir: d.HandoffDir})
 	if err != nil {
 		return nil, fmt.Errorf("docker backend: %w", err)
 	}
 	return &backend.Instance{
-		FS: dockerfs.New(c), Bash: c.Bash(), Root: policy.WorkspaceDir, ID: c.Name(), Close: c.Close,
+		FS: c.Agent(), Bash: c.Bash(), Root: policy.WorkspaceDir, ID: c.Name(), Close: c.Close,
 		Done: c.Agent().Done(), Err: c.Agent().Err, Accept: c.Accept, Listen: c.Listen,
+		Export: c.Export, Import: c.Import,
 	}, nil
 }
 
@@ -96,7 +114,7 @@ func (d *Backend) start(ctx context.Context, spec backend.Spec, prof policy.Prof
 // a directory of its uid in the temporary directory. A directory that is
 // not the daemon's own and closed to others is refused when a container
 // starts.
-func DefaultHandoffDir(cli client.APIClient) string {
+func DefaultHandoffDir(cli Engine) string {
 	if !strings.HasPrefix(cli.DaemonHost(), "unix://") {
 		return ""
 	}
@@ -114,7 +132,7 @@ func DefaultHandoffDir(cli client.APIClient) string {
 // owner: what dead runs of the daemon left. What a run that may live holds
 // is left alone.
 func (d *Backend) Reap(ctx context.Context, labels map[string]string) (int, error) {
-	return dockerexec.Reap(ctx, d.Client, labels, ownerGone)
+	return Reap(ctx, d.Client, labels, ownerGone)
 }
 
 // ownerGone reports whether the owner labels name has ended, or none is named.

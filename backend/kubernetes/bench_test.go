@@ -17,8 +17,8 @@ import (
 
 	"github.com/sandboxd/sandboxd/backend"
 	"github.com/sandboxd/sandboxd/backend/kubernetes"
-	"github.com/sandboxd/sandboxd/internal/k8stest"
 	"github.com/sandboxd/sandboxd/runner"
+	"github.com/sandboxd/sandboxd/testharness/k8stest"
 	"github.com/sandboxd/sandboxd/workspace"
 )
 

@@ -15,16 +15,20 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/dynamic"
 	clientset "k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/restmapper"
 
 	"github.com/sandboxd/sandboxd/backend"
 	"github.com/sandboxd/sandboxd/backend/kubernetes"
-	"github.com/sandboxd/sandboxd/internal/k8stest"
+	"github.com/sandboxd/sandboxd/testharness/k8stest"
 )
 
 // manifests decodes deploy/kubernetes/sandboxd.yaml.
@@ -56,7 +60,8 @@ func manifests(t *testing.T) []runtime.Object {
 }
 
 // TestDeployRBAC applies the manifests' namespaces, service account, Role,
-// RoleBinding and NetworkPolicies, and runs a session as that service
+// RoleBinding and NetworkPolicies, has the API server accept every object
+// of them in a dry run (dryRunApply), and runs a session as that service
 // account, in the sessions namespace (Pod Security "restricted"): the Role
 // is enough for everything the backend does, and the pods pass.
 func TestDeployRBAC(t *testing.T) {
@@ -67,7 +72,7 @@ func TestDeployRBAC(t *testing.T) {
 		switch o := obj.(type) {
 		case *corev1.Namespace:
 			_, err = admin.CoreV1().Namespaces().Create(ctx, o, metav1.CreateOptions{})
-			if apierrors.IsAlreadyExists(err) { // made by .ci/k8s/ci.sh for its dry run: take the labels
+			if apierrors.IsAlreadyExists(err) { // left by an earlier run: take the labels
 				_, err = admin.CoreV1().Namespaces().Update(ctx, o, metav1.UpdateOptions{})
 			}
 		case *corev1.ServiceAccount:
@@ -90,12 +95,13 @@ func TestDeployRBAC(t *testing.T) {
 			admin.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{})
 		}
 	})
-
-	tok, err := admin.CoreV1().ServiceAccounts("sandboxd").CreateToken(ctx, "sandboxd", &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
+	adminCfg, err := kubernetes.LoadConfig(k8stest.Kubeconfig(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	adminCfg, err := kubernetes.LoadConfig(k8stest.Kubeconfig(t))
+	dryRunApply(t, adminCfg, admin)
+
+	tok, err := admin.CoreV1().ServiceAccounts("sandboxd").CreateToken(ctx, "sandboxd", &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,5 +179,42 @@ func TestDeployRBAC(t *testing.T) {
 	<-held.Done
 	if !errors.Is(held.Err(), backend.ErrMoved) {
 		t.Errorf("the former holder ended with %v, want ErrMoved", held.Err())
+	}
+}
+
+// dryRunApply has the API server take every object of the manifests, the
+// daemon's Deployment, Service and ConfigMap too, in a server-side apply
+// dry run (kubectl apply --dry-run=server): the manifests are what this
+// Kubernetes accepts, nothing is changed.
+func dryRunApply(t *testing.T, cfg *rest.Config, admin clientset.Interface) {
+	t.Helper()
+	ctx := context.Background()
+	groups, err := restmapper.GetAPIGroupResources(admin.Discovery())
+	if err != nil {
+		t.Fatal(err)
+	}
+	mapper := restmapper.NewDiscoveryRESTMapper(groups)
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, obj := range manifests(t) {
+		gvk := obj.GetObjectKind().GroupVersionKind()
+		m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+		if err != nil {
+			t.Fatalf("%v: %v", gvk, err)
+		}
+		fields, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
+		if err != nil {
+			t.Fatal(err)
+		}
+		u := &unstructured.Unstructured{Object: fields}
+		var res dynamic.ResourceInterface = dyn.Resource(m.Resource)
+		if m.Scope.Name() == meta.RESTScopeNameNamespace {
+			res = dyn.Resource(m.Resource).Namespace(u.GetNamespace())
+		}
+		if _, err := res.Apply(ctx, u.GetName(), u, metav1.ApplyOptions{DryRun: []string{metav1.DryRunAll}, FieldManager: "sandboxd-deploy-test", Force: true}); err != nil {
+			t.Errorf("deploy/kubernetes: %s %s/%s refused: %v", gvk.Kind, u.GetNamespace(), u.GetName(), err)
+		}
 	}
 }

@@ -62,7 +62,7 @@ cat <&3`, host, u.Port())
 		}
 		return br.Output
 	}
-	if out := get("allowed.test"); !strings.Contains(out, "proxy=http://127.0.0.1:3128") || !strings.Contains(out, "200 OK") || !strings.Contains(out, "hello from the daemon's side") {
+	if out := get("allowed.test"); !strings.Contains(out, ":egress@127.0.0.1:3128") || !strings.Contains(out, "200 OK") || !strings.Contains(out, "hello from the daemon's side") {
 		t.Errorf("an allowed host through the proxy: %q", out)
 	}
 	if out := get("other.test"); !strings.Contains(out, "403") || !strings.Contains(out, "egress.allow") {
@@ -70,5 +70,15 @@ cat <&3`, host, u.Port())
 	}
 	if st := m.Stats().Egress; st.Connections[egress.OutcomeOK] == 0 || st.Connections[egress.OutcomeRefused] == 0 {
 		t.Errorf("egress stats: %+v", st)
+	}
+	// A program that resolves a name itself fails at once: the pod has no
+	// DNS (the NetworkPolicy would drop cluster DNS's packets, and a
+	// lookup would wait out the resolver's timeouts), and the result says
+	// why.
+	args, _ := json.Marshal(map[string]any{"command": `(exec 3<>/dev/tcp/example.com/80) 2>&1; echo "exit $?"`, "timeout": 60})
+	res, err := s.Call(ctx, "bash", args, tools.CallOptions{})
+	br, _ := res.Structured.(*tools.BashResult)
+	if err != nil || br == nil || br.TimedOut || !strings.Contains(br.Output, "exit 1") || !strings.Contains(res.Text, "no DNS") {
+		t.Errorf("a name resolved in the pod: %v %s", err, res.Text)
 	}
 }

@@ -60,6 +60,9 @@ func TestPodSpec(t *testing.T) {
 	prof.User = "1000000007:1000000007"
 	pod := b.podSpec("sandboxd-x", prof, map[string]string{"k": "v"})
 	s := pod.Spec
+	if s.DNSPolicy != corev1.DNSNone || s.DNSConfig == nil || len(s.DNSConfig.Nameservers) != 1 || s.DNSConfig.Nameservers[0] != "127.0.0.1" {
+		t.Errorf("DNS %v %+v: want none but the pod's loopback, where a lookup fails at once", s.DNSPolicy, s.DNSConfig)
+	}
 	if *s.AutomountServiceAccountToken || *s.EnableServiceLinks || s.RestartPolicy != corev1.RestartPolicyNever {
 		t.Errorf("token %v, service links %v, restart %v", *s.AutomountServiceAccountToken, *s.EnableServiceLinks, s.RestartPolicy)
 	}

@@ -15,8 +15,16 @@
 // no command can end the session by signal), and it reaps the orphans the
 // kernel hands it. It makes itself not dumpable (PR_SET_DUMPABLE 0), so a
 // command running as the same user cannot ptrace it, read its memory or
-// take its descriptors; commands, which it execs, are dumpable again. When its input closes it ends every command, waits for
-// them, and exits with status 0; a protocol error exits with status 1.
+// take its descriptors; commands, which it execs, are dumpable again.
+//
+// Its clients follow one another on its standard input and output
+// (agent.Server.ServeShared): the engine keeps a container's input open
+// when an attached client goes, so the agent runs on with no client, its
+// background commands too, and serves the next client to attach, which
+// announces itself with a resync line; a frame it cannot act on (one a
+// dying client cut short) ends a connection, never the agent. When its
+// input closes it ends every command, background ones included, waits for
+// them, and exits with status 0; a broken stream exits with status 1.
 //
 // With --listen ADDR it serves TCP clients instead of its standard input,
 // one at a time, each presenting the token of $SANDBOXD_AGENT_TOKEN
@@ -148,7 +156,8 @@ func serve(root, envAllow, shell string, sync bool, listen string) int {
 	if listen != "" {
 		return serveListener(ctx, log, srv, listen, token)
 	}
-	err = srv.Serve(ctx, stdio{pollable(os.Stdin), pollable(os.Stdout)})
+	defer srv.Close(context.Background()) // the background commands end with the agent
+	err = srv.ServeShared(ctx, pollable(os.Stdin), pollable(os.Stdout))
 	if err != nil {
 		log.Error("stream ended", "err", err)
 		return 1
@@ -161,7 +170,7 @@ func serve(root, envAllow, shell string, sync bool, listen string) int {
 // is followed only while it stays under root) from extents, keeping its
 // holes: extents is a sequence of "OFFSET LENGTH\n" lines, each followed by
 // LENGTH bytes of data; everything between them stays a hole, and the file
-// is cut or extended to size. dockerexec uses it for the sparse files of an
+// is cut or extended to size. The Docker backend uses it for the sparse files of an
 // initial workspace, which the engine's archive API would write in full.
 func writeSparse(root, name, size string, extents io.Reader) error {
 	n, err := strconv.ParseInt(size, 10, 64)
@@ -226,13 +235,6 @@ func install(dest string) error {
 		return err
 	}
 	return os.Rename(tmp.Name(), dest)
-}
-
-// stdio is the agent's stream: frames in on standard input, out on standard
-// output.
-type stdio struct {
-	io.Reader
-	io.Writer
 }
 
 // pollable returns f made non-blocking, so that Go waits for it in its

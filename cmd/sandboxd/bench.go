@@ -24,7 +24,7 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/sandboxd/sandboxd/backend"
-	"github.com/sandboxd/sandboxd/dockerexec"
+	"github.com/sandboxd/sandboxd/backend/docker"
 	"github.com/sandboxd/sandboxd/images"
 	"github.com/sandboxd/sandboxd/policy"
 	"github.com/sandboxd/sandboxd/runner"
@@ -33,13 +33,13 @@ import (
 
 var cmdBench = &command{
 	name:    "bench",
-	args:    "[--calls N] [--backends local,memory,docker] [--floor-calls N] [--image IMAGE]",
+	args:    "[--calls N] [--backends " + strings.Join(backendNames(sessionable), ",") + "] [--floor-calls N] [--image IMAGE]",
 	summary: "measure what each tool costs on this machine, per backend over MCP, beside the Docker floors, and print the tables",
 	setup: func(fs *flag.FlagSet) runFunc {
 		var o benchOptions
 		var backends string
 		fs.IntVar(&o.calls, "calls", 200, "timed calls of each tool on each backend")
-		fs.StringVar(&backends, "backends", "local,memory,docker", "the `backends` to measure, comma-separated; docker adds the Docker floors")
+		fs.StringVar(&backends, "backends", strings.Join(backendNames(sessionable), ","), "the `backends` to measure, comma-separated; docker adds the Docker floors")
 		fs.IntVar(&o.floorCalls, "floor-calls", 10, "timed runs of each Docker floor (each takes a fraction of a second to seconds)")
 		fs.StringVar(&o.image, "image", images.Default, "the docker backend's and the floors' `image`")
 		return func(ctx context.Context, sio stdio, args []string) error {
@@ -53,8 +53,8 @@ var cmdBench = &command{
 				if b = strings.TrimSpace(b); b == "" {
 					continue
 				}
-				if !slices.Contains(benchBackends, b) {
-					return usagef("--backends: unknown backend %q (backends are %s)", b, strings.Join(benchBackends, ", "))
+				if _, err := backendNamed(b, sessionable); err != nil {
+					return usagef("--backends: %v", err)
 				}
 				if !slices.Contains(o.backends, b) {
 					o.backends = append(o.backends, b)
@@ -63,16 +63,13 @@ var cmdBench = &command{
 			if len(o.backends) == 0 {
 				return usagef("--backends names no backend")
 			}
-			slices.SortFunc(o.backends, func(a, b string) int {
-				return slices.Index(benchBackends, a) - slices.Index(benchBackends, b)
-			})
+			// The table's order is the backends', as mcp (which bench spawns) offers them.
+			order := backendNames(sessionable)
+			slices.SortFunc(o.backends, func(a, b string) int { return slices.Index(order, a) - slices.Index(order, b) })
 			return bench(ctx, sio, o)
 		}
 	},
 }
-
-// benchBackends are the backends bench measures, in the order of its table.
-var benchBackends = []string{"local", "memory", "docker"}
 
 type benchOptions struct {
 	calls, floorCalls int
@@ -252,10 +249,14 @@ func benchBackend(ctx context.Context, exe, backend string, o benchOptions) ([]b
 		}
 	}
 	args := []string{"mcp", "--backend", backend, "--workspace", dir, "--grant", "fs.write", "--grant", "shell.exec", "--always", "read,edit,shell"}
-	switch backend {
-	case "docker":
-		args = append(args, "--image", o.image, "--deliver", "none")
-	case "memory":
+	entry, err := backendNamed(backend, sessionable)
+	if err != nil {
+		return nil, err
+	}
+	if entry.container {
+		args = append(args, "--image", o.image)
+	}
+	if !entry.inPlace {
 		args = append(args, "--deliver", "none")
 	}
 	c, err := startBench(ctx, exe, args...)
@@ -424,7 +425,7 @@ func dockerFloors(ctx context.Context, sio stdio, o benchOptions) ([]benchFloor,
 		return nil, fmt.Errorf("%w (run 'sandboxd doctor')", err)
 	}
 	defer cli.Close()
-	b, ref, err := dockerBackend(ctx, sio, cli, o.image)
+	b, ref, err := dockerBackend(ctx, sio, cli, o.image, false)
 	if err != nil {
 		return nil, err
 	}
@@ -434,7 +435,7 @@ func dockerFloors(ctx context.Context, sio stdio, o benchOptions) ([]benchFloor,
 	// Whatever a floor left — a removal that lost a race, a warm container
 	// a pool was still making at its shutdown — goes at the end.
 	defer func() {
-		if _, err := dockerexec.Reap(context.WithoutCancel(ctx), cli, map[string]string{backend.LabelDaemon: daemon}, nil); err != nil {
+		if _, err := docker.Reap(context.WithoutCancel(ctx), cli, map[string]string{backend.LabelDaemon: daemon}, nil); err != nil {
 			fmt.Fprintf(sio.err, "sandboxd bench: removing the floors' containers: %v\n", err)
 		}
 	}()
@@ -476,7 +477,7 @@ func dockerFloors(ctx context.Context, sio stdio, o benchOptions) ([]benchFloor,
 	if err != nil {
 		return nil, err
 	}
-	err = measure("`docker exec CONTAINER true`", o.floorCalls, func() (func() error, error) { return nil, dockerexec.ExecOnce(ctx, cli, id, "true") })
+	err = measure("`docker exec CONTAINER true`", o.floorCalls, func() (func() error, error) { return nil, docker.ExecOnce(ctx, cli, id, "true") })
 	remove(id)
 	if err != nil {
 		return nil, err
@@ -503,7 +504,7 @@ func dockerFloors(ctx context.Context, sio stdio, o benchOptions) ([]benchFloor,
 	}
 
 	for _, pool := range []int{0, 2} {
-		opts := []runner.Option{runner.WithPolicy(policy.Policy{DefaultImage: ref}), runner.WithDaemonName(daemon)}
+		opts := []runner.Option{runner.WithPolicy(policy.Policy{DefaultImage: ref}), runner.WithDaemonName(daemon), runner.WithJournalStores(journalStore)}
 		name := "cold session: create, start, first call (`ls`)"
 		if pool > 0 {
 			opts = append(opts, runner.WithPool(runner.PoolConfig{Size: pool}))

@@ -3,11 +3,10 @@ package main
 import (
 	"cmp"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/sandboxd/sandboxd/sources"
-	"github.com/sandboxd/sandboxd/tools"
 	"maps"
 	"os"
 	"path/filepath"
@@ -18,11 +17,14 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/sandboxd/sandboxd/sources"
+	"github.com/sandboxd/sandboxd/tools"
+
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/moby/moby/api/types/system"
 	"github.com/moby/moby/client"
 
-	"github.com/sandboxd/sandboxd/dockerexec"
+	"github.com/sandboxd/sandboxd/backend/docker"
 	"github.com/sandboxd/sandboxd/images"
 	"github.com/sandboxd/sandboxd/policy"
 )
@@ -101,15 +103,18 @@ func printChecks(sio stdio, checks []check) {
 // when Docker is unreachable; the engine's checks are then skipped.
 func diagnose(ctx context.Context, cfg serveConfig) []check {
 	checks := append([]check{checkAgent()}, checkSources(ctx, cfg)...)
+	checks = append(checks, checkSecrets(cfg)...)
+	checks = append(checks, checkTrust(cfg))
 	cli, reach := checkDocker(ctx)
 	checks = append(checks, reach)
 	if cli == nil {
-		for _, name := range []string{"engine", "images", "runtime", "cgroups", "seccomp", "userns"} {
+		for _, name := range []string{"engine", "images", "runtime", "cgroups", "seccomp", "userns", "gvisor"} {
 			checks = append(checks, check{name: name, status: statusSkip, detail: "needs a reachable engine"})
 		}
 		return append(checks, checkDisk(nil)...)
 	}
 	defer cli.Close()
+	outer := ctx // the gVisor check starts sessions: it bounds itself
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	checks = append(checks, checkEngine(ctx, cli))
@@ -123,6 +128,7 @@ func diagnose(ctx context.Context, cfg serveConfig) []check {
 	checks = append(checks, checkImages(ctx, cli, cfg)...)
 	checks = append(checks, checkRuntimes(info, cfg.Policy), checkCgroups(info))
 	checks = append(checks, checkSecurity(info, cfg.Policy)...)
+	checks = append(checks, checkGVisor(outer, cli, info, cfg)...)
 	var engineDir string
 	if strings.HasPrefix(cli.DaemonHost(), "unix://") {
 		engineDir = info.DockerRootDir // the engine is on this machine
@@ -171,11 +177,83 @@ func checkSources(ctx context.Context, cfg serveConfig) []check {
 	return checks
 }
 
+// checkSecrets checks each secret the configuration declares (one line
+// "secret:NAME" each): its value readable where it says, now — never
+// printing it.
+func checkSecrets(cfg serveConfig) []check {
+	var checks []check
+	for _, sec := range cfg.Secrets {
+		c := check{name: "secret:" + sec.Name, status: statusOK,
+			detail: fmt.Sprintf("from %s, for %s", cmp.Or(sec.Env, sec.File), strings.Join(sec.Allow, ", "))}
+		if _, err := sec.Read(nil); err != nil {
+			c.status, c.detail = statusFail, err.Error()
+			c.fix = "put the secret in " + sec.File + ", readable by the daemon"
+			if sec.Env != "" {
+				c.fix = "set " + sec.Env + " in the daemon's environment"
+			}
+		}
+		checks = append(checks, c)
+	}
+	return checks
+}
+
+// checkTrust says whether sessions trust every certificate authority this
+// host's administrator added (hostCADirs): on a network that re-signs TLS
+// with one — a corporate proxy, these build machines — a session that
+// does not trust it fails every HTTPS request with "x509: certificate
+// signed by unknown authority". It fails when caCerts names a file that
+// is not PEM certificates.
+func checkTrust(cfg serveConfig) check {
+	c := check{name: "trust"}
+	files, _, err := sessionCAs(cfg.CACerts)
+	if err != nil {
+		c.status, c.detail = statusFail, err.Error()
+		c.fix = "name PEM certificate files the daemon can read in caCerts, or leave caCerts out"
+		return c
+	}
+	trusted := map[[32]byte]bool{}
+	for _, f := range files {
+		certs, _ := readCerts(f)
+		for _, cert := range certs {
+			trusted[sha256.Sum256(cert.Raw)] = true
+		}
+	}
+	var missing []string
+	added := 0
+	for _, f := range hostAddedCAs() {
+		certs, err := readCerts(f)
+		if err != nil {
+			continue // not one the host can use either
+		}
+		for _, cert := range certs {
+			added++
+			if !trusted[sha256.Sum256(cert.Raw)] {
+				missing = append(missing, fmt.Sprintf("%q (%s)", cmp.Or(cert.Subject.CommonName, cert.Subject.String()), f))
+			}
+		}
+	}
+	switch {
+	case len(missing) > 0:
+		c.status = statusWarn
+		c.detail = fmt.Sprintf("this host trusts %d certificate authorities its sessions do not: %s; on a network that re-signs TLS with one, "+
+			"sessions' HTTPS fails with \"x509: certificate signed by unknown authority\"", len(missing), strings.Join(missing, ", "))
+		c.fix = "add their files to caCerts in the configuration, or leave caCerts out: sessions then trust every authority this host's administrator added"
+	case added > 0:
+		c.status, c.detail = statusOK, fmt.Sprintf("sessions trust the %d certificate authorities this host's administrator added, and their images' own", added)
+	default:
+		c.status, c.detail = statusOK, fmt.Sprintf("this host adds no certificate authority (%s); sessions trust their images' own", strings.Join(hostCADirs, ", "))
+		if len(files) > 0 {
+			c.detail += fmt.Sprintf(" and the %d files of caCerts", len(files))
+		}
+	}
+	return c
+}
+
 func checkAgent() check {
-	p, err := dockerexec.FindAgent()
+	p, err := docker.FindAgent()
 	if err != nil {
 		return check{name: "agent", status: statusFail, detail: strings.TrimPrefix(err.Error(), "dockerexec: "),
-			fix: "CGO_ENABLED=0 go build -o \"$(dirname \"$(command -v sandboxd)\")\" ./cmd/sandboxd-agent, or set " + dockerexec.EnvAgent}
+			fix: "CGO_ENABLED=0 go build -o \"$(dirname \"$(command -v sandboxd)\")\" ./cmd/sandboxd-agent, or set " + docker.EnvAgent}
 	}
 	detail := p
 	if fi, err := os.Stat(p); err == nil {
@@ -268,8 +346,8 @@ func checkImages(ctx context.Context, cli *client.Client, cfg serveConfig) []che
 			c.status, c.detail = statusFail, err.Error()
 		case found < 0:
 			c.status, c.detail = statusWarn, d.Ref()+" is not built"
-			if d.Name == cmp.Or(cfg.Image, images.Default) {
-				c.detail += " (sandboxd serve builds it at start)"
+			if d.Name == cmp.Or(cfg.Image, images.Default) || images.Canonical(cfg.Policy.DefaultImage) == d.Ref() {
+				c.detail += " (sandboxd serve needs it, and does not start without it unless --build-missing)"
 			}
 			c.fix = "sandboxd image build " + d.Name
 		default:
@@ -277,7 +355,8 @@ func checkImages(ctx context.Context, cli *client.Client, cfg serveConfig) []che
 		}
 		out = append(out, c)
 	}
-	if ref := cfg.Policy.DefaultImage; ref != "" && !refs[ref] {
+	// An image definition's name is that definition's image, checked above.
+	if ref := images.Canonical(cfg.Policy.DefaultImage); ref != "" && !refs[ref] {
 		c := check{name: "image", detail: ref}
 		switch found, err := imageSize(ctx, cli, ref); {
 		case err != nil:
@@ -398,8 +477,9 @@ func checkSecurity(info system.Info, p policy.Policy) []check {
 	case hasKey(opts, "rootless"):
 		ns.detail = "rootless engine: container users map into your user's subordinate IDs"
 	default:
-		ns.detail = "no remapping: a session's uid " + strings.SplitN(policy.DefaultUser, ":", 2)[0] +
-			" is that uid on the host (sessions still run unprivileged, with no capabilities); userns-remap in daemon.json adds a layer"
+		uids := cmp.Or(p.SessionUIDs, policy.DefaultSessionUIDs)
+		ns.detail = fmt.Sprintf("no remapping: each session runs as a host uid of its own, from %d to %d (policy.sessionUids), which is that uid on the host (sessions still run unprivileged, with no capabilities); userns-remap in daemon.json adds a layer",
+			uids.First, uids.First+uids.Count-1)
 	}
 	if _, ok := opts["cgroupns"]; ok {
 		ns.detail += "; private cgroup namespaces"

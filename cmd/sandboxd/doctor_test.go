@@ -8,14 +8,20 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/moby/moby/api/types/system"
+	"golang.org/x/sys/unix"
 
 	"github.com/sandboxd/sandboxd/images"
-	"github.com/sandboxd/sandboxd/internal/dockertest"
+	"github.com/sandboxd/sandboxd/localfs"
+	"github.com/sandboxd/sandboxd/policy"
+	"github.com/sandboxd/sandboxd/sessionca"
+	"github.com/sandboxd/sandboxd/testharness/dockertest"
 )
 
 // fakeEngine is a Docker Engine API on a unix socket, answering what
@@ -258,5 +264,95 @@ func TestDoctorRealEngine(t *testing.T) {
 	failed := regexp.MustCompile(`(?m)^fail `).MatchString(out)
 	if failed != (code != 0) {
 		t.Errorf("exit %d with a report that fails: %v\n%s%s", code, failed, out, errs)
+	}
+}
+
+// TestDoctorTrust: doctor warns when the host trusts a certificate
+// authority its administrator added that sessions do not (caCerts names
+// others), says so when they do (caCerts left out: the host's), and fails
+// a caCerts file that is not certificates; a secret's line says where it
+// is read from, and fails, naming the fix, when it cannot be — never
+// printing it.
+func TestDoctorTrust(t *testing.T) {
+	agentHere(t)
+	t.Setenv("DOCKER_HOST", "unix://"+filepath.Join(t.TempDir(), "no.sock"))
+	t.Setenv("SANDBOXD_DOCTOR_SECRET", "doctor-s3cret-value")
+	hostDir := t.TempDir()
+	old := hostCADirs
+	hostCADirs = []string{hostDir}
+	t.Cleanup(func() { hostCADirs = old })
+	writeCA := func(dir, name string) string {
+		ca, err := sessionca.New(name, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ca.Close()
+		file := filepath.Join(dir, name+".crt")
+		if err := os.WriteFile(file, ca.CertPEM(), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return file
+	}
+	writeCA(hostDir, "corporate")
+	other := writeCA(t.TempDir(), "other")
+	notPEM := filepath.Join(t.TempDir(), "x.crt")
+	os.WriteFile(notPEM, []byte("not a certificate"), 0o644)
+	config := func(body string) string {
+		file := filepath.Join(t.TempDir(), "sandboxd.json")
+		if err := os.WriteFile(file, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return file
+	}
+
+	_, lines, out := doctorLines(t, "--config", config(`{"caCerts": [`+strconv.Quote(other)+`]}`))
+	wantCheck(t, lines, "trust", "warn", `"sandboxd session corporate"`)
+	if !strings.Contains(out, "fix: add their files to caCerts") {
+		t.Errorf("doctor's report:\n%s", out)
+	}
+	_, lines, _ = doctorLines(t)
+	wantCheck(t, lines, "trust", "ok", "sessions trust the 1 certificate authorities this host's administrator added")
+	_, lines, _ = doctorLines(t, "--config", config(`{"caCerts": [`+strconv.Quote(notPEM)+`]}`))
+	wantCheck(t, lines, "trust", "fail", "want PEM certificates")
+
+	_, lines, out = doctorLines(t, "--config", config(`{"egress": {"allow": ["api.example.com:443"]}, "secrets": [
+		{"name": "API_TOKEN", "env": "SANDBOXD_DOCTOR_SECRET", "allow": ["api.example.com:443"]},
+		{"name": "OTHER", "env": "SANDBOXD_DOCTOR_UNSET", "allow": ["api.example.com:443"]}]}`))
+	wantCheck(t, lines, "secret:API_TOKEN", "ok", "from SANDBOXD_DOCTOR_SECRET, for api.example.com:443")
+	wantCheck(t, lines, "secret:OTHER", "fail", "SANDBOXD_DOCTOR_UNSET is unset")
+	if !strings.Contains(out, "fix: set SANDBOXD_DOCTOR_UNSET in the daemon's environment") || strings.Contains(out, "doctor-s3cret-value") {
+		t.Errorf("doctor's report:\n%s", out)
+	}
+}
+
+// TestDoctorGVisor starts a session under each runtime doctor checks: runc
+// serves, and on the gVisor engine (dockertest.EnvGVisorHost) runsc, with
+// the fix, serves on gVisor's kernel while Debian's runsc, whose kernel
+// follows links open(2) is told not to, is refused by the agent — and
+// doctor names the fix.
+func TestDoctorGVisor(t *testing.T) {
+	cli := dockertest.Client(t)
+	img := dockertest.Image(t)
+	agentHere(t)
+	if c := probeRuntime(t.Context(), cli, img, policy.RuntimeRunc); c.status != statusOK || !strings.Contains(c.detail, "Linux") {
+		t.Errorf("runc: %+v", c)
+	}
+	if !dockertest.GVisor() {
+		return
+	}
+	var host unix.Utsname
+	if err := unix.Uname(&host); err != nil {
+		t.Fatal(err)
+	}
+	release := unix.ByteSliceToString(host.Release[:])
+	if c := probeRuntime(t.Context(), cli, img, policy.RuntimeRunsc); c.status != statusOK || !strings.Contains(c.detail, "Linux ") || strings.Contains(c.detail, release) {
+		t.Errorf("runsc built with the fix: %+v; want a session on gVisor's kernel, not the host's (%s)", c, release)
+	}
+	c := probeRuntime(t.Context(), cli, img, "runsc-debian")
+	if c.status != statusFail || !strings.Contains(c.detail, "follows symbolic links") || c.fix != runscFixed {
+		t.Errorf("Debian's runsc (.ci/gvisor.sh registers it as runsc-debian): %+v; want a failure naming the link bug and the fix", c)
+	}
+	if !strings.Contains(localfs.ErrKernelFollowsLinks.Error(), followsLinks) {
+		t.Errorf("localfs.ErrKernelFollowsLinks %q does not say %q, which doctor looks for", localfs.ErrKernelFollowsLinks, followsLinks)
 	}
 }

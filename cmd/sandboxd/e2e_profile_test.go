@@ -3,7 +3,9 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -14,7 +16,8 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/sandboxd/sandboxd/backend"
-	"github.com/sandboxd/sandboxd/internal/dockertest"
+	"github.com/sandboxd/sandboxd/policy"
+	"github.com/sandboxd/sandboxd/testharness/dockertest"
 )
 
 // profileStep is one call of a profile run. Its result must be the error
@@ -241,8 +244,11 @@ func wantNoCLIContainers(t *testing.T, cli *client.Client) {
 }
 
 // TestKilledRunIsReaped: a `sandboxd mcp` killed with SIGKILL leaves its
-// session container and volume; the next run on this host removes them,
-// and leaves a living run's alone.
+// session container and volume. The next run on this host removes what
+// holds no work (the run's marker), keeps the container and volume while
+// the killed run's record keeps the baseline of its undelivered work, and
+// once that record is gone (as for a run of an earlier version) harvests
+// the container's work and removes it; a living run's are left alone.
 func TestKilledRunIsReaped(t *testing.T) {
 	cli := dockertest.Client(t)
 	ctx := context.Background()
@@ -313,11 +319,28 @@ func TestKilledRunIsReaped(t *testing.T) {
 	if got := left(killed.Process.Pid); len(got) != 3 {
 		t.Fatalf("the killed run left %v; the test needs its marker, container and volume", got)
 	}
-	if _, err := reapDeadRuns(ctx, cli); err != nil {
+	var said strings.Builder
+	reap := func() {
+		t.Helper()
+		if _, err := reapDeadRuns(ctx, stdio{err: &said}, cli); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reap()
+	if got := left(killed.Process.Pid); len(got) != 2 || !strings.Contains(strings.Join(got, " "), "container ") {
+		t.Fatalf("left after reaping: %v, want the container and volume of the undelivered work", got)
+	}
+	f := make(client.Filters).Add("label", backend.LabelOwnerPID+"="+strconv.Itoa(killed.Process.Pid)).Add("label", policy.LabelSession)
+	cs, err := cli.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: f})
+	if err != nil || len(cs.Items) != 1 || !strings.Contains(cs.Items[0].Labels[labelMCPRun], filepath.Join("mcp", "runs")) {
+		t.Fatalf("the killed run's container: %v, %+v", err, cs.Items)
+	}
+	if err := os.RemoveAll(cs.Items[0].Labels[labelMCPRun]); err != nil {
 		t.Fatal(err)
 	}
+	reap()
 	if got := left(killed.Process.Pid); len(got) != 0 {
-		t.Errorf("left after reaping: %v", got)
+		t.Errorf("left after the record was gone: %v", got)
 	}
 	if got := left(living.Process.Pid); len(got) != 3 {
 		t.Errorf("the living run's marker, container and volume were touched: now %v", got)

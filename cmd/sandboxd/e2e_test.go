@@ -22,7 +22,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/sandboxd/sandboxd/internal/dockertest"
+	"github.com/sandboxd/sandboxd/testharness/dockertest"
 )
 
 // testTimeout bounds each run of the binary.
@@ -402,9 +402,19 @@ type rawClient struct {
 
 func startRaw(t *testing.T, args ...string) *rawClient {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), testTimeout)
+	return startRawTo(t, testTimeout, nil, args...)
+}
+
+// startRawTo is startRaw with sandboxd's standard error going to stderr,
+// and a run bounded by timeout.
+func startRawTo(t *testing.T, timeout time.Duration, stderr *os.File, args ...string) *rawClient {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), timeout)
 	t.Cleanup(cancel)
 	cmd := exec.CommandContext(ctx, sandboxdBin, append([]string{"mcp"}, args...)...)
+	if stderr != nil {
+		cmd.Stderr = stderr
+	}
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -480,7 +490,10 @@ func TestMCPLegacyClient(t *testing.T) {
 }
 
 // TestMCPInputClosedEndsRunningCommand closes the input while a command
-// runs: the session ends at once, and the command with it.
+// runs, then sends SIGTERM, as MCP clients do to a server that has not
+// ended: the session ends at once, and the command with it. (Input closed
+// alone, the call read before it is answered first: mcpserver's
+// TestRequestsInFlight.)
 func TestMCPInputClosedEndsRunningCommand(t *testing.T) {
 	dir, _ := newWorkspace(t)
 	c := startRaw(t, "--backend", "local", "--workspace", dir, "--grant", "shell.exec", "--always", "shell")
@@ -496,6 +509,7 @@ func TestMCPInputClosedEndsRunningCommand(t *testing.T) {
 	}
 	began := time.Now()
 	c.stdin.Close()
+	c.cmd.Process.Signal(syscall.SIGTERM)
 	if err := c.cmd.Wait(); err != nil {
 		t.Errorf("sandboxd mcp after its input closed: %v", err)
 	}

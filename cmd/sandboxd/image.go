@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/images"
+	"github.com/sandboxd/sandboxd/images/engine"
 )
 
 var cmdImageBuild = &command{
@@ -43,14 +44,14 @@ var cmdImageBuild = &command{
 			}
 			defer cli.Close()
 			for _, n := range names {
-				opts := []images.Option{images.WithProgress(progressPrinter(sio, "image "+n))}
+				opts := []engine.Option{engine.WithProgress(progressPrinter(sio, "image "+n))}
 				if *rebuild {
-					opts = append(opts, images.WithRebuild())
+					opts = append(opts, engine.WithRebuild())
 				}
 				if *cache != "" {
-					opts = append(opts, images.WithCacheDir(*cache))
+					opts = append(opts, engine.WithCacheDir(*cache))
 				}
-				ref, err := images.Build(ctx, cli, n, opts...)
+				ref, err := engine.Build(ctx, cli, n, opts...)
 				if err != nil {
 					return fmt.Errorf("image %s: %w", n, err)
 				}
@@ -59,6 +60,19 @@ var cmdImageBuild = &command{
 			return nil
 		}
 	},
+}
+
+// buildCost says what building an image of sandboxd's costs on a cold
+// machine (BENCHMARKS.md, image builds).
+func buildCost(image string) string {
+	d, err := images.Lookup(image)
+	switch {
+	case err != nil:
+		return "an image sandboxd does not define"
+	case d.Builder == "busybox":
+		return "a few seconds"
+	}
+	return "the first build of " + d.Name + " takes several minutes, mostly Debian packages downloaded and unpacked; later builds reuse the cached root filesystem"
 }
 
 // progressPrinter returns a progress function for a long operation: each

@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"os/signal"
 	"strings"
 	"syscall"
@@ -55,7 +56,7 @@ type stdio struct {
 var commands []*command
 
 func init() {
-	commands = []*command{cmdMCP, cmdTools, cmdServe, cmdSessionCreate, cmdSessionList, cmdSessionRemove, cmdSessionCall, cmdSessionDiff, cmdSessionGet, cmdSessionPut, cmdImageBuild, cmdDoctor, cmdTokenNew, cmdTokenHash, cmdSoak, cmdBench, cmdVersion, cmdHelp}
+	commands = []*command{cmdMCP, cmdTools, cmdServe, cmdSessionCreate, cmdSessionList, cmdSessionRemove, cmdSessionCall, cmdSessionEgress, cmdSessionDiff, cmdSessionGet, cmdSessionPut, cmdSessionSnapshot, cmdSessionFork, cmdSnapshotList, cmdSnapshotRemove, cmdImageBuild, cmdDoctor, cmdTokenNew, cmdTokenHash, cmdSoak, cmdBench, cmdVersion, cmdHelp}
 }
 
 // usageError is a mistake in how sandboxd was invoked; it exits with status 2.
@@ -79,7 +80,17 @@ func (e *exitStatus) Error() string {
 	return e.err.Error()
 }
 
+// self is how the user ran sandboxd, for the commands it prints for them
+// to run: "bin/sandboxd" when run as that, "sandboxd" when found on PATH
+// (and in tests, which call run).
+var self = "sandboxd"
+
 func main() {
+	if a := os.Args[0]; strings.Contains(a, "/") {
+		if p, err := exec.LookPath("sandboxd"); err != nil || p != a {
+			self = a
+		}
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, stdio{os.Stdin, os.Stdout, os.Stderr}, os.Args[1:])
 	stop()
@@ -190,9 +201,32 @@ func setUsage(fs *flag.FlagSet, cmd *command, w io.Writer) {
 		fmt.Fprintf(w, "usage: %s\n\n%s\n", strings.TrimSpace("sandboxd "+cmd.name+" "+cmd.args), cmd.summary)
 		if hasFlags(fs) {
 			fmt.Fprintln(w, "\nFlags:")
-			fs.PrintDefaults()
+			printFlags(w, fs)
 		}
 	}
+}
+
+// printFlags lists fs's flags as flag.PrintDefaults does, but spelled as the
+// synopses and the README spell them, --name (the flag package takes -name
+// and --name alike).
+func printFlags(w io.Writer, fs *flag.FlagSet) {
+	fs.VisitAll(func(f *flag.Flag) {
+		var b strings.Builder
+		fmt.Fprintf(&b, "  --%s", f.Name)
+		name, usage := flag.UnquoteUsage(f)
+		if name != "" {
+			b.WriteString(" " + name)
+		}
+		b.WriteString("\n    \t" + strings.ReplaceAll(usage, "\n", "\n    \t"))
+		switch d := f.DefValue; {
+		case d == "" || d == "false" || d == "0":
+		case name == "string":
+			fmt.Fprintf(&b, " (default %q)", d)
+		default:
+			fmt.Fprintf(&b, " (default %v)", d)
+		}
+		fmt.Fprintln(w, b.String())
+	})
 }
 
 func hasFlags(fs *flag.FlagSet) bool {
@@ -205,7 +239,7 @@ func printUsage(w io.Writer) {
 	fmt.Fprint(w, "sandboxd gives AI coding agents a workspace: files and a shell, served over MCP.\n\n")
 	fmt.Fprint(w, "Usage:\n\n\tsandboxd <command> [flags]\n\nCommands:\n\n")
 	printCommands(w, commands)
-	fmt.Fprint(w, "\nRun 'sandboxd help <command>' for a command's flags; every command takes -h and --version.\n")
+	fmt.Fprint(w, "\nRun 'sandboxd help <command>' for a command's flags; every command takes --help and --version.\n")
 }
 
 func printCommands(w io.Writer, cmds []*command) {

@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -73,7 +76,7 @@ func TestUsage(t *testing.T) {
 		{args: []string{"help", "nope"}, code: 2, err: `unknown command "nope"`},
 		{args: []string{"mcp", "-h"}, code: 0, out: "-always"},
 		{args: []string{"--help"}, code: 0, out: "Commands:"},
-		{args: []string{"-h"}, code: 0, out: "every command takes -h and --version"},
+		{args: []string{"-h"}, code: 0, out: "every command takes --help and --version"},
 		{args: []string{"--version"}, code: 0, out: "sandboxd "},
 		{args: []string{"serve", "--version"}, code: 0, out: "sandboxd "},
 		{args: []string{"session", "call", "--version"}, code: 0, out: "sandboxd "},
@@ -153,4 +156,94 @@ func runBinary(t *testing.T, args ...string) (code int, stdout, stderr string) {
 		t.Fatal(err)
 	}
 	return 0, out.String(), errb.String()
+}
+
+// TestReadmeCommands runs every sandboxd command line the README shows —
+// in its shell blocks and in its inline code — through the command's own
+// flag parsing: each names a command that exists, with flags it takes and
+// values of their kind. (Synopses' [optional] brackets are read as the
+// flags they hold, and a|b as a.) What the commands then do is tested by
+// the tests of each: e2e_test.go, serve_test.go, the integration package.
+func TestReadmeCommands(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var snippets []string
+	inBlock := false
+	var block strings.Builder
+	for line := range strings.Lines(string(readme)) {
+		switch {
+		case strings.HasPrefix(line, "```sh"):
+			inBlock = true
+			block.Reset()
+		case inBlock && strings.HasPrefix(line, "```"):
+			inBlock = false
+			snippets = append(snippets, block.String())
+		case inBlock:
+			block.WriteString(line)
+		default:
+			for i, span := range strings.Split(line, "`") {
+				if i%2 == 1 {
+					snippets = append(snippets, span)
+				}
+			}
+		}
+	}
+	checked := 0
+	for _, snippet := range snippets {
+		for _, args := range sandboxdCalls(snippet) {
+			checked++
+			cmd, rest := lookup(args)
+			if cmd == nil && len(args) == 1 && len(commandsUnder(args[0])) > 0 {
+				continue // a group of commands named in prose: "the sandboxd session commands"
+			}
+			if cmd == nil {
+				t.Errorf("the README shows sandboxd %s: no such command", strings.Join(args, " "))
+				continue
+			}
+			fs, _, _ := cmd.flags()
+			fs.SetOutput(io.Discard)
+			if err := fs.Parse(rest); err != nil {
+				t.Errorf("the README shows sandboxd %s: %v", strings.Join(args, " "), err)
+			}
+		}
+	}
+	if checked < 40 {
+		t.Errorf("checked %d commands of the README; it shows more", checked)
+	}
+}
+
+// sandboxdCalls finds the calls of sandboxd (or bin/sandboxd) in a shell
+// snippet, as their arguments.
+func sandboxdCalls(snippet string) [][]string {
+	snippet = strings.NewReplacer("[", " ", "]", " ", "…", " ").Replace(snippet)
+	var calls [][]string
+	for line := range strings.Lines(strings.ReplaceAll(snippet, "\\\n", " ")) {
+		if i := strings.Index(line, " #"); i >= 0 {
+			line = line[:i]
+		}
+		for _, seg := range regexp.MustCompile(`&&|\|\||[;|()<>]|\$\(`).Split(line, -1) {
+			words := strings.Fields(seg)
+			i := slices.IndexFunc(words, func(w string) bool { return w == "sandboxd" || strings.HasSuffix(w, "/sandboxd") })
+			if i < 0 || i+1 >= len(words) || !regexp.MustCompile(`^-|^[a-z]+$`).MatchString(words[i+1]) {
+				continue // prose ("sandboxd's"), or the name alone
+			}
+			if slices.ContainsFunc(words, func(w string) bool { return strings.HasSuffix(w, ":") }) {
+				continue // an error message quoted: "sandboxd session call: …"
+			}
+			var args []string
+			for _, w := range words[i+1:] {
+				if w == "..." || w == "-" && len(args) == 0 {
+					continue
+				}
+				if a, _, ok := strings.Cut(w, "|"); ok && !strings.ContainsAny(w, `'"{`) {
+					w = a
+				}
+				args = append(args, strings.Trim(w, `'"`))
+			}
+			calls = append(calls, args)
+		}
+	}
+	return calls
 }

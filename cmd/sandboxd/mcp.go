@@ -6,8 +6,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"path/filepath"
 	"time"
 
+	"github.com/moby/moby/client"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/sandboxd/sandboxd/delivery"
@@ -16,13 +18,13 @@ import (
 
 var cmdMCP = &command{
 	name:    "mcp",
-	args:    "[--backend memory|local|docker] [--workspace DIR] [--deliver auto|apply|patch|branch|none] [--patch FILE] [--config FILE] [--grant fs.write] [--grant shell.exec] [--always read,edit,shell] [--image IMAGE] [--egress PRESET|HOST:PORT] [--profile workspace-tools,workspace-shell] [--mode read|write] [--commands NAME,…|all] [--driver model|provider|custom] [--exec-timeout MS]",
+	args:    "[--backend " + backendChoices(sessionable) + "] [--build-missing] [--workspace DIR] [--deliver auto|apply|patch|branch|none] [--patch FILE] [--config FILE] [--grant fs.write] [--grant shell.exec] [--always read,edit,shell] [--image IMAGE] [--egress PRESET|HOST:PORT] [--ca-cert FILE] [--profile workspace-tools,workspace-shell] [--mode read|write] [--commands NAME,…|all] [--driver model|provider|custom] [--exec-timeout MS]",
 	summary: "serve one session's workspace tools over MCP on standard input and output; the session ends when input closes, and its work is delivered",
 	setup: func(fs *flag.FlagSet) runFunc {
 		// MCP has no turns: a session has no call cap unless the operator
 		// sets maxCallsPerRun, counted per _meta["sandboxd/runId"] when the
 		// client sends one.
-		f := sessionFlags{uncapped: true}
+		f := sessionFlags{uncapped: true, defaultBackend: "docker"}
 		f.register(fs)
 		var d deliverFlags
 		d.register(fs)
@@ -30,20 +32,27 @@ var cmdMCP = &command{
 			if len(args) > 0 {
 				return usagef("unexpected arguments %q", args)
 			}
-			base, err := d.begin(ctx, &f)
+			run, base, err := d.begin(ctx, sio, &f)
 			if err != nil {
 				return err
-			}
-			if base != nil {
-				defer base.Close()
 			}
 			s, err := f.openSession(ctx, sio)
 			if err != nil {
+				if run != nil {
+					run.discard()
+				}
 				return err
 			}
-			defer s.close()
+			if run != nil {
+				run.rec.Session = s.id
+				if err := run.save(); err != nil {
+					s.close()
+					run.discard()
+					return fmt.Errorf("keeping the record of the session's run: %w", err)
+				}
+			}
 			err = serveMCP(ctx, sio, s)
-			return errors.Join(err, d.deliver(ctx, sio, base, s))
+			return errors.Join(err, d.end(ctx, sio, run, base, s))
 		}
 	},
 }
@@ -63,34 +72,99 @@ func (d *deliverFlags) register(fs *flag.FlagSet) {
 }
 
 // begin reads the workspace directory before the session copies it: the
-// baseline the work is measured against. It returns nil when there is
-// nothing to deliver: the local backend works on the directory itself, and
-// --deliver none discards the work.
-func (d *deliverFlags) begin(ctx context.Context, f *sessionFlags) (*delivery.Baseline, error) {
-	if f.backend == "local" {
+// baseline the work is measured against, kept with the run's record
+// (mcpRun) so that a killed run's work is delivered by the next. Before
+// that it settles what ended runs left (settleRuns): a killed run's work on
+// this workspace is delivered first, as it would have been, so the new
+// copy starts from it. It returns nils when there is nothing to deliver:
+// the local backend works on the directory itself, and --deliver none
+// discards the work.
+func (d *deliverFlags) begin(ctx context.Context, sio stdio, f *sessionFlags) (*mcpRun, *delivery.Baseline, error) {
+	entry, unknown := backendNamed(f.backend, sessionable)
+	if unknown == nil && entry.inPlace {
 		if d.mode != "" || d.patch != "" {
-			return nil, usagef("--deliver and --patch apply to the memory and docker backends; local works on the directory itself")
+			return nil, nil, usagef("--deliver and --patch apply to the %s backends; %s works on the directory itself",
+				andList(backendNames(sessionable, copied)), f.backend)
 		}
-		return nil, nil
+		return nil, nil, nil
 	}
 	if d.mode == "" {
 		d.mode = string(delivery.Auto)
 	}
 	mode, err := delivery.ParseMode(d.mode)
 	if err != nil {
-		return nil, usagef("--deliver: %v", err)
+		return nil, nil, usagef("--deliver: %v", err)
 	}
+	if unknown != nil {
+		return nil, nil, nil // openSession names an unknown backend
+	}
+	if n, size, err := delivery.RemoveStale(); err != nil {
+		fmt.Fprintf(sio.err, "sandboxd: removing what killed runs left in the temporary directory: %v\n", err)
+	} else if n > 0 {
+		fmt.Fprintf(sio.err, "sandboxd: removed %d copies (%d bytes) that killed runs left in the temporary directory\n", n, size)
+	}
+	var cli client.APIClient
+	if entry.container {
+		if c, err := dockerClient(ctx); err == nil { // else openSession says why
+			defer c.Close()
+			cli = c
+		}
+	}
+	settleRuns(ctx, sio, cli, f.workspace)
 	if mode == delivery.None {
-		return nil, nil
+		return nil, nil, nil
 	}
-	if _, ok := backends[f.backend]; !ok {
-		return nil, nil // openSession names the mistake
-	}
-	base, err := delivery.Begin(ctx, f.workspace)
+	abs, err := filepath.Abs(f.workspace)
 	if err != nil {
-		return nil, fmt.Errorf("reading the workspace before the copy: %w", err)
+		return nil, nil, err
 	}
-	return base, nil
+	patch := d.patch
+	if patch != "" {
+		if patch, err = filepath.Abs(patch); err != nil {
+			return nil, nil, err
+		}
+	}
+	run, err := newRun(runRecord{Workspace: abs, Backend: entry.name, Deliver: d.mode, Patch: patch})
+	if err != nil {
+		return nil, nil, fmt.Errorf("keeping the record of the session's run: %w", err)
+	}
+	base, err := run.begin(ctx, f.workspace)
+	if err != nil {
+		run.discard()
+		return nil, nil, fmt.Errorf("reading the workspace before the copy: %w", err)
+	}
+	f.labels = map[string]string{labelMCPRun: run.dir}
+	return run, base, nil
+}
+
+// end delivers the session's work (deliver) and ends the session. Once the
+// work is delivered the run's record goes, and the session's container
+// with it. A delivery that failed after it was journaled is finished by
+// the next run from what the record keeps; one that failed before leaves
+// the container too (its work is in it), for the next run to deliver.
+func (d *deliverFlags) end(ctx context.Context, sio stdio, run *mcpRun, base *delivery.Baseline, s *session) error {
+	err := d.deliver(ctx, sio, base, s)
+	switch {
+	case run == nil:
+		return errors.Join(err, s.close())
+	case err == nil:
+		run.rec.Delivered = true
+		if serr := run.save(); serr != nil {
+			fmt.Fprintf(sio.err, "sandboxd: %v\n", serr)
+		}
+		return errors.Join(s.close(), run.discard())
+	case base.Interrupted() || run.rec.Backend != "docker":
+		fmt.Fprintf(sio.err, "sandboxd: the delivery is kept in %s: the next 'sandboxd mcp' finishes it (or says why it cannot)\n", run.dir)
+		err = errors.Join(err, s.close())
+		run.release()
+		return err
+	default:
+		// The process exits without closing the session: its container
+		// stays, with the work.
+		fmt.Fprintf(sio.err, "sandboxd: the session's container keeps its work: the next 'sandboxd mcp --backend docker --workspace %s' delivers it\n", run.rec.Workspace)
+		run.release()
+		return err
+	}
 }
 
 // deliver delivers the session's work as the flags say, and says on

@@ -7,14 +7,18 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/moby/moby/client"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/sandboxd/sandboxd/internal/dockertest"
+	"github.com/sandboxd/sandboxd/backend"
+	"github.com/sandboxd/sandboxd/policy"
+	"github.com/sandboxd/sandboxd/testharness/dockertest"
 )
 
 // gitIn runs git in dir and returns its output.
@@ -135,7 +139,7 @@ func TestMCPDelivers(t *testing.T) {
 		t.Run(backend, func(t *testing.T) {
 			var extra []string
 			if backend == "docker" {
-				dockertest.Client(t)                                      // fails under CI when there is no engine
+				dockertest.NamedImage(t, "dev")                           // mcp would build it: build the images first
 				extra = []string{"--backend", "docker", "--image", "dev"} // git in the container
 			} else {
 				extra = []string{"--backend", "memory"}
@@ -351,4 +355,118 @@ func TestMCPUntouchedIsNotDelivered(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestMCPKilledRunIsDelivered: sandboxd mcp --backend docker killed with
+// SIGKILL in the middle of a session leaves its container, with the work
+// in it. A run for another workspace leaves it there (and says whose it
+// is); the next run for the same workspace delivers the work as the killed
+// run would have — a patch here — before it serves a request, and only
+// then removes the container, even when the container has stopped
+// meanwhile (an engine restart, a host reboot).
+func TestMCPKilledRunIsDelivered(t *testing.T) {
+	// Each run starts a container, or reads one: minutes on a loaded host.
+	const dockerRunTimeout = 3 * time.Minute
+	cli := dockertest.Client(t)
+	dockertest.Image(t)
+	dir, _ := newWorkspace(t)
+	patch := filepath.Join(t.TempDir(), "work.patch")
+	args := []string{"--backend", "docker", "--workspace", dir, "--grant", "fs.write", "--always", "read,edit", "--patch", patch}
+	first, err := os.Create(filepath.Join(t.TempDir(), "stderr"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if t.Failed() {
+			data, _ := os.ReadFile(first.Name())
+			t.Logf("the killed run said:\n%s", data)
+		}
+	}()
+	c := startRawTo(t, dockerRunTimeout, first, args...)
+	c.send(`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"write","arguments":{"path":"work.txt","content":"kept\n"}}}`)
+	c.send(`{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"edit","arguments":{"path":"a.txt","edits":[{"oldText":"beta","newText":"BETA"}]}}}`)
+	for _, id := range []string{"2", "3"} {
+		if r := c.next(id)["result"].(map[string]any); r["isError"] == true {
+			t.Fatalf("call %s: %v", id, r)
+		}
+	}
+	if err := c.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	c.cmd.Wait()
+	containers := func() []string {
+		t.Helper()
+		f := make(client.Filters).Add("label", backend.LabelOwnerPID+"="+strconv.Itoa(c.cmd.Process.Pid)).Add("label", policy.LabelSession)
+		cs, err := cli.ContainerList(t.Context(), client.ContainerListOptions{All: true, Filters: f})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, ct := range cs.Items {
+			out = append(out, ct.Labels[policy.LabelSession])
+		}
+		return out
+	}
+	killed := containers()
+	if len(killed) != 1 {
+		t.Fatalf("the killed run's session containers: %q, want one", killed)
+	}
+
+	said := func(run func(stderr *os.File)) string {
+		t.Helper()
+		f, err := os.CreateTemp(t.TempDir(), "stderr")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		run(f)
+		data, _ := os.ReadFile(f.Name())
+		return string(data)
+	}
+	end := func(c *rawClient) {
+		t.Helper()
+		c.stdin.Close()
+		if err := c.cmd.Wait(); err != nil {
+			t.Errorf("sandboxd mcp at the end of its input: %v", err)
+		}
+	}
+	other := said(func(stderr *os.File) {
+		end(startRawTo(t, dockerRunTimeout, stderr, "--backend", "docker", "--workspace", t.TempDir()))
+	})
+	if got := containers(); len(got) != 1 {
+		t.Fatalf("a run for another workspace removed the killed run's container (%q); it said:\n%s", got, other)
+	}
+	if !strings.Contains(other, "session "+killed[0]+" of "+dir) {
+		t.Errorf("a run for another workspace does not name the work left:\n%s", other)
+	}
+	if _, err := os.Stat(patch); err == nil {
+		t.Fatal("the work was delivered by a run for another workspace")
+	}
+
+	// As an engine restart or a host reboot leaves it: stopped.
+	stop := make(client.Filters).Add("label", backend.LabelOwnerPID+"="+strconv.Itoa(c.cmd.Process.Pid)).Add("label", policy.LabelSession)
+	cs, err := cli.ContainerList(t.Context(), client.ContainerListOptions{Filters: stop})
+	if err != nil || len(cs.Items) != 1 {
+		t.Fatalf("the killed run's running container: %v %v", err, cs.Items)
+	}
+	if _, err := cli.ContainerStop(t.Context(), cs.Items[0].ID, client.ContainerStopOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	next := said(func(stderr *os.File) {
+		n := startRawTo(t, dockerRunTimeout, stderr, args...)
+		// Delivered before the first answer.
+		data, err := os.ReadFile(patch)
+		if err != nil || !bytes.Contains(data, []byte("+++ b/work.txt\n@@ -0,0 +1 @@\n+kept\n")) || !bytes.Contains(data, []byte("+BETA")) {
+			t.Errorf("the killed run's patch: %v\n%s", err, data)
+		}
+		if got := containers(); len(got) != 0 {
+			t.Errorf("the killed run's container is left after its work was delivered: %q", got)
+		}
+		end(n)
+	})
+	if !strings.Contains(next, "delivering the work of session "+killed[0]) {
+		t.Errorf("the next run does not say it delivered the killed run's work:\n%s", next)
+	}
+	t.Logf("the next run said:\n%s", next)
 }

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sandboxd/sandboxd/internal/dockertest"
+	"github.com/sandboxd/sandboxd/testharness/dockertest"
 )
 
 // TestMCPBadLinesKeepTheSession: sandboxd mcp answers each line that is not
@@ -89,7 +89,7 @@ cat <&3`
 		flags []string
 		want  []string
 	}{
-		{"on", []string{"--egress", "go", "--egress", "allowed.invalid:443"}, []string{"proxy=http://127.0.0.1:3128", "403 Forbidden", "notlisted.invalid:80 refused", "--egress notlisted.invalid:80"}},
+		{"on", []string{"--egress", "go", "--egress", "allowed.invalid:443"}, []string{"proxy=http://call-", ":egress@127.0.0.1:3128", "403 Forbidden", "notlisted.invalid:80 refused", "--egress notlisted.invalid:80"}},
 		{"off", nil, []string{"proxy=none\n"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -104,10 +104,15 @@ func (d *describer) describe(s *jsonschema.Schema, t reflect.Type, st *ast.Struc
 	var shared *ast.CommentGroup // a comment above fields that it names together
 	for _, f := range st.Fields.List {
 		if len(f.Names) == 0 { // embedded: its fields are the struct's
-			if id, ok := f.Type.(*ast.Ident); ok {
-				if ef, ok := t.FieldByName(id.Name); ok && ef.Anonymous {
-					d.describe(s, ef.Type, nil)
-				}
+			var name string
+			switch ft := f.Type.(type) {
+			case *ast.Ident:
+				name = ft.Name
+			case *ast.SelectorExpr: // of another package
+				name = ft.Sel.Name
+			}
+			if ef, ok := t.FieldByName(name); ok && ef.Anonymous {
+				d.describe(s, ef.Type, nil)
 			}
 			continue
 		}

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -18,17 +19,15 @@ import (
 	"strings"
 	"time"
 
-	"github.com/moby/moby/client"
+	"github.com/sandboxd/sandboxd/localfs"
+	"github.com/sandboxd/sandboxd/workspace"
 
-	"github.com/sandboxd/sandboxd/backend"
-	"github.com/sandboxd/sandboxd/backend/kubernetes"
-	"github.com/sandboxd/sandboxd/backend/local"
-	"github.com/sandboxd/sandboxd/backend/memory"
 	"github.com/sandboxd/sandboxd/egress"
 	"github.com/sandboxd/sandboxd/httpapi"
 	"github.com/sandboxd/sandboxd/images"
 	"github.com/sandboxd/sandboxd/policy"
 	"github.com/sandboxd/sandboxd/runner"
+	"github.com/sandboxd/sandboxd/snapshot"
 	"github.com/sandboxd/sandboxd/tools"
 )
 
@@ -70,9 +69,15 @@ type serveConfig struct {
 		Replica string `json:"replica"`
 	} `json:"kubernetes"`
 	// Image is the docker backend's default image: an image definition's
-	// name, built when missing ("minimal", the default, or "dev"), or an
-	// image reference used as it is; policy.defaultImage, when set, wins.
+	// name ("minimal", the default, or "dev"; sandboxd image build NAME
+	// builds it) or an image reference used as it is; policy.defaultImage,
+	// when set, wins. An image the engine lacks stops the start, naming
+	// the fix, unless buildMissing is set.
 	Image string `json:"image"`
+	// BuildMissing builds, before the daemon listens, the images of
+	// sandboxd's that the configuration names and the engine lacks
+	// (--build-missing sets it too).
+	BuildMissing bool `json:"buildMissing"`
 	// DataDir holds the local backend's session directories (default
 	// $XDG_STATE_HOME/sandboxd or ~/.local/state/sandboxd).
 	DataDir string `json:"dataDir"`
@@ -104,6 +109,14 @@ type serveConfig struct {
 		// daemon's memory, all tenants together (default 512 MiB); over it
 		// is 503 with Retry-After.
 		MemoryBudgetBytes int64 `json:"memoryBudgetBytes"`
+		// DetachedResultBytes bounds the results of a session's detached
+		// calls kept once they end (default 16 MiB; a newer result
+		// displaces the oldest). They count against the memory budget too:
+		// a tenant's at most a quarter of it.
+		DetachedResultBytes int64 `json:"detachedResultBytes"`
+		// DetachedResultTTL is how long a detached call's result is kept
+		// after its call ends (default 10m).
+		DetachedResultTTL runner.Duration `json:"detachedResultTTL"`
 	} `json:"limits"`
 	// Sessions are the session lifetimes: durations as "90s", "1h30m" or
 	// a number of seconds.
@@ -128,6 +141,20 @@ type serveConfig struct {
 	// maxConnections and maxBytes cap each session (package egress).
 	// Default: no egress. A tenant's egress and a session's narrow it.
 	Egress egress.Policy `json:"egress"`
+	// Secrets are credentials sessions' commands use without holding
+	// them: a session gets a placeholder in the variable name, and the
+	// egress proxy puts the value — read from the daemon's env or a file —
+	// in place of it in requests to the secret's allow (and methods,
+	// paths) only, refusing it anywhere else (package runner, Secret).
+	Secrets []runner.Secret `json:"secrets"`
+	// CACerts are PEM files of certificate authorities every session
+	// trusts, beside its image's own, and the daemon's outbound TLS trusts,
+	// beside the host's (the egress proxy's inspected connections, the
+	// source gateway). Default: the authorities this host's administrator
+	// added (/usr/local/share/ca-certificates,
+	// /etc/pki/ca-trust/source/anchors), so that sessions trust what the
+	// host's network needs; [] for none.
+	CACerts []string `json:"caCerts"`
 	// Policy is the operator's word on sessions: their default image and
 	// runtime, what they may choose instead, and how far they may relax
 	// the hardened profile (package policy).
@@ -138,10 +165,35 @@ type serveConfig struct {
 	// Pools are the warm pools: workspaces started ahead of time, each
 	// handed to one session.
 	Pools []runner.PoolConfig `json:"pools"`
+	// Snapshots configure the daemon's snapshot store (package snapshot):
+	// sessions' saved workspace trees, forks, and the operator's templates.
+	Snapshots struct {
+		// Dir is the store's directory, the daemon's own and no other's
+		// (default on docker and kubernetes
+		// $XDG_STATE_HOME/sandboxd/snapshots/DAEMON; on local and memory a
+		// temporary directory removed at exit); "off" keeps no snapshots.
+		Dir string `json:"dir"`
+		// MaxCount caps each tenant's snapshots (default 50; -1: no cap).
+		MaxCount int `json:"maxCount"`
+		// MaxBytes caps what each tenant's snapshots hold in the store,
+		// every file at its full size (default 10 GiB; -1: no cap).
+		MaxBytes int64 `json:"maxBytes"`
+		// Templates are prepared trees sessions may start from
+		// ("template" when created; a pool's "template"): each a name and
+		// a host dir, or an image and a path in it (default /workspace),
+		// made in the store at start.
+		Templates []templateConfig `json:"templates"`
+	} `json:"snapshots"`
 	// Images declares images beside minimal and dev (name, suite,
 	// packages, links, files, env; see images.Declare), built by `sandboxd
 	// image build --config FILE NAME` and named like them everywhere.
 	Images []images.Definition `json:"images"`
+	// E2B serves E2B's sandbox API beside sandboxd's own, so that E2B's
+	// SDKs run unchanged against this daemon (package e2b): the control
+	// plane at /e2b (E2B_API_URL=http://LISTEN/e2b), envd on every request
+	// naming its sandbox (E2B_SANDBOX_URL=http://LISTEN). An E2B API key is
+	// a tenant's token.
+	E2B e2bConfig `json:"e2b"`
 	// ShutdownTimeout bounds how long calls in flight may finish at
 	// shutdown (default 30s).
 	ShutdownTimeout runner.Duration `json:"shutdownTimeout"`
@@ -200,6 +252,21 @@ func (c *serveConfig) parse(data []byte) error {
 	if err := c.Egress.Validate(); err != nil {
 		return &configError{Path: "egress", Reason: err.Error()}
 	}
+	for i, sec := range c.Secrets {
+		if err := sec.Validate(c.Egress); err != nil {
+			return &configError{Path: fmt.Sprintf("secrets[%d]", i), Reason: err.Error()}
+		}
+		for j, o := range c.Secrets[:i] {
+			if o.Name == sec.Name {
+				return &configError{Path: fmt.Sprintf("secrets[%d].name", i), Reason: fmt.Sprintf("secrets[%d] has this name already", j)}
+			}
+		}
+	}
+	for i, f := range c.CACerts {
+		if !filepath.IsAbs(f) {
+			return &configError{Path: fmt.Sprintf("caCerts[%d]", i), Reason: fmt.Sprintf("%q: want an absolute path of a PEM file", f)}
+		}
+	}
 	names := map[string]int{}
 	for i, t := range c.Tenants {
 		at := fmt.Sprintf("tenants[%d]", i)
@@ -256,13 +323,15 @@ const (
 
 var cmdServe = &command{
 	name:    "serve",
-	args:    "[--listen ADDR] [--config FILE] [--backend docker|kubernetes|local|memory] [--replica NAME]",
+	args:    "[--listen ADDR] [--config FILE] [--backend " + backendChoices(servable) + "] [--replica NAME] [--build-missing] [--e2b]",
 	summary: "run the daemon: sessions for many tenants over HTTP (/v1) and MCP (/mcp)",
 	setup: func(fs *flag.FlagSet) runFunc {
 		listen := fs.String("listen", "", "the `address` to listen on (default "+defaultListen+")")
 		config := fs.String("config", "", "the daemon's configuration `file` (JSON); without one, a single dev tenant with a token printed at start")
-		backend := fs.String("backend", "", "where sessions run: docker, kubernetes (pods; see the configuration's kubernetes key), or local or memory for development (commands on this host without isolation)")
+		backend := fs.String("backend", "", backendHelp("where sessions run (default docker)", servable))
 		replica := fs.String("replica", "", "with --backend kubernetes: run as the replica `NAME` of several that share the daemon's sessions (kubernetes.replica)")
+		e2bOn := fs.Bool("e2b", false, "serve E2B's sandbox API too: the control plane at /e2b, envd on requests naming their sandbox (e2b.enabled)")
+		buildMissing := fs.Bool("build-missing", false, "build the images of sandboxd's (minimal, dev) that the configuration names and the engine lacks, before listening, rather than fail naming 'sandboxd image build'")
 		return func(ctx context.Context, sio stdio, args []string) error {
 			if len(args) > 0 {
 				return usagef("unexpected arguments %q", args)
@@ -274,6 +343,8 @@ var cmdServe = &command{
 			cfg.Listen = cmp.Or(*listen, cfg.Listen, defaultListen)
 			cfg.Backend = cmp.Or(*backend, cfg.Backend)
 			cfg.Kubernetes.Replica = cmp.Or(*replica, cfg.Kubernetes.Replica)
+			cfg.BuildMissing = cfg.BuildMissing || *buildMissing
+			cfg.E2B.Enabled = cfg.E2B.Enabled || *e2bOn
 			return serve(ctx, sio, cfg, *config == "")
 		}
 	},
@@ -319,23 +390,45 @@ func serve(ctx context.Context, sio stdio, cfg serveConfig, dev bool) error {
 	if cfg.Policy.DefaultImage == "" {
 		cfg.Policy.DefaultImage = image
 	}
-	if cfg.Egress.On() && backend.Name() != "docker" {
-		logger.Warn("egress applies to the docker backend only: this backend's commands use the host's network, and egress.allow does not bound them", "backend", backend.Name())
+	if entry, _ := backendNamed(backend.Name(), servable); cfg.Egress.On() && !entry.container {
+		logger.Warn("egress applies to the "+andList(backendNames(servable, inContainer))+" backends only: this backend's commands use the host's network, and egress.allow does not bound them", "backend", backend.Name())
+	}
+	caFiles, caPEM, err := sessionCAs(cfg.CACerts)
+	if err != nil {
+		return err
+	}
+	if len(caFiles) > 0 {
+		logger.Info("sessions and the daemon's outbound TLS trust these certificate authorities beside their own (caCerts)", "files", caFiles)
 	}
 	metrics := httpapi.NewMetrics()
 	opts := []runner.Option{
 		runner.WithPolicy(cfg.Policy), runner.WithTools(toolCfg), runner.WithLogger(logger), runner.WithEgress(cfg.Egress),
+		runner.WithJournalStores(journalStore), runner.WithSecrets(cfg.Secrets...), runner.WithCACerts(caPEM),
 		runner.WithObserver(metrics.Observe), runner.WithMaxSessions(cmp.Or(cfg.Limits.SessionsPerTenant, defaultSessionsPerTenant)),
 		runner.WithLifetime(time.Duration(cfg.Sessions.Lifetime), cmp.Or(time.Duration(cfg.Sessions.MaxLifetime), defaultMaxLifetime)),
 		runner.WithIdleTimeout(cmp.Or(time.Duration(cfg.Sessions.IdleTimeout), defaultIdleTimeout), cmp.Or(time.Duration(cfg.Sessions.MaxIdleTimeout), defaultMaxIdleTimeout)),
 		runner.WithWorkspaceBytes(cmp.Or(cfg.Limits.WorkspaceBytes, 1<<30)),
 		runner.WithDaemonName(cmp.Or(cfg.Daemon, "sandboxd")),
+		runner.WithDetachedResults(cfg.Limits.DetachedResultBytes, time.Duration(cfg.Limits.DetachedResultTTL)),
 	}
 	if cfg.Limits.CallsInFlight != nil {
 		opts = append(opts, runner.WithMaxCallsInFlight(*cfg.Limits.CallsInFlight))
 	}
 	if cfg.Grants != nil {
 		opts = append(opts, runner.WithGrants(cfg.Grants...))
+	}
+	store, closeStore, err := openSnapshots(cfg, backend.Name(), logger)
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+	if store != nil {
+		ts, err := templates(cfg.Snapshots.Templates)
+		if err != nil {
+			return err
+		}
+		opts = append(opts, runner.WithSnapshots(store), runner.WithTemplates(ts...))
+		logger.Info("snapshot store", "dir", store.Dir())
 	}
 	for _, p := range cfg.Pools {
 		opts = append(opts, runner.WithPool(p))
@@ -370,8 +463,15 @@ func serve(ctx context.Context, sio stdio, cfg serveConfig, dev bool) error {
 		m.Shutdown(context.Background())
 		return err
 	}
+	var handler http.Handler = api
+	if cfg.E2B.Enabled {
+		if handler, err = e2bHandler(m, api, cfg.E2B, logger); err != nil {
+			m.Shutdown(context.Background())
+			return err
+		}
+	}
 	srv := &http.Server{
-		Handler:           api,
+		Handler:           handler,
 		ReadHeaderTimeout: time.Duration(cmp.Or(cfg.HTTP.HeaderTimeout, runner.Duration(10*time.Second))),
 		IdleTimeout:       time.Duration(cmp.Or(cfg.HTTP.IdleTimeout, runner.Duration(2*time.Minute))),
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
@@ -454,7 +554,7 @@ func printWelcome(sio stdio, url, backend, image, devToken string) {
 	w := bufio.NewWriter(sio.out)
 	defer w.Flush()
 	where := backend
-	if backend == "docker" {
+	if entry, _ := backendNamed(backend, servable); entry.container {
 		where += ", image " + image
 	}
 	fmt.Fprintf(w, "sandboxd serve: listening on %s (backend %s)\n", url, where)
@@ -464,106 +564,122 @@ func printWelcome(sio stdio, url, backend, image, devToken string) {
 		fmt.Fprintf(w, "Set SANDBOXD_TOKEN to a token of one of the configuration's tenants, then\n")
 	}
 	fmt.Fprintf(w, "First call (create a session):\n  curl -s -X POST -H \"Authorization: Bearer $SANDBOXD_TOKEN\" %s/v1/sessions\n", url)
-	fmt.Fprintf(w, "Or:\n  SANDBOXD_URL=%s sandboxd session create\n", url)
+	fmt.Fprintf(w, "Or:\n  SANDBOXD_URL=%s %s session create\n", url, self)
 	fmt.Fprintf(w, "API: %s/openapi.json   MCP: %s/mcp   Configuration schema: %s/v1/config.schema.json\n", url, url, url)
 }
 
-// openBackend makes the configured backend, docker unless another is named;
-// for docker it also makes sure the default image exists, building it when
-// missing, with progress. It fails closed: when the engine does not answer
-// it refuses to start rather than fall back to a backend without isolation.
-func openBackend(ctx context.Context, sio stdio, cfg *serveConfig) (backend.Backend, string, error) {
-	name := cmp.Or(cfg.Backend, "docker")
-	var cli *client.Client
-	if name == "docker" {
-		c, err := dockerClient(ctx)
-		if err != nil {
-			return nil, "", fmt.Errorf("docker backend: the engine does not answer: %w\n"+
-				"Start Docker, or point DOCKER_HOST at a running engine (sandboxd doctor checks the setup). "+
-				"For development only, --backend memory or --backend local serve without it: their commands run on this host as your user, without isolation", err)
-		}
-		cli = c
+// journalStore makes the store of a session's journal (runner.JournalStores):
+// a private directory of the daemon's (mode 0700 in the host's temporary
+// directory), outside every backend's workspace — a container's processes
+// cannot reach it — so a session's commands cannot choose what the journal
+// restores. drop removes it; a crashed daemon's stores stay behind as
+// sandboxd-journal-*. Nothing reads a store but the session that made it,
+// which does not outlive the daemon, so its writes are not flushed to
+// stable storage (fsync cost a journaled write three flushes, most of its
+// time).
+func journalStore() (store workspace.FileSystem, drop func() error, err error) {
+	dir, err := os.MkdirTemp("", "sandboxd-journal-")
+	if err != nil {
+		return nil, nil, fmt.Errorf("the session's journal store: %w (set TMPDIR to a writable directory)", err)
 	}
-	switch name {
-	case "memory":
-		return memory.Backend{}, runner.DefaultImage, nil
-	case "local":
-		dir := cfg.DataDir
-		if dir == "" {
-			state, err := stateDir()
-			if err != nil {
-				return nil, "", err
-			}
-			dir = filepath.Join(state, "sessions")
-		}
-		return &local.Backend{Dir: dir}, runner.DefaultImage, nil
-	case "docker":
-		// Every image the configuration names is checked now (and built
-		// when it is sandboxd's and missing), not at a session's first use.
-		image := cmp.Or(cfg.Policy.DefaultImage, cfg.Image, images.Default)
-		fmt.Fprintf(sio.err, "image %s: checking (built when missing; the first build takes a while)\n", image)
-		b, ref, err := dockerBackend(ctx, sio, cli, image)
-		for _, p := range cfg.Pools {
-			if err == nil && p.Image != "" {
-				_, err = ensureImage(ctx, sio, cli, p.Image)
-			}
-		}
-		if err != nil {
-			cli.Close()
-			return nil, "", err
-		}
-		return b, ref, nil
-	case "kubernetes":
-		return kubernetesBackend(cfg)
+	fsys, err := localfs.New(dir, localfs.WithSync(false))
+	if err != nil {
+		return nil, nil, errors.Join(err, os.RemoveAll(dir))
 	}
-	return nil, "", usagef("unknown backend %q (backends are docker, kubernetes, local, memory)", name)
+	return fsys, func() error { return errors.Join(fsys.Close(), os.RemoveAll(dir)) }, nil
 }
 
-// kubernetesBackend is the kubernetes backend the configuration describes.
-// It asks the cluster nothing yet: the images must be where its nodes find
-// them, which only the first pod tells.
-func kubernetesBackend(cfg *serveConfig) (backend.Backend, string, error) {
-	k := cfg.Kubernetes
-	rc, err := kubernetes.LoadConfig(k.Kubeconfig)
-	if err != nil {
-		return nil, "", err
+// templateConfig declares a template: a name, and a host directory or an
+// image and a directory in it.
+type templateConfig struct {
+	// Name is how sessions ask for it ("template" when created).
+	Name string `json:"name"`
+	// Dir is a host directory whose tree it is: its directories, regular
+	// files and links, read through os.Root (nothing outside it is
+	// followed; links are kept as links).
+	Dir string `json:"dir"`
+	// Image is an image whose directory Path (default /workspace) it is,
+	// read from a container made of it and never started (docker).
+	Image string `json:"image"`
+	Path  string `json:"path"`
+}
+
+// templates are the runner's templates the configuration declares.
+func templates(cfg []templateConfig) ([]runner.Template, error) {
+	var out []runner.Template
+	for i, tc := range cfg {
+		if (tc.Dir == "") == (tc.Image == "") {
+			return nil, &configError{Path: fmt.Sprintf("snapshots.templates[%d]", i), Reason: "give it a dir or an image, one of them"}
+		}
+		t := runner.Template{Name: tc.Name, Image: tc.Image, Path: tc.Path}
+		if dir := tc.Dir; dir != "" {
+			t.Source = func(ctx context.Context, w io.Writer) error {
+				fsys, err := localfs.New(dir)
+				if err != nil {
+					return err
+				}
+				defer fsys.Close()
+				return snapshot.WriteTree(ctx, fsys, w)
+			}
+		}
+		out = append(out, t)
 	}
-	opts := []kubernetes.Option{kubernetes.WithRuntimeClass(k.RuntimeClass)}
-	if k.Namespace != "" {
-		opts = append(opts, kubernetes.WithNamespace(k.Namespace))
+	return out, nil
+}
+
+// The defaults of the snapshot store's caps, per tenant.
+const (
+	defaultSnapshotCount = 50
+	defaultSnapshotBytes = 10 << 30
+)
+
+// openSnapshots opens the snapshot store the configuration names: nil with
+// snapshots.dir "off" (and templates then refused). On local and memory,
+// whose sessions do not outlive the daemon, the default store is a
+// temporary directory that close removes.
+func openSnapshots(cfg serveConfig, backend string, logger *slog.Logger) (_ *snapshot.Store, close func(), err error) {
+	sc := cfg.Snapshots
+	if sc.Dir == "off" {
+		if len(sc.Templates) > 0 {
+			return nil, nil, errors.New("snapshots.templates: templates live in the snapshot store, and snapshots.dir is off")
+		}
+		return nil, func() {}, nil
 	}
-	if k.AgentImage != "" {
-		opts = append(opts, kubernetes.WithAgentImage(k.AgentImage))
-	}
-	switch k.Stream {
-	case "", "attach":
-	case "direct":
-		opts = append(opts, kubernetes.WithDirect())
+	dir, temp := sc.Dir, false
+	switch {
+	case dir != "":
+	case backend == "local" || backend == "memory":
+		if dir, err = os.MkdirTemp("", "sandboxd-snapshots-"); err != nil {
+			return nil, nil, fmt.Errorf("snapshots: %w", err)
+		}
+		temp = true
 	default:
-		return nil, "", usagef("kubernetes.stream is %q: it is attach or direct", k.Stream)
+		state, err := stateDir()
+		if err != nil {
+			return nil, nil, fmt.Errorf("snapshots: %w (set snapshots.dir)", err)
+		}
+		dir = filepath.Join(state, "snapshots", cmp.Or(cfg.Daemon, "sandboxd"))
 	}
-	if k.Replica != "" {
-		opts = append(opts, kubernetes.WithReplica(k.Replica))
+	limit := func(n, def int64) int64 {
+		switch {
+		case n < 0:
+			return 0
+		case n == 0:
+			return def
+		}
+		return n
 	}
-	b, err := kubernetes.New(rc, opts...)
+	st, err := snapshot.Open(dir, snapshot.WithLogger(logger), snapshot.WithLimits(snapshot.Limits{
+		Count: int(limit(int64(sc.MaxCount), defaultSnapshotCount)), Bytes: limit(sc.MaxBytes, defaultSnapshotBytes)}))
 	if err != nil {
-		return nil, "", err
+		return nil, nil, fmt.Errorf("snapshots: %w", err)
 	}
-	return b, images.Canonical(cmp.Or(cfg.Policy.DefaultImage, cfg.Image, images.Default)), nil
-}
-
-func dockerClient(ctx context.Context) (*client.Client, error) {
-	cli, err := client.New(client.FromEnv)
-	if err != nil {
-		return nil, err
-	}
-	pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	defer cancel()
-	if _, err := cli.Ping(pctx, client.PingOptions{NegotiateAPIVersion: true}); err != nil {
-		cli.Close()
-		return nil, err
-	}
-	return cli, nil
+	return st, func() {
+		st.Close()
+		if temp {
+			os.RemoveAll(dir)
+		}
+	}, nil
 }
 
 func stateDir() (string, error) {

@@ -21,8 +21,9 @@ import (
 )
 
 // TestServeBuildsMissingImage starts serve against an engine without
-// sandboxd's images: it builds the default image, saying so, and then
-// listens on it.
+// sandboxd's images: it stops at once, naming the build to run and
+// --build-missing, with which it builds the default image, saying so, and
+// then listens on it.
 func TestServeBuildsMissingImage(t *testing.T) {
 	e := &fakeEngine{api: "1.47", info: healthyInfo(), images: map[string]int64{}}
 	e.start(t)
@@ -36,7 +37,17 @@ func TestServeBuildsMissingImage(t *testing.T) {
 		t.Errorf("serve without an agent: exit %d, %s", code, errs)
 	}
 	agentHere(t)
-	out, serr := serveUntil(t, "")
+	code, _, errs = runInProcess(t, "serve", "--listen", "127.0.0.1:0")
+	if code != 1 || !strings.Contains(errs, "sandboxd image build minimal") || !strings.Contains(errs, "--build-missing") {
+		t.Errorf("serve without its image: exit %d, %s", code, errs)
+	}
+	e.mu.Lock()
+	built := len(e.imported)
+	e.mu.Unlock()
+	if built != 0 {
+		t.Fatal("serve without --build-missing built an image")
+	}
+	out, serr := serveUntil(t, "", "--build-missing")
 	errs = serr.String()
 	for _, want := range []string{"image minimal: image " + minimal.Ref() + " is not built yet; building it now", "importing", "built " + minimal.Ref()} {
 		if !strings.Contains(errs, want) {
@@ -50,6 +61,19 @@ func TestServeBuildsMissingImage(t *testing.T) {
 	defer e.mu.Unlock()
 	if len(e.imported) != 1 || e.imported[0] != minimal.Ref() {
 		t.Errorf("imported %v, want %s once", e.imported, minimal.Ref())
+	}
+}
+
+// TestServeKubernetesNeedsTheTag: a build without -tags kubernetes (the
+// default, which leaves client-go out) refuses --backend kubernetes,
+// naming the build that has it.
+func TestServeKubernetesNeedsTheTag(t *testing.T) {
+	if withKubernetes {
+		t.Skip("this test binary has the kubernetes backend")
+	}
+	code, _, errs := runInProcess(t, "serve", "--listen", "127.0.0.1:0", "--backend", "kubernetes")
+	if code != 1 || !strings.Contains(errs, "go build -tags kubernetes") {
+		t.Errorf("serve --backend kubernetes: exit %d, %s", code, errs)
 	}
 }
 
@@ -123,6 +147,14 @@ func (s *syncBuffer) String() string {
 // the test ends, and returns its URL and what it printed first.
 func startServe(t *testing.T, args ...string) (url, welcome string) {
 	t.Helper()
+	url, out, _ := serveLogged(t, args...)
+	return url, out.String()
+}
+
+// serveLogged is startServe, and the daemon's standard output and
+// standard error (its log) as they grow.
+func serveLogged(t *testing.T, args ...string) (url string, stdout, stderr *syncBuffer) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(t.Context())
 	var out, errs syncBuffer
 	done := make(chan int, 1)
@@ -147,7 +179,7 @@ func startServe(t *testing.T, args ...string) (url, welcome string) {
 			t.Fatalf("serve did not start:\n%s%s", out.String(), errs.String())
 		}
 	}
-	return listening.FindStringSubmatch(out.String())[1], out.String()
+	return listening.FindStringSubmatch(out.String())[1], &out, &errs
 }
 
 // TestFirstCallPastes: the lines serve prints for a first call work when
@@ -230,5 +262,33 @@ func TestSessionCallExitStatus(t *testing.T) {
 	code, out, errs = runInProcess(t, "session", "ls")
 	if code != 0 || !strings.Contains(out, "CALLS RUNNING") || !strings.Contains(out, id) {
 		t.Errorf("session ls: exit %d\n%s%s", code, out, errs)
+	}
+}
+
+// TestJournalStore: the daemon gives each session's journal a directory of
+// its own in the host's temporary directory, closed to others, that drop
+// removes.
+func TestJournalStore(t *testing.T) {
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	store, drop, err := journalStore()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.WriteFile(t.Context(), "x", []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dirs, _ := filepath.Glob(filepath.Join(tmp, "sandboxd-journal-*"))
+	if len(dirs) != 1 {
+		t.Fatalf("stores in TMPDIR: %q, want one", dirs)
+	}
+	if fi, err := os.Stat(dirs[0]); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Fatalf("the store %s: %v, %v; want mode 0700", dirs[0], fi.Mode(), err)
+	}
+	if err := drop(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dirs[0]); !os.IsNotExist(err) {
+		t.Fatalf("the store outlived drop: %v", err)
 	}
 }

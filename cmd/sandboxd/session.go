@@ -8,22 +8,12 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"maps"
 	"os"
 	"slices"
 	"strings"
 	"time"
 
-	"github.com/moby/moby/client"
-
-	"github.com/sandboxd/sandboxd/backend"
-	"github.com/sandboxd/sandboxd/backend/docker"
-	"github.com/sandboxd/sandboxd/backend/local"
-	"github.com/sandboxd/sandboxd/backend/memory"
-	"github.com/sandboxd/sandboxd/dockerexec"
 	"github.com/sandboxd/sandboxd/egress"
-	"github.com/sandboxd/sandboxd/images"
-	"github.com/sandboxd/sandboxd/policy"
 	"github.com/sandboxd/sandboxd/runner"
 	"github.com/sandboxd/sandboxd/tools"
 	"github.com/sandboxd/sandboxd/workspace"
@@ -39,14 +29,26 @@ type sessionFlags struct {
 	always    listFlag
 	image     string
 	egress    listFlag
+	caCerts   listFlag
 	shell     shellFlags
+	// buildMissing builds an image of sandboxd's that the engine lacks,
+	// rather than failing at once naming `sandboxd image build`.
+	buildMissing bool
 	// uncapped: the session has no turns (MCP), so it has no call cap
 	// unless the configuration file sets maxCallsPerRun.
 	uncapped bool
+	// defaultBackend is --backend's default: docker for mcp, whose
+	// commands run; local for tools, which runs none.
+	defaultBackend string
+	// labels are added to what the backend makes (runner.WithLabels); by
+	// default, labelMCPRun says that nothing of the session is kept
+	// should the run be killed.
+	labels map[string]string
 }
 
 func (f *sessionFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&f.backend, "backend", "local", "where the workspace lives: "+strings.Join(backendNames(), ", "))
+	fs.StringVar(&f.backend, "backend", cmp.Or(f.defaultBackend, "docker"), backendHelp("where the workspace lives (docker unless another is named; memory and local run commands on this host, without isolation)", sessionable))
+	fs.BoolVar(&f.buildMissing, "build-missing", false, "build the --image when it is sandboxd's (minimal, dev) and the engine lacks it, rather than fail naming 'sandboxd image build' (the first build of dev takes minutes)")
 	fs.StringVar(&f.workspace, "workspace", ".", "the workspace `dir`ectory: worked on in place (local), or copied (memory, docker)")
 	fs.StringVar(&f.config, "config", "", "a JSON configuration `file` of tool options (maxLines, bashTimeoutMs, …)")
 	fs.Var(&f.grants, "grant", "a `permission` to give: fs.write (write, edit) or shell.exec (bash); repeatable")
@@ -54,6 +56,8 @@ func (f *sessionFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.image, "image", "", "the container `image` of the docker backend")
 	fs.Var(&f.egress, "egress", "what the docker backend's commands may reach through sandboxd's proxy: a `preset` ("+
 		strings.Join(egress.PresetNames(), ", ")+") or HOST:PORT (*.domain:PORT for the names below it); repeatable (default: nothing)")
+	fs.Var(&f.caCerts, "ca-cert", "a PEM `file` of certificate authorities the docker backend's commands trust beside their image's (and sandboxd's egress trusts); repeatable "+
+		"(default: those this host's administrator added, in "+strings.Join(hostCADirs, " and ")+"; \"\" for none)")
 	f.shell.register(fs)
 }
 
@@ -78,7 +82,7 @@ func (l *listFlag) Set(s string) error {
 // withSession declares the session flags on fs and returns a command that
 // opens the session they describe, runs run with it, and closes it.
 func withSession(fs *flag.FlagSet, run func(ctx context.Context, sio stdio, s *session) error) runFunc {
-	var f sessionFlags
+	f := sessionFlags{defaultBackend: "local"} // it lists tools and runs no command
 	f.register(fs)
 	return func(ctx context.Context, sio stdio, args []string) error {
 		if len(args) > 0 {
@@ -156,16 +160,17 @@ type session struct {
 // Mistakes in the flags are usage errors; a configuration that cannot start
 // (an always-on skill without its grant) fails naming what is missing.
 func (f *sessionFlags) openSession(ctx context.Context, sio stdio) (*session, error) {
-	open, ok := backends[f.backend]
-	if !ok {
-		return nil, usagef("unknown backend %q (backends are %s)", f.backend, strings.Join(backendNames(), ", "))
+	entry, err := backendNamed(f.backend, sessionable)
+	if err != nil {
+		return nil, err
 	}
-	if f.image != "" && f.backend != "docker" {
-		return nil, usagef("--image applies to --backend docker only")
+	inContainers := orList(backendNames(sessionable, inContainer))
+	if f.image != "" && !entry.container {
+		return nil, usagef("--image applies to --backend %s only", inContainers)
 	}
 	out := egress.Policy{Allow: f.egress.values}
-	if f.egress.set && f.backend != "docker" {
-		return nil, usagef("--egress applies to --backend docker only: local and memory commands use the host's network")
+	if f.egress.set && !entry.container {
+		return nil, usagef("--egress applies to --backend %s only: %s commands use the host's network", inContainers, andList(backendNames(sessionable, onHost)))
 	}
 	if err := out.Validate(); err != nil {
 		return nil, usagef("--egress: %v", err)
@@ -179,13 +184,27 @@ func (f *sessionFlags) openSession(ctx context.Context, sio stdio) (*session, er
 	if err != nil {
 		return nil, err
 	}
-	b, err := open(ctx, sio, f)
+	var caFiles []string
+	if f.caCerts.set {
+		caFiles = append([]string{}, f.caCerts.values...)
+	}
+	_, caPEM, err := sessionCAs(caFiles)
+	if err != nil {
+		return nil, usagef("--ca-cert: %v", err)
+	}
+	b, err := entry.session(ctx, sio, f)
 	if err != nil {
 		return nil, err
 	}
+	labels := f.labels
+	if labels == nil {
+		labels = map[string]string{labelMCPRun: runDiscard}
+	}
 	// A daemon name of its own: this process reaps nothing of another's
 	// living run (see reapDeadRuns for those whose process is gone).
-	m, err := runner.New(ctx, b.backend, runner.WithTools(cfg), runner.WithPolicy(b.policy), runner.WithEgress(out),
+	m, err := runner.New(ctx, b.backend, runner.WithTools(cfg), runner.WithPolicy(b.policy), runner.WithEgress(out), runner.WithCACerts(caPEM),
+		runner.WithJournalStores(journalStore),
+		runner.WithLabels(labels),
 		runner.WithDaemonName("cli-"+strings.ToLower(rand.Text()[:12])))
 	if err != nil {
 		b.release()
@@ -208,108 +227,4 @@ func (f *sessionFlags) openSession(ctx context.Context, sio stdio) (*session, er
 		return nil, err
 	}
 	return &session{id: s.ID(), fs: s.FS(), set: s.Tools(), close: shutdown}, nil
-}
-
-// openedBackend is what a --backend gives a session: the runner backend, the
-// policy that names its image, the directory copied into the workspace ("",
-// when the backend works on it in place) and how to release what opening
-// took (a Docker client).
-type openedBackend struct {
-	backend backend.Backend
-	policy  policy.Policy
-	source  string
-	release func()
-}
-
-// backends are the values of --backend.
-var backends = map[string]func(ctx context.Context, sio stdio, f *sessionFlags) (*openedBackend, error){
-	// local works on the directory itself; the workspace root is its
-	// absolute path.
-	"local": func(_ context.Context, _ stdio, f *sessionFlags) (*openedBackend, error) {
-		return &openedBackend{backend: local.Dir{Path: f.workspace}, release: func() {}}, nil
-	},
-	// memory starts from an in-memory copy of the directory, rooted at
-	// /workspace; nothing is written back. Commands run in a private host
-	// copy that memexec keeps in step (see memory.Backend).
-	"memory": func(_ context.Context, _ stdio, f *sessionFlags) (*openedBackend, error) {
-		return &openedBackend{backend: memory.Backend{}, source: f.workspace, release: func() {}}, nil
-	},
-	"docker": openDocker,
-}
-
-func backendNames() []string {
-	names := slices.Collect(maps.Keys(backends))
-	slices.Sort(names)
-	return names
-}
-
-// openDocker starts from a copy of the directory in a hardened session
-// container, rooted at /workspace. --image is an image definition's name
-// (built when missing, with progress on standard error) or any image
-// reference; the default is the minimal image.
-func openDocker(ctx context.Context, sio stdio, f *sessionFlags) (*openedBackend, error) {
-	cli, err := dockerClient(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("docker backend: %w (run 'sandboxd doctor')", err)
-	}
-	b, ref, err := dockerBackend(ctx, sio, cli, cmp.Or(f.image, images.Default))
-	if err != nil {
-		cli.Close()
-		return nil, err
-	}
-	if n, err := reapDeadRuns(ctx, cli); err != nil {
-		fmt.Fprintf(sio.err, "sandboxd: removing what killed runs left: %v\n", err)
-	} else if n > 0 {
-		fmt.Fprintf(sio.err, "sandboxd: removed %d containers and volumes that killed runs on this host left\n", n)
-	}
-	return &openedBackend{
-		backend: b,
-		policy:  policy.Policy{DefaultImage: ref},
-		source:  f.workspace,
-		release: func() { cli.Close() },
-	}, nil
-}
-
-// reapDeadRuns removes the containers and volumes that earlier
-// command-line runs (sandboxd mcp, tools) on this host left, once their
-// process has ended (backend.Owner.Gone). Each run has a daemon name of its
-// own, so no run's start reaps another's; a run whose process may live is
-// left alone.
-func reapDeadRuns(ctx context.Context, cli client.APIClient) (int, error) {
-	return dockerexec.Reap(ctx, cli, map[string]string{backend.LabelOwnerHost: backend.Self().Host}, func(labels map[string]string) bool {
-		o, ok := backend.OwnerOf(labels)
-		return ok && strings.HasPrefix(labels[backend.LabelDaemon], "cli-") && o.Gone()
-	})
-}
-
-// dockerBackend is the Docker backend over cli, once what every session
-// needs is there: the agent binary, and image (when not "") as ensureImage
-// makes sure. It returns image's reference.
-func dockerBackend(ctx context.Context, sio stdio, cli *client.Client, image string) (*docker.Backend, string, error) {
-	agent, err := dockerexec.FindAgent()
-	if err != nil {
-		return nil, "", fmt.Errorf("docker backend: %w", err)
-	}
-	var ref string
-	if image != "" {
-		if ref, err = ensureImage(ctx, sio, cli, image); err != nil {
-			return nil, "", err
-		}
-	}
-	return &docker.Backend{Client: cli, Agent: agent, HandoffDir: docker.DefaultHandoffDir(cli)}, ref, nil
-}
-
-// ensureImage returns the reference of image: an image definition's name
-// ("minimal", "dev") is built when the engine lacks it, reporting progress
-// on standard error; anything else is a reference the engine must have
-// (images.Resolve names the fix when it has not).
-func ensureImage(ctx context.Context, sio stdio, cli images.Client, image string) (string, error) {
-	if _, err := images.Lookup(image); err != nil {
-		return images.Resolve(ctx, cli, image)
-	}
-	ref, err := images.Ensure(ctx, cli, image, images.WithProgress(progressPrinter(sio, "image "+image)))
-	if err != nil {
-		return "", fmt.Errorf("image %s: %w", image, err)
-	}
-	return ref, nil
 }

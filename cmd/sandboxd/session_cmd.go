@@ -67,15 +67,18 @@ func printJSON(w io.Writer, v any) error {
 
 var cmdSessionCreate = &command{
 	name:    "session create",
-	args:    "[--grant fs.write] [--grant shell.exec] [--always read,edit,shell] [--visible GLOB]... [--commit GLOB]... [--image IMAGE] [--egress PRESET|HOST:PORT]... [--lifetime D] [--idle-timeout D] [--json]",
+	args:    "[--grant fs.write] [--grant shell.exec] [--always read,edit,shell] [--visible GLOB]... [--commit GLOB]... [--image IMAGE] [--snapshot ID | --template NAME] [--egress PRESET|HOST:PORT]... [--secret NAME]... [--lifetime D] [--idle-timeout D] [--json]",
 	summary: "create a session on a running daemon and print its ID",
 	setup: func(fs *flag.FlagSet) runFunc {
 		c := daemonFlags(fs)
-		var grants, always, egress listFlag
+		var grants, always, egress, secrets listFlag
 		fs.Var(&grants, "grant", "a `permission` to give: fs.write or shell.exec; repeatable")
 		fs.Var(&egress, "egress", "a `rule` of what the session's commands may reach, within the daemon's egress.allow: a preset or HOST:PORT; repeatable (default: the daemon's; \"\" for none)")
 		fs.Var(&always, "always", "`skills` active from the first step: read, edit, shell")
+		fs.Var(&secrets, "secret", "a `name` of the daemon's secrets the session's commands get a placeholder for; repeatable (default: all its tenant may have; \"\" for none)")
 		image := fs.String("image", "", "the container `image` (default: the daemon's)")
+		snap := fs.String("snapshot", "", "a snapshot `ID` whose tree the workspace starts with (sandboxd snapshot ls)")
+		template := fs.String("template", "", "a template `name` whose tree the workspace starts with (sandboxd snapshot ls --templates)")
 		lifetime := fs.Duration("lifetime", 0, "end the session after this `duration` (default: the daemon's)")
 		idle := fs.Duration("idle-timeout", 0, "end the session after this long without calls (default: the daemon's)")
 		var visible, commit globsFlag
@@ -86,13 +89,16 @@ var cmdSessionCreate = &command{
 			if len(args) > 0 {
 				return usagef("unexpected arguments %q", args)
 			}
-			st := runner.Settings{Image: *image, Grants: grants.values, Lifetime: runner.Duration(*lifetime), IdleTimeout: runner.Duration(*idle),
+			st := runner.Settings{Image: *image, Snapshot: *snap, Template: *template, Grants: grants.values, Lifetime: runner.Duration(*lifetime), IdleTimeout: runner.Duration(*idle),
 				Scope: scope.Rules{Visible: visible, Commit: commit}}
 			if always.set {
 				st.Always = always.values
 			}
 			if egress.set {
 				st.Egress = append([]string{}, egress.values...)
+			}
+			if secrets.set {
+				st.Secrets = append([]string{}, secrets.values...)
 			}
 			cl, err := c.open()
 			if err != nil {
@@ -106,6 +112,57 @@ var cmdSessionCreate = &command{
 				return printJSON(sio.out, res.Session)
 			}
 			fmt.Fprintln(sio.out, res.Session.ID)
+			return nil
+		}
+	},
+}
+
+var cmdSessionEgress = &command{
+	name:    "session egress",
+	args:    "[--none | --reset] [--json] ID [PRESET|HOST:PORT]...",
+	summary: "show a session's egress, or change it while it runs (open connections no longer allowed are cut)",
+	setup: func(fs *flag.FlagSet) runFunc {
+		c := daemonFlags(fs)
+		none := fs.Bool("none", false, "allow nothing from now on")
+		reset := fs.Bool("reset", false, "go back to the tenant's egress (the daemon's egress.allow, as the tenant's narrows it)")
+		asJSON := fs.Bool("json", false, "print JSON")
+		return func(ctx context.Context, sio stdio, args []string) error {
+			if len(args) == 0 {
+				return usagef("name a session")
+			}
+			id, rules := args[0], args[1:]
+			if *none && *reset || (*none || *reset) && len(rules) > 0 {
+				return usagef("give rules, --none or --reset, one of them")
+			}
+			cl, err := c.open()
+			if err != nil {
+				return err
+			}
+			var p runner.EgressPolicy
+			if len(rules) == 0 && !*none && !*reset {
+				res, err := cl.SessionEgress(ctx, id, client.SessionEgressOptions{})
+				if err != nil {
+					return err
+				}
+				p = res.Egress
+			} else {
+				res, err := cl.SessionEgressSet(ctx, id, client.SessionEgressSetOptions{Allow: rules, Reset: *reset})
+				if err != nil {
+					return err
+				}
+				p = res.Egress
+			}
+			if *asJSON {
+				return printJSON(sio.out, p)
+			}
+			allow := "nothing"
+			if len(p.Allow) > 0 {
+				allow = strings.Join(p.Allow, " ")
+			}
+			fmt.Fprintf(sio.out, "allow:   %s\n", allow)
+			if len(p.Secrets) > 0 {
+				fmt.Fprintf(sio.out, "secrets: %s\n", strings.Join(p.Secrets, " "))
+			}
 			return nil
 		}
 	},
@@ -172,15 +229,24 @@ var cmdSessionRemove = &command{
 			if err != nil {
 				return err
 			}
-			var errs []error
-			for _, id := range args {
-				if _, err := cl.SessionRemove(ctx, id, client.SessionRemoveOptions{}); err != nil {
-					errs = append(errs, fmt.Errorf("%s: %w", id, err))
-				}
-			}
-			return errors.Join(errs...)
+			return eachID(args, func(id string) error {
+				_, err := cl.SessionRemove(ctx, id, client.SessionRemoveOptions{})
+				return err
+			})
 		}
 	},
+}
+
+// eachID calls fn for every ID, and returns the failures, each named by its
+// ID.
+func eachID(ids []string, fn func(id string) error) error {
+	var errs []error
+	for _, id := range ids {
+		if err := fn(id); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", id, err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 var cmdSessionCall = &command{

@@ -54,15 +54,15 @@ func runWithInput(t *testing.T, stdin []byte, args ...string) (int, string, stri
 	return code, out.String(), errb.String()
 }
 
-// TestSessionGetPutDiff: a tree put into a session comes back the same
-// with get (extracted, or as a tar put back in), a single file goes in by
-// its name, and diff prints a patch that rebuilds the session's work on
-// the tree it began from (here, nothing).
-func TestSessionGetPutDiff(t *testing.T) {
+// memoryDaemon starts serve on the memory backend, points the session
+// commands at it, and returns a function that runs sandboxd in process and
+// gives its standard output, failing t unless it exits 0.
+func memoryDaemon(t *testing.T) func(args ...string) string {
+	t.Helper()
 	url, welcome := startServe(t, "--backend", "memory")
 	t.Setenv("SANDBOXD_URL", url)
 	t.Setenv("SANDBOXD_TOKEN", regexp.MustCompile(`SANDBOXD_TOKEN=(\S+)`).FindStringSubmatch(welcome)[1])
-	sandboxd := func(args ...string) string {
+	return func(args ...string) string {
 		t.Helper()
 		code, out, errs := runInProcess(t, args...)
 		if code != 0 {
@@ -70,6 +70,14 @@ func TestSessionGetPutDiff(t *testing.T) {
 		}
 		return out
 	}
+}
+
+// TestSessionGetPutDiff: a tree put into a session comes back the same
+// with get (extracted, or as a tar put back in), a single file goes in by
+// its name, and diff prints a patch that rebuilds the session's work on
+// the tree it began from (here, nothing).
+func TestSessionGetPutDiff(t *testing.T) {
+	sandboxd := memoryDaemon(t)
 	id := strings.TrimSpace(sandboxd("session", "create", "--grant", "fs.write", "--grant", "shell.exec", "--always", "read,edit,shell"))
 
 	src := t.TempDir()

@@ -30,11 +30,11 @@ import (
 
 var cmdSoak = &command{
 	name:    "soak",
-	args:    "[--backend memory|docker] [--sessions N] [--duration D] [--concurrency C]",
+	args:    "[--backend " + backendChoices(soakable) + "] [--sessions N] [--duration D] [--concurrency C]",
 	summary: "run a daemon in this process, drive many sessions through it, and check nothing leaked",
 	setup: func(fs *flag.FlagSet) runFunc {
 		var o soakOptions
-		fs.StringVar(&o.backend, "backend", "memory", "the daemon's `backend`: memory, local or docker")
+		fs.StringVar(&o.backend, "backend", "memory", "the daemon's `backend`: "+orList(backendNames(soakable)))
 		fs.IntVar(&o.sessions, "sessions", 1000, "how many sessions to create, use and end (0: until --duration)")
 		fs.DurationVar(&o.duration, "duration", 0, "stop starting sessions after this long (0: after --sessions)")
 		fs.IntVar(&o.concurrency, "concurrency", 8, "sessions in flight at once")
@@ -48,6 +48,9 @@ var cmdSoak = &command{
 			}
 			if o.concurrency <= 0 {
 				return usagef("--concurrency must be positive")
+			}
+			if _, err := backendNamed(o.backend, soakable); err != nil {
+				return err
 			}
 			return soak(ctx, sio, o)
 		}

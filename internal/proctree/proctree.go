@@ -18,7 +18,11 @@
 //     When the program ends or the tree is killed, the shim sends SIGKILL to
 //     every descendant it finds in /proc, reaps them, and repeats until it has
 //     no children left. The shim dies with its parent (PR_SET_PDEATHSIG), and
-//     kills the tree first when it can. A shim whose tree is gone serves
+//     kills the tree first when it can. The shim runs as the command's user,
+//     so a program may stop it (kill -STOP $PPID, again and again): from the
+//     moment the tree is to die until the shim reports it gone, the parent
+//     too kills every descendant of the shim it finds in /proc, every 50 ms,
+//     and continues the shim, so a stopped shim cannot keep the tree alive. A shim whose tree is gone serves
 //     the next command (the idle ones are kept, see CloseIdle), so that a
 //     command costs a fork and exec rather than the start of a second Go
 //     program; one that was told to kill its tree, or whose resource
@@ -40,8 +44,9 @@
 // which die only when the kernel lets them, and — the shim runs as the same
 // user as the command — processes that left the group after the command
 // SIGKILLed its own shim. Wait still returns: the parent kills a shim that
-// has not finished five seconds after the tree was to die, and stops waiting
-// for output WaitDelay after that.
+// has not finished five seconds after the tree was to die (reporting the
+// program killed when it was asked to kill it), and stops waiting for output
+// WaitDelay after that.
 package proctree
 
 import (

@@ -325,11 +325,18 @@ func spawnShim(adopted bool) (*shimProc, error) {
 // window a program would need to outrun the report.
 const reportDelayEnv = "SANDBOXD_PROCTREE_TEST_REPORT_DELAY"
 
+// deafEnv, set to 1 in the parent's environment, is passed on to its shims,
+// which then ignore SIGTERM: a test's stand-in for a shim kept from its work
+// (stopped again and again), so that the tree must die by the parent's hand.
+const deafEnv = "SANDBOXD_PROCTREE_TEST_DEAF"
+
 // shimEnv is a shim's whole environment.
 func shimEnv() []string {
 	env := []string{markerEnv + "=" + markerValue, "GOMAXPROCS=1"}
-	if d, ok := os.LookupEnv(reportDelayEnv); ok {
-		env = append(env, reportDelayEnv+"="+d)
+	for _, k := range []string{reportDelayEnv, deafEnv} {
+		if v, ok := os.LookupEnv(k); ok {
+			env = append(env, k+"="+v)
+		}
 	}
 	return env
 }
@@ -403,12 +410,15 @@ func (s *shimProc) send(spec shimSpec, stdio [3]*os.File, start int64) error {
 type shimTree struct {
 	shim  *shimProc
 	argv0 string
+	start int64 // CLOCK_MONOTONIC, as the shim's reports count it
 
 	mu       sync.Mutex
-	pid      int  // the program's pid and process group, once reported
-	termSent bool // the shim was told to kill the tree (and so to exit)
-	over     bool // the shim reported the tree gone, or has been reaped
-	doomed   bool // the last resort killed the shim
+	pid      int        // the program's pid and process group, once reported
+	termSent bool       // the shim was told to kill the tree (and so to exit)
+	over     bool       // the shim reported the tree gone, or has been reaped
+	doomed   bool       // the last resort killed the shim
+	fromHere bool       // this process killed (some of) the tree itself
+	dying    []*os.File // pidfds of what the last resort killed
 	deadline time.Time
 	timer    *time.Timer // the next tick, once armed
 }
@@ -442,7 +452,7 @@ func startShim(path string, spec Spec, stdio [3]*os.File, adopted bool) (tree, e
 		// wait says so.
 		s.send(ss, stdio, start)
 	}
-	return &shimTree{shim: s, argv0: spec.Argv[0]}, nil
+	return &shimTree{shim: s, argv0: spec.Argv[0], start: start}, nil
 }
 
 // monotonic reads CLOCK_MONOTONIC, which the shim reads too.
@@ -464,7 +474,8 @@ func (t *shimTree) kill() {
 	t.armLocked()
 }
 
-// armLocked starts the countdown after which the shim is killed outright.
+// armLocked starts the countdown after which the shim is killed outright,
+// and the ticks that kill the tree from here meanwhile.
 func (t *shimTree) armLocked() {
 	if t.timer == nil && !t.over {
 		t.deadline = time.Now().Add(killGrace)
@@ -472,34 +483,64 @@ func (t *shimTree) armLocked() {
 	}
 }
 
-// contInterval is how often an armed shimTree sends SIGCONT to the shim.
+// contInterval is how often an armed shimTree kills what it finds of the
+// tree and sends SIGCONT to the shim.
 const contInterval = 50 * time.Millisecond
 
-// tick keeps the shim going until its deadline — the program or one of its
-// descendants may stop it (SIGSTOP) just after a SIGCONT — and then does the
-// shim's work itself, as well as it can from outside: it kills every
-// descendant of the shim it finds in /proc (while the shim lives, its
-// descendants stay its own), the program's process group, and the shim.
+// tick runs every contInterval from the moment the tree is to die until the
+// shim has reported it gone. Each tick kills, from here, every descendant of
+// the shim that /proc shows (while the shim lives, its descendants stay its
+// own) and the program's process group, then sends the shim SIGCONT: a
+// program (or any process of the shim's user) may stop the shim (kill -STOP
+// $PPID, again and again, faster than SIGCONT undoes it), and a stopped shim
+// kills nothing. Nothing it stops stops this process, so the tree dies within
+// a tick of when it was to; the shim, continued once nothing stops it any
+// more, reaps it and reports as usual. Past the deadline the shim is killed
+// too (the last resort: it has not finished although its tree is dead), and
+// wait waits for the processes killed then to be gone.
 func (t *shimTree) tick() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	switch {
-	case t.over:
-	case time.Now().Before(t.deadline):
+	if t.over {
+		return
+	}
+	last := !time.Now().Before(t.deadline)
+	t.killFromHereLocked(last)
+	if !last {
 		t.shim.proc.Signal(syscall.SIGCONT)
 		t.timer.Reset(contInterval)
-	default:
-		for range 10 {
-			pids, family := descendants(t.shim.proc.Pid, nil)
-			if len(pids) == 0 {
-				break
-			}
-			killAllOf(pids, family)
-		}
-		t.killGroupLocked()
-		t.doomed = true
-		t.shim.proc.Kill()
+		return
 	}
+	t.doomed = true
+	t.shim.proc.Kill()
+}
+
+// killFromHereLocked kills every descendant of the shim it finds in /proc
+// (in rounds, so that what they forked meanwhile is found too) and the
+// program's process group. With keep, it keeps the pidfds of what it killed
+// in t.dying, for wait to wait on.
+func (t *shimTree) killFromHereLocked(keep bool) {
+	for range 10 {
+		pids, family := descendants(t.shim.proc.Pid, nil)
+		if len(pids) == 0 {
+			break
+		}
+		for _, pid := range pids {
+			f := killOne(pid, family)
+			switch {
+			case f == nil:
+			case keep:
+				t.dying = append(t.dying, f)
+			default:
+				f.Close()
+			}
+		}
+		t.fromHere = true
+	}
+	if t.pid > 0 {
+		t.fromHere = true
+	}
+	t.killGroupLocked()
 }
 
 // killGroupLocked kills the program's process group, if the program started.
@@ -535,6 +576,11 @@ func (t *shimTree) wait() (Exit, error) {
 		case m.Exit != nil && exit == nil:
 			exit = m.Exit
 			t.mu.Lock()
+			if t.termSent && t.fromHere && exit.Signal == "SIGKILL" {
+				// Our kill, from here, came before the shim's: the
+				// shim saw the program end before it saw SIGTERM.
+				exit.Killed = true
+			}
 			t.armLocked() // the cleanup is bounded too
 			t.mu.Unlock()
 		case m.Done && exit != nil:
@@ -550,6 +596,12 @@ func (t *shimTree) wait() (Exit, error) {
 		failed = nil // done last, or killed after the exit report
 	}
 	t.mu.Lock()
+	if exit == nil && t.doomed && t.termSent {
+		// The last resort killed the tree, as it was asked to be: the
+		// shim, kept from its work, could not say how the program ended.
+		exit = &Exit{Code: -1, Signal: "SIGKILL", Killed: true, Duration: time.Duration(monotonic() - t.start)}
+		failed = nil
+	}
 	if exit == nil {
 		// The shim failed, or died: what it ran is on its own now.
 		t.killGroupLocked()
@@ -560,6 +612,8 @@ func (t *shimTree) wait() (Exit, error) {
 	if t.timer != nil {
 		t.timer.Stop()
 	}
+	dying := t.dying
+	t.dying = nil
 	t.mu.Unlock()
 	var state *os.ProcessState
 	if reuse {
@@ -570,6 +624,7 @@ func (t *shimTree) wait() (Exit, error) {
 			adoptDone()
 		}
 	}
+	awaitGone(dying, killGrace)
 	switch {
 	case exit != nil:
 		return *exit, nil
@@ -579,10 +634,36 @@ func (t *shimTree) wait() (Exit, error) {
 	return Exit{Code: -1}, fmt.Errorf("proctree: the shim ended without a report (%v)", state)
 }
 
+// awaitGone waits until each of the processes behind the pidfds has ended
+// (the kernel makes a pidfd readable then), at most d in all, and closes
+// them. Processes killed with SIGKILL end unless they are in an
+// uninterruptible sleep, which d bounds.
+func awaitGone(pidfds []*os.File, d time.Duration) {
+	deadline := time.Now().Add(d)
+	for _, f := range pidfds {
+		for {
+			left := time.Until(deadline)
+			if left <= 0 {
+				break
+			}
+			fds := []unix.PollFd{{Fd: int32(f.Fd()), Events: unix.POLLIN}}
+			n, err := unix.Poll(fds, int(left.Milliseconds())+1)
+			if err != unix.EINTR && (err != nil || n > 0) {
+				break
+			}
+		}
+		f.Close()
+	}
+}
+
 // shim is the shim's main function; it returns its exit status.
 func shim() int {
 	term := make(chan os.Signal, 1)
-	signal.Notify(term, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	if os.Getenv(deafEnv) == "1" {
+		signal.Ignore(syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	} else {
+		signal.Notify(term, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	}
 	closeOnExec() // a program gets stdin, stdout and stderr, nothing else
 	reportDelay, _ = time.ParseDuration(os.Getenv(reportDelayEnv))
 	conn := os.NewFile(connFD, "conn")
@@ -963,8 +1044,16 @@ func killOne(pid int, family map[int]bool) *os.File {
 // processes in skip and their own descendants, and returns them with root
 // itself as a set.
 func descendants(root int, skip map[int]bool) ([]int, map[int]bool) {
-	childrenOf := children
-	if !haveChildrenFiles() {
+	var childrenOf func(int) []int
+	if haveChildrenFiles() {
+		// gVisor's children files list a child's threads beside it (Linux's
+		// list processes only): a thread of a skipped shim would lead into
+		// the shim's tree. Only the processes /proc lists count.
+		procs := processes()
+		childrenOf = func(pid int) []int {
+			return slices.DeleteFunc(children(pid), func(c int) bool { return !procs[c] })
+		}
+	} else {
 		byParent := parentMap() // a kernel without CONFIG_PROC_CHILDREN
 		childrenOf = func(pid int) []int { return byParent[pid] }
 	}
@@ -1003,6 +1092,19 @@ func children(pid int) []int {
 		}
 	}
 	return out
+}
+
+// processes returns the pids /proc lists: the processes, not their other
+// threads.
+func processes() map[int]bool {
+	names, _ := ReadProcDir(".")
+	m := make(map[int]bool, len(names))
+	for _, name := range names {
+		if pid, err := strconv.Atoi(name); err == nil {
+			m[pid] = true
+		}
+	}
+	return m
 }
 
 // parentMap maps every process's parent to its children, from /proc/*/stat.

@@ -194,6 +194,47 @@ func TestShimStopped(t *testing.T) {
 	noChildren(t)
 }
 
+// A shim that does not kill its tree when told to (here: it ignores
+// SIGTERM, as a shim stopped again and again by its program cannot act on
+// it) does not keep the tree alive: the parent kills it from outside within
+// a tick, the shim reaps it and reports the program killed. Without that the
+// tree lived until the last resort, which left Wait without a report.
+func TestShimDeaf(t *testing.T) {
+	t.Setenv(deafEnv, "1")
+	dir := t.TempDir()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	p, err := Start(t.Context(), Spec{Argv: []string{"bash", "-c", escapes(dir) + "sleep 600"}, Env: os.Environ(), Stdout: w})
+	w.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := p.tree.(*shimTree)
+	if line, _ := bufio.NewReader(r).ReadString('\n'); line != "started\n" {
+		st.shim.proc.Kill()
+		p.Wait()
+		t.Fatalf("output %q", line)
+	}
+	p.KillTree()
+	// The last resort would kill the tree too, but only at its deadline:
+	// put it where only a tree that never died by the ticks reaches it.
+	st.mu.Lock()
+	st.deadline = time.Now().Add(goneTimeout)
+	st.mu.Unlock()
+	exit, err := p.Wait()
+	if err != nil || !exit.Killed || exit.Signal != "SIGKILL" {
+		t.Fatalf("Wait = %+v, %v; want the tree killed", exit, err)
+	}
+	if st.doomed {
+		t.Fatalf("the tree died by the last resort, %v after it was to, not within a tick", goneTimeout)
+	}
+	checkGone(t, dir, true)
+	noChildren(t)
+}
+
 // procState is the state letter of pid ('R', 'S', 'T', 'Z' …), or 0 when
 // there is no such process.
 func procState(pid int) byte {
@@ -231,7 +272,7 @@ func TestShimLastResort(t *testing.T) {
 	if exit, err := p.Wait(); err == nil {
 		t.Errorf("Wait = %+v, nil; want an error: the shim did not report", exit)
 	}
-	checkGone(t, dir, false) // killed from outside, and nothing waits for them
+	checkGone(t, dir, true) // killed from outside, and Wait waited for them
 
 	noChildren(t)
 }

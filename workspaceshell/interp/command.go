@@ -28,11 +28,14 @@ func init() {
 	}
 }
 
-// flagSpec describes a command's options, GNU style: short options cluster
-// ("-la"), a short option's value is attached or the next argument ("-n5",
-// "-n 5"), long options take "--name=value" or "--name value", options and
-// operands mix, and "--" ends the options.
-type flagSpec struct {
+// A flagSpec is a command's options: how they are spelt, GNU style —
+// short options cluster ("-la"), a short option's value is attached or the
+// next argument ("-n5", "-n 5"), long options take "--name=value" or
+// "--name value", options and operands mix, and "--" ends the options —
+// and what each does to the command's options O (set): the spelling and
+// the meaning of an option in one place. An option spelt but not in set is
+// accepted and does nothing (grep's --color).
+type flagSpec[O any] struct {
 	bools  string // short options without a value
 	values string // short options with a value
 	// long maps a long option to its canonical name; a canonical name ending
@@ -41,11 +44,85 @@ type flagSpec struct {
 	// numeric, when set, reads "-5" as that option with the value "5"
 	// ("n" for head and tail, "C" for grep's context).
 	numeric string
+	// set applies each option, by its canonical name.
+	set map[string]setter[O]
+}
+
+// A setter applies one option to o: its canonical name, and its value for
+// an option that takes one. An error from usagef is reported as a usage
+// error (status 2), one from failed as the failure it names, with its
+// status (curl -d @FILE's unreadable file: 26), any other as a failure on
+// the value (status 2). Each ends the command.
+type setter[O any] func(c *call, o *O, name, val string) error
+
+// on is a setter that does f, whatever the option's name and value.
+func on[O any](f func(o *O)) setter[O] {
+	return func(_ *call, o *O, _, _ string) error { f(o); return nil }
+}
+
+// withVal is a setter that gives f the option's value.
+func withVal[O any](f func(o *O, val string)) setter[O] {
+	return func(_ *call, o *O, _, val string) error { f(o, val); return nil }
+}
+
+// notSupported is a setter that refuses the option.
+func notSupported[O any](_ *call, _ *O, name, _ string) error {
+	return usagef("-%s is not supported", name)
+}
+
+// usageError is a setter's usage error.
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(format, args...)} }
+
+// failure is a setter's failure on arg, which ends the command with status.
+type failure struct {
+	arg    string
+	err    error
+	status int
+}
+
+func (f failure) Error() string { return f.err.Error() }
+
+func failed(arg string, err error, status int) error { return failure{arg, err, status} }
+
+// parseFlags reads c's arguments by f into o, which holds the options'
+// defaults: it returns the operands, or reports the first mistake and
+// returns ok false with the command's status.
+func parseFlags[O any](c *call, f *flagSpec[O], o *O) (operands []string, status int, ok bool) {
+	opts, operands, ok := c.lexFlags(f.bools, f.values, f.numeric, f.long)
+	if !ok {
+		return nil, 2, false
+	}
+	for _, op := range opts {
+		set, ok := f.set[op.name]
+		if !ok {
+			continue
+		}
+		if err := set(c, o, op.name, op.val); err != nil {
+			var u usageError
+			var f failure
+			switch {
+			case errors.As(err, &u):
+				return nil, c.usage("%s", u.msg), false
+			case errors.As(err, &f):
+				c.fail(f.arg, f.err)
+				return nil, f.status, false
+			}
+			c.fail(op.val, err)
+			return nil, 2, false
+		}
+	}
+	return operands, 0, true
 }
 
 type opt struct{ name, val string }
 
-func (c *call) parseFlags(f flagSpec) (opts []opt, operands []string, ok bool) {
+// lexFlags splits c's arguments into options, by their canonical names, and
+// operands (see flagSpec).
+func (c *call) lexFlags(bools, values, numeric string, long map[string]string) (opts []opt, operands []string, ok bool) {
 	args := c.args
 	for i := 0; i < len(args); i++ {
 		a := args[i]
@@ -54,7 +131,7 @@ func (c *call) parseFlags(f flagSpec) (opts []opt, operands []string, ok bool) {
 			return opts, append(operands, args[i+1:]...), true
 		case strings.HasPrefix(a, "--"):
 			name, val, hasVal := strings.Cut(a[2:], "=")
-			canon, known := f.long[name]
+			canon, known := long[name]
 			if !known {
 				c.usage("unrecognized option '--%s'", name)
 				return nil, nil, false
@@ -78,15 +155,15 @@ func (c *call) parseFlags(f flagSpec) (opts []opt, operands []string, ok bool) {
 			}
 			opts = append(opts, opt{canon, val})
 		case len(a) > 1 && a[0] == '-':
-			if f.numeric != "" && isDigits(a[1:]) {
-				opts = append(opts, opt{f.numeric, a[1:]})
+			if numeric != "" && isDigits(a[1:]) {
+				opts = append(opts, opt{numeric, a[1:]})
 				continue
 			}
 		cluster:
 			for j := 1; j < len(a); j++ {
 				ch := a[j]
 				switch {
-				case strings.IndexByte(f.values, ch) >= 0:
+				case strings.IndexByte(values, ch) >= 0:
 					val := a[j+1:]
 					if val == "" {
 						if i+1 == len(args) {
@@ -98,7 +175,7 @@ func (c *call) parseFlags(f flagSpec) (opts []opt, operands []string, ok bool) {
 					}
 					opts = append(opts, opt{string(ch), val})
 					break cluster
-				case strings.IndexByte(f.bools, ch) >= 0 && ch < utf8.RuneSelf:
+				case strings.IndexByte(bools, ch) >= 0 && ch < utf8.RuneSelf:
 					opts = append(opts, opt{string(ch), ""})
 				default:
 					r, _ := utf8.DecodeRuneInString(a[j:])

@@ -28,7 +28,7 @@ var _ SourceClient = (*sources.Gateway)(nil)
 // curlFlags are the options of the controlled curl: enough to send a
 // declared request and show its answer, nothing that writes a file, reads
 // a config, or picks a proxy, a certificate or a connection.
-var curlFlags = flagSpec{
+var curlFlags = flagSpec[curlOptions]{
 	bools:  "sSifLGI",
 	values: "XHdm",
 	long: map[string]string{
@@ -37,6 +37,75 @@ var curlFlags = flagSpec{
 		"silent": "s", "show-error": "S", "include": "i", "fail": "f", "location": "L",
 		"max-time": "m=", "url": "url=", "compressed": "compressed",
 	},
+	set: map[string]setter[curlOptions]{
+		"X": withVal(func(o *curlOptions, v string) { o.method = v }),
+		"H": func(_ *call, o *curlOptions, _, v string) error {
+			name, val, found := strings.Cut(v, ":")
+			if !found {
+				name, _, found = strings.Cut(v, ";")
+				if !found {
+					return usagef("(2) header %q: want \"Name: value\"", v)
+				}
+			}
+			name = strings.TrimSpace(name)
+			if name == "" || strings.ContainsAny(name, " \t") {
+				return usagef("(2) header %q: want \"Name: value\"", v)
+			}
+			if val = strings.TrimSpace(val); val != "" || !found {
+				o.req.Header.Add(name, val)
+			}
+			return nil
+		},
+		"d": curlData, "data-raw": curlData, "data-binary": curlData,
+		"data-urlencode": withVal(func(o *curlOptions, v string) {
+			if name, val, found := strings.Cut(v, "="); found {
+				o.data = append(o.data, name+"="+url.QueryEscape(val))
+			} else {
+				o.data = append(o.data, url.QueryEscape(v))
+			}
+		}),
+		"G": on(func(o *curlOptions) { o.get = true }),
+		"I": on(func(o *curlOptions) { o.head = true }),
+		"i": on(func(o *curlOptions) { o.include = true }),
+		"f": on(func(o *curlOptions) { o.fail = true }),
+		"L": on(func(o *curlOptions) { o.req.FollowRedirects = true }),
+		"m": func(_ *call, o *curlOptions, _, v string) error {
+			secs, err := strconv.ParseFloat(v, 64)
+			if err != nil || secs <= 0 {
+				return usagef("(2) --max-time %q: want a positive number of seconds", v)
+			}
+			o.req.MaxTime = time.Duration(secs * float64(time.Second))
+			return nil
+		},
+		"url": withVal(func(o *curlOptions, v string) { o.urls = append(o.urls, v) }),
+	},
+}
+
+// curlOptions are curl's options: the request they make, and how to show
+// its answer.
+type curlOptions struct {
+	req                      sources.HTTPRequest
+	method                   string
+	data                     []string // -d and friends, in order
+	get, head, include, fail bool
+	urls                     []string // --url's, after the operands
+}
+
+// curlData reads -d, --data-raw or --data-binary: "@FILE" (but for
+// --data-raw) is the file's contents, -d's without its line breaks.
+func curlData(c *call, o *curlOptions, name, v string) error {
+	if name != "data-raw" && strings.HasPrefix(v, "@") {
+		b, err := c.readInput(v[1:])
+		if err != nil {
+			return failed(v[1:], err, 26) // curl: read error
+		}
+		v = string(b)
+		if name == "d" {
+			v = strings.NewReplacer("\r", "", "\n", "").Replace(v)
+		}
+	}
+	o.data = append(o.data, v)
+	return nil
 }
 
 // cmdCurl sends one request through Env.Sources. Refusals by the source's
@@ -46,74 +115,13 @@ var curlFlags = flagSpec{
 // Unlike curl, -s does not hide these messages: there is no progress meter
 // to hide, and an agent needs to know why.
 func cmdCurl(c *call) int {
-	opts, ops, ok := c.parseFlags(curlFlags)
+	o := curlOptions{req: sources.HTTPRequest{Header: http.Header{}, Session: c.r.env.Session.ID, Run: c.r.env.Session.RunID}}
+	ops, st, ok := parseFlags(c, &curlFlags, &o)
 	if !ok {
-		return 2
+		return st
 	}
-	req := sources.HTTPRequest{Header: http.Header{}, Session: c.r.env.Session.ID, Run: c.r.env.Session.RunID}
-	var method string
-	var data []string
-	var get, head, include, fail bool
-	for _, o := range opts {
-		switch o.name {
-		case "X":
-			method = o.val
-		case "H":
-			name, val, found := strings.Cut(o.val, ":")
-			if !found {
-				name, _, found = strings.Cut(o.val, ";")
-				if !found {
-					return c.usage("(2) header %q: want \"Name: value\"", o.val)
-				}
-			}
-			name = strings.TrimSpace(name)
-			if name == "" || strings.ContainsAny(name, " \t") {
-				return c.usage("(2) header %q: want \"Name: value\"", o.val)
-			}
-			if val = strings.TrimSpace(val); val != "" || !found {
-				req.Header.Add(name, val)
-			}
-		case "d", "data-raw", "data-binary":
-			v := o.val
-			if o.name != "data-raw" && strings.HasPrefix(v, "@") {
-				b, err := c.readInput(v[1:])
-				if err != nil {
-					c.fail(v[1:], err)
-					return 26 // curl: read error
-				}
-				v = string(b)
-				if o.name == "d" {
-					v = strings.NewReplacer("\r", "", "\n", "").Replace(v)
-				}
-			}
-			data = append(data, v)
-		case "data-urlencode":
-			name, val, found := strings.Cut(o.val, "=")
-			if found {
-				data = append(data, name+"="+url.QueryEscape(val))
-			} else {
-				data = append(data, url.QueryEscape(o.val))
-			}
-		case "G":
-			get = true
-		case "I":
-			head = true
-		case "i":
-			include = true
-		case "f":
-			fail = true
-		case "L":
-			req.FollowRedirects = true
-		case "m":
-			secs, err := strconv.ParseFloat(o.val, 64)
-			if err != nil || secs <= 0 {
-				return c.usage("(2) --max-time %q: want a positive number of seconds", o.val)
-			}
-			req.MaxTime = time.Duration(secs * float64(time.Second))
-		case "url":
-			ops = append(ops, o.val)
-		}
-	}
+	ops = append(ops, o.urls...)
+	req, method, data, get, head, include, fail := o.req, o.method, o.data, o.get, o.head, o.include, o.fail
 	if len(ops) != 1 {
 		return c.usage("(2) want exactly one URL (got %d); the declared requests are in %s", len(ops), agentPath(c, sources.SnapshotDir)+"/<source>/"+sources.DescriptorFile)
 	}

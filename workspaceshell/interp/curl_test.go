@@ -49,7 +49,7 @@ func curlEnv(t *testing.T) (interp.Env, string) {
 			{Method: "GET", Path: "/big"},
 			{Method: "GET", Path: "/missing"},
 		},
-		Credential:       &sources.Credential{Header: "X-Api-Key", Env: "GH_KEY"},
+		Credential:       &sources.Credential{Header: "X-Api-Key", Secret: sources.Secret{Env: "GH_KEY"}},
 		MaxResponseBytes: 512,
 	}}}, sources.WithLookupEnv(func(string) (string, bool) { return curlSecret, true }), sources.WithAudit(func(sources.AuditRecord) {}))
 	if err != nil {

@@ -21,12 +21,13 @@
 // it does any work — into an options struct (lsOptions, catOptions,
 // grepOptions, rgOptions, cpOptions …), find's into an expression —
 // and reports a usage error there: listing.go (pwd, ls), text.go
-// (cat, head, tail, wc), search.go (grep, rg, find, over [workspace.Walk]
-// and [workspace.Grep], with pattern.go translating grep's regular
-// expressions), write.go (mkdir, touch, cp, mv, rm in write mode, over the
-// [Mutator]) and curl.go (curl to the workspace's API-backed sources).
-// command.go holds what they share: the running command, GNU flag parsing
-// and coreutils' wording of errors.
+// (cat, head, tail, wc), grep.go, rg.go and find.go (over [workspace.Walk]
+// and [workspace.Grep]; search.go holds the searcher grep and rg share,
+// pattern.go translates grep's regular expressions), write.go (mkdir,
+// touch, cp, mv, rm in write mode, over the [Mutator]) and curl.go (curl
+// to the workspace's API-backed sources). command.go holds what they
+// share: the running command, GNU flag parsing and coreutils' wording of
+// errors.
 //
 // # Why not mvdan.cc/sh/v3/interp
 //

@@ -12,9 +12,13 @@ import (
 	"github.com/sandboxd/sandboxd/workspace"
 )
 
+// pwdFlags: -L and -P change nothing, the workspace having no links above
+// its root to resolve.
+var pwdFlags = flagSpec[struct{}]{bools: "LP"}
+
 func cmdPwd(c *call) int {
-	if _, _, ok := c.parseFlags(flagSpec{bools: "LP"}); !ok {
-		return 2
+	if _, st, ok := parseFlags(c, &pwdFlags, &struct{}{}); !ok {
+		return st
 	}
 	c.print(c.r.root + "\n")
 	return 0
@@ -22,10 +26,19 @@ func cmdPwd(c *call) int {
 
 // ---- ls
 
-var lsFlags = flagSpec{
+var lsFlags = flagSpec[lsOptions]{
 	bools: "aAlR1dFphrtSU",
 	long: map[string]string{"all": "a", "almost-all": "A", "recursive": "R", "directory": "d", "classify": "F",
 		"human-readable": "h", "reverse": "r", "color": "color?", "group-directories-first": "gdf"},
+	set: map[string]setter[lsOptions]{
+		"a": on(func(o *lsOptions) { o.all = true }), "A": on(func(o *lsOptions) { o.almost = true }),
+		"l": on(func(o *lsOptions) { o.long = true }), "R": on(func(o *lsOptions) { o.recursive = true }),
+		"d": on(func(o *lsOptions) { o.dirOnly = true }), "F": on(func(o *lsOptions) { o.classify = true }),
+		"p": on(func(o *lsOptions) { o.slash = true }), "h": on(func(o *lsOptions) { o.human = true }),
+		"r": on(func(o *lsOptions) { o.reverse = true }), "t": on(func(o *lsOptions) { o.byTime = true }),
+		"S": on(func(o *lsOptions) { o.bySize = true }), "U": on(func(o *lsOptions) { o.unsorted = true }),
+		"gdf": on(func(o *lsOptions) { o.dirsFirst = true }),
+	},
 }
 
 type lsOptions struct {
@@ -39,40 +52,10 @@ type lsEntry struct {
 }
 
 func cmdLs(c *call) int {
-	opts, ops, ok := c.parseFlags(lsFlags)
-	if !ok {
-		return 2
-	}
 	var o lsOptions
-	for _, f := range opts {
-		switch f.name {
-		case "a":
-			o.all = true
-		case "A":
-			o.almost = true
-		case "l":
-			o.long = true
-		case "R":
-			o.recursive = true
-		case "d":
-			o.dirOnly = true
-		case "F":
-			o.classify = true
-		case "p":
-			o.slash = true
-		case "h":
-			o.human = true
-		case "r":
-			o.reverse = true
-		case "t":
-			o.byTime = true
-		case "S":
-			o.bySize = true
-		case "U":
-			o.unsorted = true
-		case "gdf":
-			o.dirsFirst = true
-		}
+	ops, st, ok := parseFlags(c, &lsFlags, &o)
+	if !ok {
+		return st
 	}
 	if len(ops) == 0 {
 		ops = []string{"."}

@@ -14,8 +14,16 @@ import (
 
 // ---- cat
 
-var catFlags = flagSpec{bools: "nbsETAvet", long: map[string]string{"number": "n", "number-nonblank": "b",
-	"squeeze-blank": "s", "show-ends": "E", "show-tabs": "T", "show-all": "A", "show-nonprinting": "v"}}
+var catFlags = flagSpec[catOptions]{bools: "nbsETAvet", long: map[string]string{"number": "n", "number-nonblank": "b",
+	"squeeze-blank": "s", "show-ends": "E", "show-tabs": "T", "show-all": "A", "show-nonprinting": "v"},
+	set: map[string]setter[catOptions]{
+		"n": on(func(o *catOptions) { o.number = true }), "b": on(func(o *catOptions) { o.nonblank = true }),
+		"s": on(func(o *catOptions) { o.squeeze = true }), "E": on(func(o *catOptions) { o.ends = true }),
+		"T": on(func(o *catOptions) { o.tabs = true }), "v": on(func(o *catOptions) { o.nonprint = true }),
+		"A": on(func(o *catOptions) { o.nonprint, o.ends, o.tabs = true, true, true }),
+		"e": on(func(o *catOptions) { o.nonprint, o.ends = true, true }),
+		"t": on(func(o *catOptions) { o.nonprint, o.tabs = true, true }),
+	}}
 
 // catOptions are cat's options: -n, -b, -s, -E, -T, -v (-A, -e, -t set several).
 type catOptions struct {
@@ -28,32 +36,10 @@ type catOptions struct {
 }
 
 func cmdCat(c *call) int {
-	opts, ops, ok := c.parseFlags(catFlags)
-	if !ok {
-		return 2
-	}
 	var o catOptions
-	for _, f := range opts {
-		switch f.name {
-		case "n":
-			o.number = true
-		case "b":
-			o.nonblank = true
-		case "s":
-			o.squeeze = true
-		case "E":
-			o.ends = true
-		case "T":
-			o.tabs = true
-		case "v":
-			o.nonprint = true
-		case "A":
-			o.nonprint, o.ends, o.tabs = true, true, true
-		case "e":
-			o.nonprint, o.ends = true, true
-		case "t":
-			o.nonprint, o.tabs = true, true
-		}
+	ops, st, ok := parseFlags(c, &catFlags, &o)
+	if !ok {
+		return st
 	}
 	plain := !o.number && !o.nonblank && !o.squeeze && !o.ends && !o.tabs && !o.nonprint
 	if len(ops) == 0 {
@@ -136,8 +122,36 @@ func cmdCat(c *call) int {
 
 // ---- head and tail
 
-var headTailFlags = flagSpec{bools: "qvf", values: "nc", numeric: "n",
-	long: map[string]string{"lines": "n=", "bytes": "c=", "quiet": "q", "silent": "q", "verbose": "v"}}
+var headTailFlags = flagSpec[headTailOptions]{bools: "qvf", values: "nc", numeric: "n",
+	long: map[string]string{"lines": "n=", "bytes": "c=", "quiet": "q", "silent": "q", "verbose": "v"},
+	set: map[string]setter[headTailOptions]{
+		"n": setCount, "c": setCount,
+		"q": on(func(o *headTailOptions) { o.headers = -1 }),
+		"v": on(func(o *headTailOptions) { o.headers = 1 }),
+		"f": func(*call, *headTailOptions, string, string) error {
+			return usagef("-f is not supported: the shell tool does not follow files")
+		},
+	}}
+
+// headTailOptions are head's and tail's options: -n or -c, -q, -v.
+type headTailOptions struct {
+	ct      count
+	headers int // 0: when several files; -1 never; 1 always
+}
+
+// setCount reads -n's or -c's value.
+func setCount(_ *call, o *headTailOptions, name, val string) error {
+	ct, ok := parseCount(val, name == "c")
+	if !ok {
+		what := "lines"
+		if name == "c" {
+			what = "bytes"
+		}
+		return usagef("invalid number of %s: '%s'", what, val)
+	}
+	o.ct = ct
+	return nil
+}
 
 // count is head's or tail's -n/-c argument: a number, "+N" (tail: from N)
 // or "-N" (head: all but the last N).
@@ -174,30 +188,12 @@ func cmdHead(c *call) int { return headTail(c, true) }
 func cmdTail(c *call) int { return headTail(c, false) }
 
 func headTail(c *call, head bool) int {
-	opts, ops, ok := c.parseFlags(headTailFlags)
+	o := headTailOptions{ct: count{n: 10}}
+	ops, st, ok := parseFlags(c, &headTailFlags, &o)
 	if !ok {
-		return 2
+		return st
 	}
-	ct := count{n: 10}
-	headers := 0 // 0: when several files; -1 never; 1 always
-	for _, f := range opts {
-		switch f.name {
-		case "n", "c":
-			if ct, ok = parseCount(f.val, f.name == "c"); !ok {
-				what := "lines"
-				if f.name == "c" {
-					what = "bytes"
-				}
-				return c.usage("invalid number of %s: '%s'", what, f.val)
-			}
-		case "q":
-			headers = -1
-		case "v":
-			headers = 1
-		case "f":
-			return c.usage("-f is not supported: the shell tool does not follow files")
-		}
-	}
+	ct, headers := o.ct, o.headers
 	if len(ops) == 0 {
 		ops = []string{"-"}
 	}
@@ -302,17 +298,21 @@ func cutHeadTail(data []byte, ct count, head bool) []byte {
 
 // ---- wc
 
-var wcFlags = flagSpec{bools: "lwcmL", long: map[string]string{"lines": "l", "words": "w", "bytes": "c",
-	"chars": "m", "max-line-length": "L"}}
+var wcFlags = flagSpec[map[string]bool]{bools: "lwcmL", long: map[string]string{"lines": "l", "words": "w", "bytes": "c",
+	"chars": "m", "max-line-length": "L"},
+	set: map[string]setter[map[string]bool]{"l": wcShow, "w": wcShow, "c": wcShow, "m": wcShow, "L": wcShow}}
+
+// wcShow asks wc for the count the option names.
+func wcShow(_ *call, show *map[string]bool, name, _ string) error {
+	(*show)[name] = true
+	return nil
+}
 
 func cmdWc(c *call) int {
-	opts, ops, ok := c.parseFlags(wcFlags)
-	if !ok {
-		return 2
-	}
 	show := map[string]bool{}
-	for _, f := range opts {
-		show[f.name] = true
+	ops, st, ok := parseFlags(c, &wcFlags, &show)
+	if !ok {
+		return st
 	}
 	if len(show) == 0 {
 		show = map[string]bool{"l": true, "w": true, "c": true}

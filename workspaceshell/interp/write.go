@@ -3,7 +3,6 @@ package interp
 import (
 	"errors"
 	"io/fs"
-	"slices"
 	"strconv"
 	"strings"
 
@@ -13,7 +12,19 @@ import (
 // ---- the shell's write commands: front ends of the operations above with
 // coreutils' arguments and messages.
 
-var mkdirFlags = flagSpec{bools: "pv", values: "m", long: map[string]string{"parents": "p", "verbose": "v", "mode": "m="}}
+var mkdirFlags = flagSpec[mkdirOptions]{bools: "pv", values: "m", long: map[string]string{"parents": "p", "verbose": "v", "mode": "m="},
+	set: map[string]setter[mkdirOptions]{
+		"p": on(func(o *mkdirOptions) { o.parents = true }),
+		"v": on(func(o *mkdirOptions) { o.verbose = true }),
+		"m": func(_ *call, o *mkdirOptions, _, val string) error {
+			n, err := strconv.ParseUint(val, 8, 32)
+			if err != nil || n > 0o7777 {
+				return usagef("invalid mode '%s' (an octal mode is expected)", val)
+			}
+			o.perm = fs.FileMode(n).Perm()
+			return nil
+		},
+	}}
 
 // mkdirOptions are mkdir's options: -p, -v, -m.
 type mkdirOptions struct {
@@ -23,24 +34,10 @@ type mkdirOptions struct {
 }
 
 func cmdMkdir(c *call) int {
-	opts, ops, ok := c.parseFlags(mkdirFlags)
-	if !ok {
-		return 2
-	}
 	o := mkdirOptions{perm: 0o755}
-	for _, f := range opts {
-		switch f.name {
-		case "p":
-			o.parents = true
-		case "v":
-			o.verbose = true
-		case "m":
-			n, err := strconv.ParseUint(f.val, 8, 32)
-			if err != nil || n > 0o7777 {
-				return c.usage("invalid mode '%s' (an octal mode is expected)", f.val)
-			}
-			o.perm = fs.FileMode(n).Perm()
-		}
+	ops, st, ok := parseFlags(c, &mkdirFlags, &o)
+	if !ok {
+		return st
 	}
 	if len(ops) == 0 {
 		return c.usage("missing operand")
@@ -68,16 +65,23 @@ func cmdMkdir(c *call) int {
 	return status
 }
 
-var touchFlags = flagSpec{bools: "cam", long: map[string]string{"no-create": "c"}}
+// touchFlags: -a and -m change nothing, the port having no way to set a
+// file's times.
+var touchFlags = flagSpec[touchOptions]{bools: "cam", long: map[string]string{"no-create": "c"},
+	set: map[string]setter[touchOptions]{"c": on(func(o *touchOptions) { o.noCreate = true })}}
+
+// touchOptions are touch's options: -c.
+type touchOptions struct{ noCreate bool }
 
 // cmdTouch creates missing files. An existing file is left as it is: the
 // FileSystem port has no way to set a file's times.
 func cmdTouch(c *call) int {
-	opts, ops, ok := c.parseFlags(touchFlags)
+	var o touchOptions
+	ops, st, ok := parseFlags(c, &touchFlags, &o)
 	if !ok {
-		return 2
+		return st
 	}
-	noCreate := slices.ContainsFunc(opts, func(o opt) bool { return o.name == "c" })
+	noCreate := o.noCreate
 	if len(ops) == 0 {
 		return c.usage("missing file operand")
 	}
@@ -102,11 +106,22 @@ func cmdTouch(c *call) int {
 	return status
 }
 
-var cpFlags = flagSpec{bools: "rRafnvpPdT", long: map[string]string{"recursive": "r", "archive": "a", "force": "f",
-	"no-clobber": "n", "verbose": "v", "no-dereference": "P", "no-target-directory": "T", "preserve": "p?"}}
+var cpFlags = flagSpec[cpOptions]{bools: "rRafnvpPdT", long: map[string]string{"recursive": "r", "archive": "a", "force": "f",
+	"no-clobber": "n", "verbose": "v", "no-dereference": "P", "no-target-directory": "T", "preserve": "p?"},
+	set: map[string]setter[cpOptions]{
+		"r": on(func(o *cpOptions) { o.recursive = true }), "R": on(func(o *cpOptions) { o.recursive = true }),
+		"a": on(func(o *cpOptions) { o.recursive, o.noDeref = true, true }),
+		"n": on(func(o *cpOptions) { o.noClobber = true }), "v": on(func(o *cpOptions) { o.verbose = true }),
+		"T": on(func(o *cpOptions) { o.noTarget = true }),
+		"P": on(func(o *cpOptions) { o.noDeref = true }), "d": on(func(o *cpOptions) { o.noDeref = true }),
+	}}
 
-var mvFlags = flagSpec{bools: "fnvT", long: map[string]string{"force": "f", "no-clobber": "n", "verbose": "v",
-	"no-target-directory": "T"}}
+var mvFlags = flagSpec[mvOptions]{bools: "fnvT", long: map[string]string{"force": "f", "no-clobber": "n", "verbose": "v",
+	"no-target-directory": "T"},
+	set: map[string]setter[mvOptions]{
+		"n": on(func(o *mvOptions) { o.noClobber = true }), "v": on(func(o *mvOptions) { o.verbose = true }),
+		"T": on(func(o *mvOptions) { o.noTarget = true }),
+	}}
 
 // copyMoveArgs sorts cp's and mv's operands into sources and destinations:
 // into a directory when the last operand is one, else one source to a path.
@@ -153,26 +168,10 @@ type cpOptions struct {
 }
 
 func cmdCp(c *call) int {
-	opts, ops, ok := c.parseFlags(cpFlags)
-	if !ok {
-		return 2
-	}
 	var o cpOptions
-	for _, f := range opts {
-		switch f.name {
-		case "r", "R":
-			o.recursive = true
-		case "a":
-			o.recursive, o.noDeref = true, true
-		case "n":
-			o.noClobber = true
-		case "v":
-			o.verbose = true
-		case "T":
-			o.noTarget = true
-		case "P", "d":
-			o.noDeref = true
-		}
+	ops, st, ok := parseFlags(c, &cpFlags, &o)
+	if !ok {
+		return st
 	}
 	srcs, dest, ok := c.copyMoveArgs(ops, o.noTarget)
 	if !ok {
@@ -241,20 +240,10 @@ type mvOptions struct {
 }
 
 func cmdMv(c *call) int {
-	opts, ops, ok := c.parseFlags(mvFlags)
-	if !ok {
-		return 2
-	}
 	var o mvOptions
-	for _, f := range opts {
-		switch f.name {
-		case "n":
-			o.noClobber = true
-		case "v":
-			o.verbose = true
-		case "T":
-			o.noTarget = true
-		}
+	ops, st, ok := parseFlags(c, &mvFlags, &o)
+	if !ok {
+		return st
 	}
 	srcs, dest, ok := c.copyMoveArgs(ops, o.noTarget)
 	if !ok {
@@ -324,7 +313,12 @@ func (c *call) mvClear(src fs.FileInfo, to, toArg string, noClobber bool) error 
 	return nil
 }
 
-var rmFlags = flagSpec{bools: "rRfdvI", long: map[string]string{"recursive": "r", "force": "f", "dir": "d", "verbose": "v"}}
+var rmFlags = flagSpec[rmOptions]{bools: "rRfdvI", long: map[string]string{"recursive": "r", "force": "f", "dir": "d", "verbose": "v"},
+	set: map[string]setter[rmOptions]{
+		"r": on(func(o *rmOptions) { o.recursive = true }), "R": on(func(o *rmOptions) { o.recursive = true }),
+		"f": on(func(o *rmOptions) { o.force = true }), "d": on(func(o *rmOptions) { o.emptyDirs = true }),
+		"v": on(func(o *rmOptions) { o.verbose = true }),
+	}}
 
 // rmOptions are rm's options: -r, -f, -d, -v.
 type rmOptions struct {
@@ -335,22 +329,10 @@ type rmOptions struct {
 }
 
 func cmdRm(c *call) int {
-	opts, ops, ok := c.parseFlags(rmFlags)
-	if !ok {
-		return 2
-	}
 	var o rmOptions
-	for _, f := range opts {
-		switch f.name {
-		case "r", "R":
-			o.recursive = true
-		case "f":
-			o.force = true
-		case "d":
-			o.emptyDirs = true
-		case "v":
-			o.verbose = true
-		}
+	ops, st, ok := parseFlags(c, &rmFlags, &o)
+	if !ok {
+		return st
 	}
 	if len(ops) == 0 {
 		if o.force {

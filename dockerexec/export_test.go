@@ -1,5 +1,0 @@
-package dockerexec
-
-// PruneAgentVolumes is pruneAgentVolumes, for the tests of package
-// dockerexec_test.
-var PruneAgentVolumes = pruneAgentVolumes

@@ -1,0 +1,329 @@
+// Package e2b serves E2B's sandbox API over a runner.Manager's sessions, so
+// that E2B's SDKs, and the agent frameworks built on them, run unchanged
+// against sandboxd: the control plane (POST /sandboxes, list, get, kill,
+// timeout, connect) under a path prefix, and the in-sandbox daemon's API
+// (envd: the Process and Filesystem Connect services, /files, /health) on
+// every request that names its sandbox in the E2b-Sandbox-Id header, as the
+// SDK sends them when E2B_SANDBOX_URL is set.
+//
+//	srv, _ := e2b.New(m, e2b.WithAuth(keys), e2b.WithTemplates(map[string]e2b.Template{"base": {Image: "dev"}}))
+//	mux.Handle("/e2b/", http.StripPrefix("/e2b", srv.Control())) // E2B_API_URL=http://HOST/e2b
+//	// and, first, every request IsEnvd names to srv.Envd():      E2B_SANDBOX_URL=http://HOST
+//
+// It is a translation, not a second implementation of sessions: a sandbox
+// is a session of its API key's tenant, made by Manager.Create with the
+// tenant's policy, ceilings and budgets; its commands run through
+// Session.Exec (the session's container, its agent, the same hardening,
+// limits and process-tree kill), its files through the session's
+// FileSystem under the same path guard as every tool. The sandbox's ID is
+// the session's. E2B's home directory, /home/user, is the workspace root:
+// a relative path is taken from it, and an absolute path outside it is
+// refused as outside the workspace.
+//
+// What E2B has and this server does not (pause and resume, metrics, logs,
+// template builds, a PTY, ports) is answered with E2B's error shape and
+// 501, "not supported by this server", never accepted and ignored.
+package e2b
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/sandboxd/sandboxd/e2b/envdpb/filesystem/filesystemconnect"
+	"github.com/sandboxd/sandboxd/e2b/envdpb/process/processconnect"
+	"github.com/sandboxd/sandboxd/runner"
+)
+
+// EnvdVersion is the envd version the server reports: the SDK enables
+// features by it (stdin for commands from 0.3.0, the default user from
+// 0.4.0).
+const EnvdVersion = "0.4.1"
+
+// Home is E2B's home directory, which is the workspace root here.
+const Home = "/home/user"
+
+// Tenant is whom an API key acts for: a tenant of the daemon, with its cap
+// of sessions and its narrowing of the operator's egress
+// (runner.CreateRequest).
+type Tenant struct {
+	Name        string
+	MaxSessions int
+	Egress      []string
+}
+
+// Auth finds the tenant of an E2B API key; ok is false for a key it does
+// not know. It must compare in constant time.
+type Auth func(apiKey string) (t Tenant, ok bool)
+
+// Template is what an E2B template name starts a sandbox from: an image (a
+// definition's name such as "dev", or a reference), and optionally an
+// operator's prepared tree (runner.WithTemplates) to fill its workspace.
+type Template struct {
+	Image    string
+	Template string
+}
+
+// Option configures New.
+type Option func(*options)
+
+type options struct {
+	auth       Auth
+	templates  map[string]Template
+	logger     *slog.Logger
+	domain     string
+	maxMessage int
+	grants     []string
+}
+
+// WithAuth sets how API keys are judged. Without it every control-plane
+// request is 401.
+func WithAuth(a Auth) Option { return func(o *options) { o.auth = a } }
+
+// WithTemplates names the templates sandboxes may be created from (default:
+// "base", the dev image). A name it lacks is 404, as E2B answers.
+func WithTemplates(t map[string]Template) Option { return func(o *options) { o.templates = t } }
+
+// WithLogger logs what fails on the server's side (default: discard).
+func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
+
+// WithDomain is the domain the server returns at create, from which the SDK
+// builds a port's host (PORT-ID.DOMAIN); default none.
+func WithDomain(d string) Option { return func(o *options) { o.domain = d } }
+
+// WithMaxMessageBytes caps one Connect message, in either direction
+// (default 8 MiB; connect answers resource_exhausted over it).
+func WithMaxMessageBytes(n int) Option { return func(o *options) { o.maxMessage = n } }
+
+// Server serves E2B's API. It is safe for concurrent use.
+type Server struct {
+	m    *runner.Manager
+	o    options
+	ctl  *http.ServeMux
+	envd *http.ServeMux
+
+	mu     sync.Mutex
+	boxes  map[string]*sandbox
+	tokens map[[sha256.Size]byte]string // a secure sandbox's ID by its token's hash
+}
+
+// New returns the server of m's sessions.
+func New(m *runner.Manager, opts ...Option) (*Server, error) {
+	o := options{templates: map[string]Template{"base": {Image: "dev"}}, maxMessage: 8 << 20,
+		grants: []string{"fs.write", "shell.exec"}}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.logger == nil {
+		o.logger = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{m: m, o: o, ctl: http.NewServeMux(), envd: http.NewServeMux(), boxes: map[string]*sandbox{}, tokens: map[[sha256.Size]byte]string{}}
+	s.controlRoutes()
+	copts := []connect.HandlerOption{connect.WithReadMaxBytes(o.maxMessage), connect.WithSendMaxBytes(o.maxMessage)}
+	s.envd.Handle(processconnect.NewProcessHandler(&processService{s}, copts...))
+	s.envd.Handle(filesystemconnect.NewFilesystemHandler(&filesystemService{s}, copts...))
+	s.envd.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) })
+	s.envd.HandleFunc("GET /files", s.download)
+	s.envd.HandleFunc("POST /files", s.upload)
+	s.envd.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotImplemented, "not supported by this server: envd "+r.Method+" "+r.URL.Path)
+	})
+	return s, nil
+}
+
+// SandboxHeader names the sandbox of an envd request.
+const SandboxHeader = "E2b-Sandbox-Id"
+
+// TokenHeader carries a secure sandbox's envd access token.
+const TokenHeader = "X-Access-Token"
+
+// IsEnvd reports whether r is an envd request: one that names its sandbox,
+// or carries a sandbox's access token, which names it too (the SDK's
+// Sandbox.connect sends envd requests without E2b-Sandbox-Id), or is a
+// signed /files URL, whose signature does.
+func IsEnvd(r *http.Request) bool {
+	return r.Header.Get(SandboxHeader) != "" || r.Header.Get(TokenHeader) != "" || isSigned(r)
+}
+
+// ServeHTTP serves both APIs at one root: a request that names a sandbox
+// (IsEnvd) on a path of envd's is envd's, any other the control plane's
+// (its path without the prefix it is mounted at: /sandboxes, …). The SDK
+// names the sandbox on some control-plane calls too (connect), so a
+// server that mounts the control plane under a prefix should route by the
+// prefix first, to Control, and only then by IsEnvd, to Envd.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if _, pattern := s.envd.Handler(r); IsEnvd(r) && pattern != "/" {
+		s.serveEnvd(w, r)
+		return
+	}
+	s.ctl.ServeHTTP(w, r)
+}
+
+// Control is the control plane alone: /sandboxes, … at its root.
+func (s *Server) Control() http.Handler { return s.ctl }
+
+// Envd is the in-sandbox API alone, for requests that name their sandbox.
+func (s *Server) Envd() http.Handler { return http.HandlerFunc(s.serveEnvd) }
+
+// serveEnvd finds the request's sandbox and checks its access token before
+// anything else sees the request.
+func (s *Server) serveEnvd(w http.ResponseWriter, r *http.Request) {
+	id, token, signed := r.Header.Get(SandboxHeader), r.Header.Get(TokenHeader), isSigned(r)
+	switch {
+	case id != "":
+	case token != "":
+		if id = s.byToken(token); id == "" {
+			writeError(w, http.StatusUnauthorized, "the access token (X-Access-Token) is no running sandbox's; name the sandbox in E2b-Sandbox-Id")
+			return
+		}
+	case signed:
+		if id = s.bySignature(r); id == "" {
+			writeError(w, http.StatusUnauthorized, "invalid signature: it is no running secure sandbox's")
+			return
+		}
+	default:
+		writeError(w, http.StatusBadRequest, "an envd request names its sandbox: E2b-Sandbox-Id")
+		return
+	}
+	box, err := s.box(id)
+	if err != nil {
+		// The SDK takes a 502 from envd for a sandbox that is gone.
+		writeError(w, http.StatusBadGateway, fmt.Sprintf("sandbox %q is not running (it was killed, timed out or never existed)", id))
+		return
+	}
+	switch {
+	case box.token == "":
+	case signed && token == "":
+		if why := checkSigned(r, box); why != "" {
+			writeError(w, http.StatusUnauthorized, why)
+			return
+		}
+	default:
+		if subtle.ConstantTimeCompare([]byte(token), []byte(box.token)) != 1 {
+			writeError(w, http.StatusUnauthorized, "this sandbox is secure: its envd access token (X-Access-Token) is required")
+			return
+		}
+	}
+	if u, ok := userOf(r); ok && u != "" && u != "user" {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("user %q: not supported by this server: every command and file operation runs as the sandbox's one unprivileged user (\"user\")", u))
+		return
+	}
+	s.envd.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), boxKey{}, box)))
+}
+
+type boxKey struct{}
+
+func boxOf(ctx context.Context) *sandbox { return ctx.Value(boxKey{}).(*sandbox) }
+
+// userOf is the user an envd request asks to act as: the Basic
+// authorization's user (Connect calls) or the username parameter (/files).
+func userOf(r *http.Request) (string, bool) {
+	if u, _, ok := r.BasicAuth(); ok {
+		return u, true
+	}
+	if q := r.URL.Query(); q.Has("username") {
+		return q.Get("username"), true
+	}
+	return "", false
+}
+
+// sandbox is what E2B knows of a session beyond what the runner keeps.
+type sandbox struct {
+	sess     *runner.Session
+	tenant   string
+	template string
+	metadata map[string]string
+	envs     map[string]string
+	token    string // the envd access token; "" when not secure
+	started  time.Time
+	procs    *procTable
+	watchers watchers
+}
+
+// box returns the live sandbox id.
+func (s *Server) box(id string) (*sandbox, error) {
+	s.mu.Lock()
+	b := s.boxes[id]
+	s.mu.Unlock()
+	if b == nil || b.sess.Err() != nil {
+		return nil, fmt.Errorf("%w: %s", runner.ErrNotFound, id)
+	}
+	return b, nil
+}
+
+// tenantBox returns the tenant's live sandbox id; another tenant's is
+// ErrNotFound, as if it did not exist.
+func (s *Server) tenantBox(tenant, id string) (*sandbox, error) {
+	b, err := s.box(id)
+	if err != nil || b.tenant != tenant {
+		return nil, fmt.Errorf("%w: %s", runner.ErrNotFound, id)
+	}
+	return b, nil
+}
+
+// track keeps b until its session ends, then forgets it and stops its
+// processes.
+func (s *Server) track(b *sandbox) {
+	s.mu.Lock()
+	s.boxes[b.sess.ID()] = b
+	if b.token != "" {
+		s.tokens[sha256.Sum256([]byte(b.token))] = b.sess.ID()
+	}
+	s.mu.Unlock()
+	go func() {
+		<-b.sess.Done()
+		s.mu.Lock()
+		delete(s.boxes, b.sess.ID())
+		if b.token != "" {
+			delete(s.tokens, sha256.Sum256([]byte(b.token)))
+		}
+		s.mu.Unlock()
+		b.procs.closeAll()
+	}()
+}
+
+// byToken is the ID of the sandbox whose access token is token, or "". It
+// looks up the token's hash, so its time says nothing of the token; the
+// token is then compared in constant time as every request's is.
+func (s *Server) byToken(token string) string {
+	if token == "" {
+		return ""
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.tokens[sha256.Sum256([]byte(token))]
+}
+
+func newToken() string { return "ea_" + strings.ToLower(rand.Text()) }
+
+// apiError is E2B's error body.
+type apiError struct {
+	Code    int    `json:"code"`
+	Message string `json:"message"`
+}
+
+func writeError(w http.ResponseWriter, status int, msg string) {
+	writeJSON(w, status, apiError{Code: status, Message: msg})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	enc.Encode(v)
+}
+
+// errNotSupported is what this server does not do of E2B's.
+var errNotSupported = errors.New("not supported by this server")

@@ -1,0 +1,52 @@
+package httpapi
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http/httptest"
+	"reflect"
+	"testing"
+	"time"
+)
+
+// TestWriteResult: what writeResult and writeStatus stream is the JSON
+// that encoding/json makes of the same values.
+func TestWriteResult(t *testing.T) {
+	data := make([]byte, 100_003)
+	for i := range data {
+		data[i] = byte(i * 7)
+	}
+	ended := time.Unix(1700000000, 0).UTC()
+	for name, r := range map[string]CallResult{
+		"text":       {Content: []Content{{Type: "text", Text: "a <b> & \"c\"\n\x00é"}}, StructuredContent: map[string]any{"k": []any{1.0, "<"}}},
+		"image":      {Content: []Content{{Type: "text", Text: "[Image]"}, {Type: "image", Data: data, MIMEType: "image/png"}}, StructuredContent: json.RawMessage(`{"path":"a.png"}`)},
+		"error":      {Content: []Content{{Type: "text", Text: "NotFound: x"}}, StructuredContent: map[string]any{}, IsError: true},
+		"tiny image": {Content: []Content{{Type: "image", Data: []byte{1}, MIMEType: "image/gif"}}, StructuredContent: nil},
+	} {
+		t.Run(name, func(t *testing.T) {
+			var got bytes.Buffer
+			if err := writeResult(&got, r); err != nil {
+				t.Fatal(err)
+			}
+			same(t, got.Bytes(), r)
+			st := CallStatus{ID: "call-x", Tool: "read", Started: ended, Done: true, Ended: &ended, Result: &r}
+			rec := httptest.NewRecorder()
+			writeStatus(rec, st)
+			same(t, rec.Body.Bytes(), st)
+		})
+	}
+}
+
+// same fails unless got is JSON of the value v marshals to.
+func same(t *testing.T, got []byte, v any) {
+	t.Helper()
+	want, _ := json.Marshal(v)
+	var g, w any
+	if err := json.Unmarshal(got, &g); err != nil {
+		t.Fatalf("not JSON: %v: %.300s", err, got)
+	}
+	json.Unmarshal(want, &w)
+	if !reflect.DeepEqual(g, w) {
+		t.Errorf("streamed %.300s\nwant %.300s", got, want)
+	}
+}

@@ -389,7 +389,7 @@ func TestRunsOverlap(t *testing.T) {
 		first <- err
 	}()
 	<-started
-	if res, err := b.Run(t.Context(), workspace.Command{Script: "cat a > b"}); err != nil || res.ExitCode != 0 {
+	if res, err := b.Run(t.Context(), workspace.Command{Script: "cat a > b.new && mv b.new b"}); err != nil || res.ExitCode != 0 {
 		t.Fatalf("second Run beside the first = %+v, %v", res, err)
 	}
 	if got := readMem(t, fsys, "b"); got != "a\n" {

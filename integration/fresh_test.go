@@ -21,7 +21,8 @@ import (
 
 // TestServeOnFreshEngine is `sandboxd serve` on a machine that has Docker
 // and nothing else: a second engine with empty data, and an empty image
-// build cache. serve must build the default image (saying so), listen, and
+// build cache. serve, told to (buildMissing), must build the default image
+// (saying so; without it serve refuses to start, TestServeBuildsMissingImage), listen, and
 // run a session's commands in a container; after SIGTERM nothing is left.
 // The engine is then restarted under the running session: the session
 // either ended with its container (410 SessionEnded, saying so) or works,
@@ -77,7 +78,8 @@ func TestServeOnFreshEngine(t *testing.T) {
 	startEngine()
 	t.Cleanup(func() { stopEngine() })
 
-	d := start(t, config(t, "docker", daemonName(t)), "DOCKER_HOST=unix://"+sock, "XDG_CACHE_HOME="+filepath.Join(dir, "cache"))
+	buildMissing := func(cfg map[string]any) { cfg["buildMissing"] = true }
+	d := start(t, config(t, "docker", daemonName(t), buildMissing), "DOCKER_HOST=unix://"+sock, "XDG_CACHE_HOME="+filepath.Join(dir, "cache"))
 	for _, want := range []string{"is not built yet; building it now", "importing", "built sandboxd/minimal:"} {
 		if !strings.Contains(d.stderr.String(), want) {
 			t.Errorf("serve's progress lacks %q:\n%s", want, d.stderr)

@@ -99,8 +99,9 @@ func (s *syncBuffer) String() string {
 }
 
 // config writes a configuration of two tenants for backend, with a daemon
-// name of the test's own, and returns its path.
-func config(t *testing.T, backend, name string) string {
+// name of the test's own, changed by each of set in turn, and returns its
+// path.
+func config(t *testing.T, backend, name string, set ...func(cfg map[string]any)) string {
 	t.Helper()
 	cfg := map[string]any{
 		"listen":  "127.0.0.1:0",
@@ -118,6 +119,9 @@ func config(t *testing.T, backend, name string) string {
 		"snapshots": map[string]any{"dir": filepath.Join(t.TempDir(), "snapshots")},
 	}
 	withCluster(cfg)
+	for _, f := range set {
+		f(cfg)
+	}
 	data, _ := json.Marshal(cfg)
 	p := filepath.Join(t.TempDir(), "sandboxd.json")
 	if err := os.WriteFile(p, data, 0o600); err != nil {

@@ -44,6 +44,7 @@ import (
 	"github.com/sandboxd/sandboxd/e2b/envdpb/filesystem/filesystemconnect"
 	"github.com/sandboxd/sandboxd/e2b/envdpb/process/processconnect"
 	"github.com/sandboxd/sandboxd/runner"
+	"github.com/sandboxd/sandboxd/workspace"
 )
 
 // EnvdVersion is the envd version the server reports: the SDK enables
@@ -249,6 +250,30 @@ type sandbox struct {
 	started  time.Time
 	procs    *procTable
 	watchers watchers
+
+	// homeMu guards home: whether Home is the workspace root's own
+	// directory in the container (the dev image links it there), asked
+	// once, by the first command that starts in the workspace.
+	homeMu sync.Mutex
+	home   *bool
+}
+
+// homeIsRoot reports whether Home and the workspace root are one directory
+// inside the sandbox's container, asking it (one command) the first time.
+func (b *sandbox) homeIsRoot(ctx context.Context) (bool, error) {
+	b.homeMu.Lock()
+	defer b.homeMu.Unlock()
+	if b.home != nil {
+		return *b.home, nil
+	}
+	res, err := b.sess.Exec(ctx, "e2b.process", workspace.Command{
+		Argv: []string{"/bin/sh", "-c", `[ "$0" -ef "$1" ]`, Home, b.sess.Root()}, Timeout: time.Minute})
+	if err != nil {
+		return false, err
+	}
+	same := res.ExitCode == 0
+	b.home = &same
+	return same, nil
 }
 
 // box returns the live sandbox id.

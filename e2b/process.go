@@ -7,7 +7,6 @@ import (
 	"io"
 	"maps"
 	"net/http"
-	"path"
 	"slices"
 	"strconv"
 	"sync"
@@ -264,12 +263,21 @@ func (svc *processService) command(ctx context.Context, b *sandbox, cfg *pb.Proc
 		case !fi.IsDir():
 			return cmd, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("cwd %s is not a directory", cwd))
 		}
-		// The command starts in the directory by its E2B name, so that
-		// pwd says /home/user/…, where that is the same directory (the dev
-		// image links /home/user to the workspace); by the workspace's own
-		// name where it is not.
-		cmd.Argv = append([]string{"/bin/sh", "-c", `if [ "$0" -ef "$1" ]; then cd -- "$0"; else cd -- "$1"; fi || exit; shift; exec "$@"`,
-			e2bPath(name), path.Join(b.sess.Root(), name)}, cmd.Argv...)
+		// The command starts in the directory, and knows it by its E2B
+		// name where that is the same directory (the dev image links
+		// /home/user to the workspace): PWD says /home/user/…, which a
+		// shell's pwd keeps because it names the directory it is in, as
+		// a shell that cd'd there would have set it. Where Home is
+		// elsewhere, PWD is the workspace's own name (the agent's).
+		// Asked once per sandbox, not wrapped in a shell per command.
+		cmd.Dir = name
+		same, err := b.homeIsRoot(ctx)
+		if err != nil {
+			return cmd, rpcError(err)
+		}
+		if same {
+			cmd.Env["PWD"] = e2bPath(name)
+		}
 	} else {
 		// A directory outside the workspace: the command starts there
 		// through a shell, which says so when it cannot.

@@ -127,7 +127,10 @@ func TestServeOnFreshEngine(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(list.Items) != 0 {
-		t.Errorf("%d containers left on the engine after SIGTERM", len(list.Items))
+	for _, c := range list.Items {
+		t.Errorf("left on the engine after SIGTERM: %s %v (%s, %s), labels %v", c.ID[:12], c.Names, c.State, c.Status, c.Labels)
+	}
+	if t.Failed() {
+		t.Logf("serve's log:\n%s", d.stderr)
 	}
 }

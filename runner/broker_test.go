@@ -339,6 +339,33 @@ go mod download sandboxd.test/greet 2>&1 && go run . 2>&1`)
 			t.Errorf("a program resolving names itself: %s", res.Text)
 		}
 	})
+	// RefusalsSpeak holds the README's table of what each program of the
+	// dev image prints for a host no rule allows (Refusals, DNS, …).
+	t.Run("RefusalsSpeak", func(t *testing.T) {
+		const why = "Forbidden by the sandbox's egress policy: blocked.test:443 is not allowed"
+		for _, c := range []struct {
+			program, script string
+			want            []string
+		}{
+			{"curl", `curl -sS https://blocked.test/; echo "exit $?"`, []string{"egress.allow", "exit 0"}},
+			{"curl -f", `curl -sSf https://blocked.test/ 2>&1`, []string{"The requested URL returned error: 403"}},
+			{"git clone", `git clone -q https://blocked.test/repo.git blocked 2>&1`, []string{"remote: ", "The requested URL returned error: 403"}},
+			{"go get", `mkdir -p refused && cd refused && printf 'module refused\n\ngo 1.19\n' > go.mod && GOPROXY=https://blocked.test GOSUMDB=off GOMODCACHE=$PWD/.modcache GOCACHE=$PWD/.gocache GOFLAGS=-modcacherw go get blocked.test/mod@v1.0.0 2>&1`,
+				[]string{"403 " + why, "no other way out exists", "server response:"}},
+			{"npm", `npm view --registry https://blocked.test/ left-pad version 2>&1`, []string{"403 403 " + why}},
+			{"pip", `pip download --no-deps --index-url https://blocked.test/simple --dest /tmp/refused left-pad 2>&1`, []string{"No matching distribution found"}},
+		} {
+			br := run(t, c.script)
+			for _, want := range c.want {
+				if !strings.Contains(br.Output, want) {
+					t.Errorf("%s prints %q; the README says it shows %q", c.program, br.Output, want)
+				}
+			}
+			if d := decided(br, "blocked.test", "refused"); d == nil {
+				t.Errorf("%s: the call's egress names no refusal of blocked.test: %+v", c.program, br.Egress)
+			}
+		}
+	})
 	t.Run("ValueNowhere", func(t *testing.T) {
 		log := logs.String()
 		for _, value := range []string{brokerValue, tenantValue} {

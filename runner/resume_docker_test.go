@@ -1,0 +1,216 @@
+package runner_test
+
+import (
+	"archive/tar"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/moby/moby/client"
+
+	"github.com/sandboxd/sandboxd/backend"
+	"github.com/sandboxd/sandboxd/backend/docker"
+	"github.com/sandboxd/sandboxd/policy"
+	"github.com/sandboxd/sandboxd/runner"
+	"github.com/sandboxd/sandboxd/tools"
+)
+
+// durableManager is a manager of Docker sessions whose records are kept in
+// stateDir, for a daemon of the test's own name.
+func durableManager(t *testing.T, stateDir string, opts ...runner.Option) (*runner.Manager, *client.Client) {
+	t.Helper()
+	return dockerManagerOn(t, &docker.Backend{StateDir: stateDir}, opts...)
+}
+
+// readFile is the contents of name in s's workspace, through the read tool.
+func readFile(t *testing.T, s *runner.Session, name string) string {
+	t.Helper()
+	args, _ := json.Marshal(map[string]any{"path": name})
+	res, err := s.Call(context.Background(), "read", args, tools.CallOptions{})
+	if err != nil || res.IsError {
+		t.Fatalf("read %s: %v %s", name, err, res.Text)
+	}
+	return res.Text
+}
+
+// records lists the session records in stateDir.
+func records(t *testing.T, stateDir string) []string {
+	t.Helper()
+	names, err := filepath.Glob(filepath.Join(stateDir, "docker", "*", "*.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, n := range names {
+		names[i] = strings.TrimSuffix(filepath.Base(n), ".json")
+	}
+	return names
+}
+
+// TestDockerSessionsOutliveTheManager: a manager that shuts down leaves its
+// Docker sessions (their records 0600 in the state directory); the next
+// manager of the daemon's name resumes them — the same ID answers, with
+// its settings, its expiry and its files — except one idle for longer than
+// its idle timeout since the daemon stopped, which is removed. With
+// WithEndOnShutdown, Shutdown ends them, records and containers.
+func TestDockerSessionsOutliveTheManager(t *testing.T) {
+	state := t.TempDir()
+	m, cli := durableManager(t, state)
+	defer m.Shutdown(context.Background())
+	keep := shell
+	keep.Lifetime = runner.Duration(time.Hour)
+	s := create(t, m, "acme", keep)
+	if br, res := bash(t, s, "echo kept > f"); br == nil || br.ExitCode != 0 {
+		t.Fatal(res.Text)
+	}
+	idle := shell
+	idle.IdleTimeout = runner.Duration(30 * time.Minute)
+	dozing := create(t, m, "acme", idle)
+	for _, id := range []string{s.ID(), dozing.ID()} {
+		fi, err := os.Stat(filepath.Join(state, "docker", "daemon-"+runner.DaemonName(m), id+".json"))
+		if err != nil || fi.Mode().Perm() != 0o600 {
+			t.Fatalf("the record of %s: %v, %v", id, fi, err)
+		}
+	}
+	if err := m.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.ContainerInspect(context.Background(), s.Info().Workspace, client.ContainerInspectOptions{}); err != nil {
+		t.Fatalf("the session's container after Shutdown: %v", err)
+	}
+	// The daemon stopped an hour ago, as its heartbeat says: longer than
+	// the dozing session's idle timeout.
+	hour := time.Now().Add(-time.Hour)
+	if err := os.Chtimes(filepath.Join(state, "docker", "daemon-"+runner.DaemonName(m), "alive"), hour, hour); err != nil {
+		t.Fatal(err)
+	}
+
+	again, _ := durableManager(t, state, runner.WithEndOnShutdown(true))
+	defer again.Shutdown(context.Background())
+	back, err := again.Get("acme", s.ID())
+	if err != nil {
+		t.Fatalf("the session after the restart: %v", err)
+	}
+	if got := readFile(t, back, "f"); !strings.Contains(got, "kept") {
+		t.Fatalf("its file after the restart: %q", got)
+	}
+	in, was := back.Info(), s.Info()
+	if in.Workspace != was.Workspace || !in.Created.Equal(was.Created) || in.ExpiresAt == nil || !in.ExpiresAt.Equal(*was.ExpiresAt) {
+		t.Fatalf("resumed as %+v, was %+v", in, was)
+	}
+	if _, err := again.Get("acme", dozing.ID()); !errors.Is(err, runner.ErrNotFound) {
+		t.Fatalf("the session idle past its timeout since the daemon stopped: %v", err)
+	}
+	if _, err := cli.ContainerInspect(context.Background(), dozing.Info().Workspace, client.ContainerInspectOptions{}); err == nil {
+		t.Fatal("the idle session's container was left")
+	}
+	if _, err := again.Get("other", s.ID()); !errors.Is(err, runner.ErrNotFound) {
+		t.Fatalf("another tenant's Get of the resumed session: %v", err)
+	}
+
+	if err := again.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if left := containers(t, cli, map[string]string{backend.LabelDaemon: runner.DaemonName(m)}); len(left) != 0 {
+		t.Fatalf("containers left after Shutdown with WithEndOnShutdown: %v", left)
+	}
+	if recs := records(t, state); len(recs) != 0 {
+		t.Fatalf("records left after Shutdown with WithEndOnShutdown: %v", recs)
+	}
+}
+
+// TestDockerCrashedSessionsAreResumed: the sessions of a manager that
+// crashed (no Shutdown; its owner ended) are resumed by the next manager
+// of its name, which the reaper leaves them to — but one whose container
+// stopped meanwhile, and one whose uid another session holds, are removed
+// with their records. Warm-pool containers are reaped: nothing is leaked.
+func TestDockerCrashedSessionsAreResumed(t *testing.T) {
+	self := backend.Self()
+	if self.Start == "" {
+		t.Skip("the kernel does not say when a process started (no /proc)")
+	}
+	state := t.TempDir()
+	ended := backend.Owner{Host: self.Host, PID: self.PID, Start: "1"} // its PID now names a later process
+	crashed, cli := durableManager(t, state, runner.WithLabels(ended.Labels()), runner.WithPool(runner.PoolConfig{Size: 1}))
+	waitFor(t, func() bool { return crashed.Stats().Pools[0].Ready == 1 })
+	daemon := runner.DaemonName(crashed)
+	live := create(t, crashed, "acme", shell) // from the pool
+	if br, res := bash(t, live, "echo kept > f"); br == nil || br.ExitCode != 0 {
+		t.Fatal(res.Text)
+	}
+	stopped := create(t, crashed, "acme", shell)
+	usurped := create(t, crashed, "acme", shell)
+	br, res := bash(t, usurped, "id -u")
+	if br == nil {
+		t.Fatal(res.Text)
+	}
+	uid, err := strconv.Atoi(strings.TrimSpace(br.Output))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return crashed.Stats().Pools[0].Ready == 1 }) // left to the reaper
+	runner.Crash(crashed)
+
+	if _, err := cli.ContainerKill(context.Background(), stopped.Info().Workspace, client.ContainerKillOptions{Signal: "KILL"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := policy.HoldUID(uid); err != nil { // another session's now
+		t.Fatal(err)
+	}
+	defer policy.ReleaseUID(uid)
+
+	again, _ := durableManager(t, state)
+	defer again.Shutdown(context.Background())
+	back, err := again.Get("acme", live.ID())
+	if err != nil {
+		t.Fatalf("the session after the crash: %v", err)
+	}
+	if got := readFile(t, back, "f"); !strings.Contains(got, "kept") {
+		t.Fatalf("its file after the crash: %q", got)
+	}
+	for _, s := range []*runner.Session{stopped, usurped} {
+		if _, err := again.Get("acme", s.ID()); !errors.Is(err, runner.ErrNotFound) {
+			t.Errorf("session %s after the crash: %v, want it removed", s.ID(), err)
+		}
+		if _, err := cli.ContainerInspect(context.Background(), s.Info().Workspace, client.ContainerInspectOptions{}); err == nil {
+			t.Errorf("the container of the removed session %s was left", s.ID())
+		}
+	}
+	if recs := records(t, state); len(recs) != 1 || recs[0] != live.ID() {
+		t.Fatalf("records after the restart: %v, want only %s's", recs, live.ID())
+	}
+	// What is left of the daemon is the resumed session's container and
+	// the new run's marker: the pool's waiting container was reaped.
+	if left := containers(t, cli, map[string]string{backend.LabelDaemon: daemon}); len(left) != 2 {
+		t.Fatalf("%d containers of the daemon after the restart, want the resumed session's and the marker", len(left))
+	}
+	if err := again.Delete(context.Background(), "acme", live.ID()); err != nil {
+		t.Fatal(err)
+	}
+	if recs := records(t, state); len(recs) != 0 {
+		t.Fatalf("records after the session's deletion: %v", recs)
+	}
+}
+
+// readContainerFile is the contents of a small file of a running
+// container, through the engine's archive API (no command runs).
+func readContainerFile(t *testing.T, cli *client.Client, container, name string) string {
+	t.Helper()
+	res, err := cli.CopyFromContainer(context.Background(), container, client.CopyFromContainerOptions{SourcePath: name})
+	if err != nil {
+		return ""
+	}
+	defer res.Content.Close()
+	tr := tar.NewReader(res.Content)
+	if _, err := tr.Next(); err != nil {
+		return ""
+	}
+	data, _ := io.ReadAll(tr)
+	return string(data)
+}

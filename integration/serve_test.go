@@ -117,6 +117,11 @@ func config(t *testing.T, backend, name string, set ...func(cfg map[string]any))
 		"shutdownTimeout": "20s",
 		// The test's own, not the user's state directory.
 		"snapshots": map[string]any{"dir": filepath.Join(t.TempDir(), "snapshots")},
+		"stateDir":  filepath.Join(t.TempDir(), "state"),
+		// Sessions end with the daemon, as the tests that count what a
+		// stop leaves expect; those about sessions that outlive it
+		// (TestServeRestartKeepsSessions) set it false.
+		"endSessionsOnExit": true,
 	}
 	withCluster(cfg)
 	for _, f := range set {

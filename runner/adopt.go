@@ -31,6 +31,10 @@ type record struct {
 	// Placeholders are the session's secrets' placeholders, by name, which
 	// its commands hold: the adopting replica's proxy takes the same.
 	Placeholders map[string]string `json:"placeholders,omitempty"`
+	// Detached are the IDs of the session's detached calls, newest last
+	// (Detach records each before it answers): those a later run does not
+	// have were interrupted (ErrInterrupted).
+	Detached []string `json:"detached,omitempty"`
 }
 
 // adoptTimeout bounds one adoption (Get of a session another replica
@@ -43,9 +47,12 @@ func (m *Manager) publish(ctx context.Context, s *Session, tenantEgress []string
 	if s.inst.Publish == nil {
 		return nil
 	}
+	s.publishing.Lock() // one record at a time, the newest last
+	defer s.publishing.Unlock()
 	r := record{TenantEgress: tenantEgress, Lifetime: Duration(s.lifetime), Idle: Duration(s.idle), Created: s.created, Pooled: s.pooled}
 	s.mu.Lock()
 	r.Settings = s.settings
+	r.Detached = s.detachedIDs()
 	s.mu.Unlock()
 	if s.eg != nil && len(s.eg.secrets) > 0 {
 		r.Placeholders = map[string]string{}
@@ -141,6 +148,7 @@ func (m *Manager) revive(ctx context.Context, inst *backend.Instance, rec backen
 		return nil, errors.Join(err, inst.Close(ctx))
 	}
 	s.created, s.pooled, s.tenantEgress = r.Created, r.Pooled, r.TenantEgress
+	s.interrupted = r.Detached
 	s.base = &baseline{err: errors.New(noBase)}
 	if err := m.track(ctx, s); err != nil {
 		return nil, err

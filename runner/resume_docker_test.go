@@ -214,3 +214,87 @@ func readContainerFile(t *testing.T, cli *client.Client, container, name string)
 	data, _ := io.ReadAll(tr)
 	return string(data)
 }
+
+// ticks is a background command that counts, a line a tick, and keeps its
+// last count in /workspace/n.
+const ticks = `i=0; while [ $i -lt 100000 ]; do i=$((i+1)); echo "tick $i"; echo $i > /workspace/n; sleep 0.05; done`
+
+// lastTick is the highest "tick N" of out, or 0.
+func lastTick(out string) int {
+	n := 0
+	for _, line := range strings.Split(out, "\n") {
+		if v, err := strconv.Atoi(strings.TrimPrefix(line, "tick ")); err == nil && strings.HasPrefix(line, "tick ") {
+			n = max(n, v)
+		}
+	}
+	return n
+}
+
+// TestDockerDetachedCallsAfterRestart: after a restart of the daemon the
+// detached calls the earlier run accepted — one that had ended, one cut
+// short by the stop — answer ErrInterrupted, not ErrNotFound, which an
+// unknown call still answers; a background command ran on while no
+// daemon was connected, and bash_output gives what it wrote meanwhile.
+func TestDockerDetachedCallsAfterRestart(t *testing.T) {
+	state := t.TempDir()
+	m, cli := durableManager(t, state)
+	defer m.Shutdown(context.Background())
+	s := create(t, m, "acme", shell)
+	ended, err := s.Detach(runner.DetachRequest{Tool: "bash", Args: json.RawMessage(`{"command":"echo done"}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-ended.Done()
+	running, err := s.Detach(runner.DetachRequest{Tool: "bash", Args: json.RawMessage(`{"command":"sleep 120","timeout":200}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bg, _ := toolCall[tools.BackgroundResult](t, s, "bash", map[string]any{"command": ticks, "background": true})
+	var before int
+	for before < 3 { // it runs
+		r, _ := toolCall[tools.BackgroundResult](t, s, "bash_output", map[string]any{"id": bg.ID, "wait": 0.5})
+		before = max(before, lastTick(r.Output))
+	}
+
+	// The stop gives calls in flight a second: the sleeping call is cut
+	// short.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	err = m.Shutdown(ctx)
+	cancel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The command counts on while no daemon runs.
+	var meanwhile int
+	deadline := time.Now().Add(time.Minute)
+	for meanwhile <= before+3 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond) // a poll of the engine, not a wait for it
+		meanwhile, _ = strconv.Atoi(strings.TrimSpace(readContainerFile(t, cli, s.Info().Workspace, "/workspace/n")))
+	}
+	if meanwhile <= before+3 {
+		t.Fatalf("the background command did not count on without the daemon: %d, %d before the stop", meanwhile, before)
+	}
+
+	again, _ := durableManager(t, state, runner.WithEndOnShutdown(true))
+	defer again.Shutdown(context.Background())
+	back, err := again.Get("acme", s.ID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []*runner.Detached{ended, running} {
+		if _, err := back.Detached(d.ID); !errors.Is(err, runner.ErrInterrupted) {
+			t.Errorf("detached call %s after the restart: %v, want ErrInterrupted", d.ID, err)
+		}
+	}
+	if _, err := back.Detached("call-0000000000000000"); !errors.Is(err, runner.ErrNotFound) {
+		t.Errorf("an unknown detached call after the restart: %v, want ErrNotFound", err)
+	}
+	r, _ := toolCall[tools.BackgroundResult](t, back, "bash_output", map[string]any{"id": bg.ID, "wait": 0.5})
+	if !r.Running || !strings.Contains(r.Output, "tick "+strconv.Itoa(meanwhile)+"\n") {
+		t.Fatalf("bash_output after the restart: running %v, output %q; want tick %d, written while no daemon ran", r.Running, r.Output, meanwhile)
+	}
+	k, _ := toolCall[tools.BackgroundResult](t, back, "bash_kill", map[string]any{"id": bg.ID})
+	if k.Running || !k.Killed {
+		t.Fatalf("bash_kill after the restart: %+v", k)
+	}
+}

@@ -76,6 +76,11 @@ var (
 	// budget had no room for it (DetachRequest.Hold), a newer result took
 	// its place, or it expired (WithDetachedResults). The error says which.
 	ErrResultNotKept = errors.New("the detached call's result is not kept")
+	// ErrInterrupted: a detached call was accepted by an earlier run of
+	// the daemon, which stopped or died before its result could be
+	// fetched: the call may have ended, or been cut short, and its result
+	// is lost (the session itself was resumed). Retry what it did.
+	ErrInterrupted = errors.New("the detached call was interrupted by a restart of the daemon; its result is lost")
 )
 
 // DefaultImage is the image sessions get when the policy names none.

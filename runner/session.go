@@ -51,6 +51,11 @@ type Session struct {
 	calls    sync.WaitGroup
 	detached []*Detached // Detach's calls running or with their results kept, oldest first
 	gone     []*Detached // ended calls whose results are no longer kept, oldest first
+	// interrupted are the IDs of the detached calls an earlier run of the
+	// daemon accepted (ErrInterrupted), oldest first.
+	interrupted []string
+	// publishing serialises the writes of the session's record (publish).
+	publishing sync.Mutex
 	// keptBytes is what the kept results of detached hold; resultsDropped
 	// is set as the session ends, when they are given back.
 	keptBytes      int64

@@ -1,11 +1,9 @@
 package runner_test
 
 import (
-	"archive/tar"
 	"context"
 	"encoding/json"
 	"errors"
-	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -19,6 +17,7 @@ import (
 	"github.com/sandboxd/sandboxd/backend/docker"
 	"github.com/sandboxd/sandboxd/policy"
 	"github.com/sandboxd/sandboxd/runner"
+	"github.com/sandboxd/sandboxd/testharness/dockertest"
 	"github.com/sandboxd/sandboxd/tools"
 )
 
@@ -198,38 +197,6 @@ func TestDockerCrashedSessionsAreResumed(t *testing.T) {
 	}
 }
 
-// readContainerFile is the contents of a small file of a running
-// container, through the engine's archive API (no command runs).
-func readContainerFile(t *testing.T, cli *client.Client, container, name string) string {
-	t.Helper()
-	res, err := cli.CopyFromContainer(context.Background(), container, client.CopyFromContainerOptions{SourcePath: name})
-	if err != nil {
-		return ""
-	}
-	defer res.Content.Close()
-	tr := tar.NewReader(res.Content)
-	if _, err := tr.Next(); err != nil {
-		return ""
-	}
-	data, _ := io.ReadAll(tr)
-	return string(data)
-}
-
-// ticks is a background command that counts, a line a tick, and keeps its
-// last count in /workspace/n.
-const ticks = `i=0; while [ $i -lt 100000 ]; do i=$((i+1)); echo "tick $i"; echo $i > /workspace/n; sleep 0.05; done`
-
-// lastTick is the highest "tick N" of out, or 0.
-func lastTick(out string) int {
-	n := 0
-	for _, line := range strings.Split(out, "\n") {
-		if v, err := strconv.Atoi(strings.TrimPrefix(line, "tick ")); err == nil && strings.HasPrefix(line, "tick ") {
-			n = max(n, v)
-		}
-	}
-	return n
-}
-
 // TestDockerDetachedCallsAfterRestart: after a restart of the daemon the
 // detached calls the earlier run accepted — one that had ended, one cut
 // short by the stop — answer ErrInterrupted, not ErrNotFound, which an
@@ -249,11 +216,11 @@ func TestDockerDetachedCallsAfterRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bg, _ := toolCall[tools.BackgroundResult](t, s, "bash", map[string]any{"command": ticks, "background": true})
+	bg, _ := toolCall[tools.BackgroundResult](t, s, "bash", map[string]any{"command": dockertest.Counting, "background": true})
 	var before int
 	for before < 3 { // it runs
 		r, _ := toolCall[tools.BackgroundResult](t, s, "bash_output", map[string]any{"id": bg.ID, "wait": 0.5})
-		before = max(before, lastTick(r.Output))
+		before = max(before, dockertest.LastTick(r.Output))
 	}
 
 	// The stop gives calls in flight a second: the sleeping call is cut
@@ -269,7 +236,7 @@ func TestDockerDetachedCallsAfterRestart(t *testing.T) {
 	deadline := time.Now().Add(time.Minute)
 	for meanwhile <= before+3 && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond) // a poll of the engine, not a wait for it
-		meanwhile, _ = strconv.Atoi(strings.TrimSpace(readContainerFile(t, cli, s.Info().Workspace, "/workspace/n")))
+		meanwhile = dockertest.Count(context.Background(), cli, s.Info().Workspace)
 	}
 	if meanwhile <= before+3 {
 		t.Fatalf("the background command did not count on without the daemon: %d, %d before the stop", meanwhile, before)

@@ -10,7 +10,9 @@
 // The Manager owns the lifecycle: it creates sessions within the operator's
 // policy (package policy) and per-tenant cap, ends them after their lifetime
 // or idle timeout, caps the calls in flight of each, and at shutdown drains
-// the calls in flight and removes every workspace it made. Everything it
+// the calls in flight and removes every workspace it made — but those that
+// outlive its run ([backend.Resumer], [backend.Adopter]) it leaves, unless
+// WithEndOnShutdown, and the daemon's next run resumes them. Everything it
 // makes carries its owner ([backend.Owner]: host, boot, PID and the PID's
 // start time). At start it claims the daemon's name on a shared backend
 // ([backend.Claimer]), refusing to start while another run of it lives, and

@@ -4,8 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -15,6 +21,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/backend"
 	"github.com/sandboxd/sandboxd/backend/docker"
+	"github.com/sandboxd/sandboxd/egress"
 	"github.com/sandboxd/sandboxd/policy"
 	"github.com/sandboxd/sandboxd/runner"
 	"github.com/sandboxd/sandboxd/testharness/dockertest"
@@ -263,5 +270,79 @@ func TestDockerDetachedCallsAfterRestart(t *testing.T) {
 	k, _ := toolCall[tools.BackgroundResult](t, back, "bash_kill", map[string]any{"id": bg.ID})
 	if k.Running || !k.Killed {
 		t.Fatalf("bash_kill after the restart: %+v", k)
+	}
+}
+
+// TestDockerEgressAfterRestart: a resumed session's egress proxy comes
+// back before its first call, on the handoff and on the stream alike,
+// after a stop and after a crash (whose handoff socket is left behind).
+func TestDockerEgressAfterRestart(t *testing.T) {
+	web := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "through the proxy") }))
+	defer web.Close()
+	u, _ := url.Parse(web.URL)
+	dest := "plain.test:" + u.Port()
+	opts := []runner.Option{runner.WithEgress(egress.Policy{Allow: []string{dest}, AllowPrivate: []string{"127.0.0.1"}},
+		egress.WithResolver(names{"plain.test": "127.0.0.1"}))}
+	fetch := func(t *testing.T, s *runner.Session) {
+		t.Helper()
+		if br, res := bash(t, s, "wget -qO- http://"+dest+"/"); br == nil || br.Output != "through the proxy" {
+			t.Fatalf("a request through the proxy: %s", res.Text)
+		}
+	}
+	for _, tc := range []struct {
+		name    string
+		handoff bool
+		crash   bool
+	}{
+		{"handoff, stop", true, false},
+		{"handoff, crash", true, true},
+		{"stream, stop", false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			state, dir := t.TempDir(), ""
+			if tc.handoff {
+				dir = handoffDir(t)
+			}
+			first := opts
+			if tc.crash {
+				ended := backend.Owner{Host: backend.Self().Host, PID: backend.Self().PID, Start: "1"}
+				first = append(slices.Clone(opts), runner.WithLabels(ended.Labels()))
+			}
+			m, _ := dockerManagerOn(t, &docker.Backend{StateDir: state, HandoffDir: dir}, first...)
+			defer m.Shutdown(context.Background())
+			s := create(t, m, "acme", shell)
+			fetch(t, s)
+			if tc.crash {
+				runner.Crash(m)
+				staleSockets(t, dir)
+			} else if err := m.Shutdown(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			again, _ := dockerManagerOn(t, &docker.Backend{StateDir: state, HandoffDir: dir}, append(slices.Clone(opts), runner.WithEndOnShutdown(true))...)
+			defer again.Shutdown(context.Background())
+			back, err := again.Get("acme", s.ID())
+			if err != nil {
+				t.Fatal(err)
+			}
+			fetch(t, back)
+		})
+	}
+}
+
+// staleSockets leaves in each container's handoff directory under dir the
+// socket a killed daemon would have left: bound, no longer listening.
+func staleSockets(t *testing.T, dir string) {
+	t.Helper()
+	hs, _ := filepath.Glob(filepath.Join(dir, "h-*"))
+	for _, h := range hs {
+		l, err := net.ListenUnix("unix", &net.UnixAddr{Name: filepath.Join(h, "s"), Net: "unix"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.SetUnlinkOnClose(false)
+		l.Close()
+	}
+	if len(hs) == 0 {
+		t.Fatal("no handoff directory: the test proves nothing")
 	}
 }

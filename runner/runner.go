@@ -894,7 +894,7 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 	errs[len(all)] = m.closePools(ctx)
 	wg.Wait()
 	m.deleting.Wait()
-	m.o.logger.Info("runner stopped", "sessions", len(all), "left_to_replicas", left)
+	m.o.logger.Info("runner stopped", "sessions", len(all), "left_running", left)
 	return errors.Join(append(errs, m.unclaim(ctx))...)
 }
 

@@ -84,6 +84,11 @@ func TestDockerSessionsOutliveTheManager(t *testing.T) {
 			t.Fatalf("the record of %s: %v, %v", id, fi, err)
 		}
 	}
+	for _, dir := range []string{filepath.Join(state, "docker"), filepath.Join(state, "docker", "daemon-"+runner.DaemonName(m))} {
+		if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o700 {
+			t.Fatalf("the records' directory %s: %v, %v", dir, fi, err)
+		}
+	}
 	if err := m.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)
 	}

@@ -4,9 +4,10 @@
 // a [Spec], and reaps what earlier runs left, found by the labels of their
 // [Owner]. Optional capabilities are interfaces a Backend may also
 // implement: [Warmer] (workspaces started ahead of demand, for warm pools)
-// [Claimer] (a backend several daemons share) and [Adopter] (workspaces
+// [Claimer] (a backend several daemons share), [Adopter] (workspaces
 // that outlive the daemon run that opened them, which another run — a
-// replica — may take over).
+// replica — may take over) and [Resumer] (workspaces that outlive the
+// daemon's run, which its next run takes back).
 //
 // The implementations are packages of their own, so that the host imports
 // none of them and a program wires the ones it offers:
@@ -90,6 +91,34 @@ type Adopter interface {
 	// workspace.ErrNotFound when the backend has no such session of labels'
 	// daemon.
 	Adopt(ctx context.Context, session string, labels map[string]string) (*Instance, Record, error)
+}
+
+// Resumer is a Backend whose sessions' workspaces outlive the run of the
+// daemon that opened them on one host (Docker containers, their records in
+// the daemon's state directory): the session host keeps its record with
+// the workspace (Instance.Publish) before it hands the session out, a
+// stopping run leaves it (Instance.Leave), and the daemon's next run — a
+// restart after a stop or a crash — resumes it.
+type Resumer interface {
+	Backend
+	// Resume reconnects to every workspace of labels' daemon that has a
+	// record and runs, and returns each with its record. It removes, with
+	// their records, the workspaces that no longer run (a container that
+	// stopped or was removed) and those that cannot be taken back (their
+	// uid held by another session); what it returns the caller holds, to
+	// Close or Leave. It runs once, after Reap, before the first Open.
+	Resume(ctx context.Context, labels map[string]string) ([]Resumed, error)
+}
+
+// Resumed is a workspace Resume took back.
+type Resumed struct {
+	Instance *Instance
+	// Record is what the session host last published for it.
+	Record Record
+	// Seen is when the run that held the workspace was last known to be
+	// alive (its last heartbeat, or when it left): the session's idle time
+	// runs from then.
+	Seen time.Time
 }
 
 // ImageReader is a Backend that can read a directory of an image, for
@@ -179,8 +208,9 @@ type Instance struct {
 	// refused. The session host calls it before the session serves a call.
 	Listen func(ctx context.Context, addr string) error
 	// Publish, when not nil, keeps rec with the workspace, for another run
-	// of the daemon to adopt it ([Adopter]); the session host calls it once
-	// the session has its workspace, before the session serves a call.
+	// of the daemon to adopt it ([Adopter]) or resume it ([Resumer]); the
+	// session host calls it once the session has its workspace, before the
+	// session serves a call, and again when rec changes.
 	Publish func(ctx context.Context, rec Record) error
 	// Export, when not nil, writes the workspace's tree to w as a tar
 	// stream — names relative to the root, parents before what they hold,
@@ -195,9 +225,10 @@ type Instance struct {
 	// it the host writes them through FS (snapshot.ReadTree).
 	Import func(ctx context.Context, r io.Reader) error
 	// Leave, when not nil, is Close for a run that stops while others of
-	// its daemon go on (replicas, [Adopter]): it releases what this run
-	// holds and leaves the workspace, and the session in it, for another
-	// run to adopt. It is called once, instead of Close.
+	// its daemon go on (replicas, [Adopter]) or its next run takes the
+	// session back ([Resumer]): it releases what this run holds and leaves
+	// the workspace, and the session in it, for another run to adopt or
+	// resume. It is called once, instead of Close.
 	Leave func(ctx context.Context) error
 }
 

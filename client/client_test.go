@@ -463,6 +463,7 @@ func TestSentinelsAreTheRunners(t *testing.T) {
 		{"Busy", client.ErrBusy, runner.ErrBusy},
 		{"ShuttingDown", client.ErrShuttingDown, runner.ErrShuttingDown},
 		{"ResultNotKept", client.ErrResultNotKept, runner.ErrResultNotKept},
+		{"Interrupted", client.ErrInterrupted, runner.ErrInterrupted},
 	} {
 		if pair.client != pair.runner {
 			t.Errorf("%s: the client's sentinel is not runner's", pair.name)

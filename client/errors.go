@@ -38,6 +38,9 @@ var (
 	// ErrResultNotKept: a detached call's result is not kept, or no longer
 	// (410).
 	ErrResultNotKept = runner.ErrResultNotKept
+	// ErrInterrupted: a detached call was accepted before the daemon
+	// restarted, and its result is lost (410): runner.ErrInterrupted.
+	ErrInterrupted = runner.ErrInterrupted
 	// ErrTooLarge: a body or transfer over its cap (413).
 	ErrTooLarge = errors.New("too large")
 	// ErrInternal: the daemon failed (500).
@@ -76,6 +79,7 @@ var kinds = map[string]error{
 	"Overloaded":      ErrOverloaded,
 	"ShuttingDown":    ErrShuttingDown,
 	"ResultNotKept":   ErrResultNotKept,
+	"Interrupted":     ErrInterrupted,
 	"TooLarge":        ErrTooLarge,
 	"Internal":        ErrInternal,
 	"SnapshotCorrupt": ErrSnapshotCorrupt,

@@ -631,6 +631,8 @@ func classify(err error) (int, string) {
 		return http.StatusGone, "SessionEnded"
 	case errors.Is(err, runner.ErrResultNotKept):
 		return http.StatusGone, "ResultNotKept"
+	case errors.Is(err, runner.ErrInterrupted):
+		return http.StatusGone, "Interrupted"
 	case errors.As(err, &de):
 		return http.StatusForbidden, workspace.ErrForbidden.Name()
 	case errors.As(err, &se):

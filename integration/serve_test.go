@@ -19,6 +19,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -117,6 +118,11 @@ func config(t *testing.T, backend, name string, set ...func(cfg map[string]any))
 		"shutdownTimeout": "20s",
 		// The test's own, not the user's state directory.
 		"snapshots": map[string]any{"dir": filepath.Join(t.TempDir(), "snapshots")},
+		"stateDir":  filepath.Join(t.TempDir(), "state"),
+		// Sessions end with the daemon, as the tests that count what a
+		// stop leaves expect; those about sessions that outlive it
+		// (TestServeRestartKeepsSessions) set it false.
+		"endSessionsOnExit": true,
 	}
 	withCluster(cfg)
 	for _, f := range set {
@@ -509,7 +515,7 @@ func testMCP(t *testing.T, d *daemon) {
 }
 
 // TestCrashThenRestart: kill -9 during a call leaves containers; the next
-// start reaps them, and new sessions work. A container killed from outside
+// start resumes the session and reaps the rest, and new sessions work. A container killed from outside
 // makes its session's calls fail at once.
 func TestCrashThenRestart(t *testing.T) {
 	cli := dockertest.Client(t) // fails under CI without an engine; skips elsewhere
@@ -526,7 +532,11 @@ func TestCrashThenRestart(t *testing.T) {
 	}
 
 	d2 := start(t, file)
-	if left := daemonContainers(t, cli, name, d2.cmd.Process.Pid); len(left) != 0 {
+	// Its session is resumed (TestServeRestartKeepsSessions); nothing else
+	// of the killed run is left.
+	d2.do(acmeToken, "GET", "/v1/sessions/"+s.ID, nil, http.StatusOK, nil)
+	left := slices.DeleteFunc(daemonContainers(t, cli, name, d2.cmd.Process.Pid), func(w string) bool { return strings.Contains(w, s.Workspace) })
+	if len(left) != 0 {
 		t.Fatalf("containers of the killed run left after the restart: %v", left)
 	}
 	var s2 runner.Info
@@ -538,7 +548,8 @@ func TestCrashThenRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The session ends with its container: 410 SessionEnded, with the
-	// cause, for its calls and its lookups alike, and it is counted.
+	// cause, for its calls and its lookups alike, and it is counted; the
+	// resumed one lives on.
 	var e struct{ Error, Message string }
 	d2.do(acmeToken, "POST", "/v1/sessions/"+s2.ID+"/tools/bash", map[string]any{"arguments": map[string]any{"command": "echo never"}}, http.StatusGone, &e)
 	if e.Error != "SessionEnded" || !strings.Contains(e.Message, "exit code 137") {
@@ -548,7 +559,7 @@ func TestCrashThenRestart(t *testing.T) {
 	if !strings.Contains(e.Message, "exit code 137") {
 		t.Fatalf("the session of a killed container: %+v", e)
 	}
-	if metrics := string(d2.do(metricsToken, "GET", "/metrics", nil, http.StatusOK, nil)); !strings.Contains(metrics, "\nsandboxd_sessions_lost_total 1\n") || !strings.Contains(metrics, "\nsandboxd_sessions 0\n") {
+	if metrics := string(d2.do(metricsToken, "GET", "/metrics", nil, http.StatusOK, nil)); !strings.Contains(metrics, "\nsandboxd_sessions_lost_total 1\n") || !strings.Contains(metrics, "\nsandboxd_sessions 1\n") {
 		t.Fatalf("metrics after the container died:\n%s", metrics)
 	}
 	d2.stop()

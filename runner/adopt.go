@@ -31,6 +31,10 @@ type record struct {
 	// Placeholders are the session's secrets' placeholders, by name, which
 	// its commands hold: the adopting replica's proxy takes the same.
 	Placeholders map[string]string `json:"placeholders,omitempty"`
+	// Detached are the IDs of the session's detached calls, newest last
+	// (Detach records each before it answers): those a later run does not
+	// have were interrupted (ErrInterrupted).
+	Detached []string `json:"detached,omitempty"`
 }
 
 // adoptTimeout bounds one adoption (Get of a session another replica
@@ -43,9 +47,12 @@ func (m *Manager) publish(ctx context.Context, s *Session, tenantEgress []string
 	if s.inst.Publish == nil {
 		return nil
 	}
+	s.publishing.Lock() // one record at a time, the newest last
+	defer s.publishing.Unlock()
 	r := record{TenantEgress: tenantEgress, Lifetime: Duration(s.lifetime), Idle: Duration(s.idle), Created: s.created, Pooled: s.pooled}
 	s.mu.Lock()
 	r.Settings = s.settings
+	r.Detached = s.detachedIDs()
 	s.mu.Unlock()
 	if s.eg != nil && len(s.eg.secrets) > 0 {
 		r.Placeholders = map[string]string{}
@@ -92,8 +99,27 @@ func (m *Manager) adopt(ad backend.Adopter, tenant, id string, notFound error) (
 	case err != nil:
 		return nil, fmt.Errorf("runner: taking the session over from another replica: %w", err)
 	}
+	if rec.Tenant != tenant || rec.Session != id {
+		inst.Close(ctx)
+		return nil, fmt.Errorf("runner: the record of session %s names another (%s of %s): %w", id, rec.Session, rec.Tenant, workspace.ErrUnavailable)
+	}
+	s, err := m.revive(ctx, inst, rec, "the session was taken over from another replica, which kept its first tree")
+	if err != nil {
+		return nil, err
+	}
+	m.o.logger.Info("session taken over from another replica", "tenant", tenant, "session", id, "workspace", inst.ID)
+	return s, nil
+}
+
+// revive makes the session of a workspace another run of the daemon
+// opened, from the record it published (adopted from a replica, resumed
+// after a restart): its settings, tenant, creation time and expiry, judged
+// again under this run's configuration, which must allow them. Its diff
+// has no baseline (noBase says why). On failure inst is closed.
+func (m *Manager) revive(ctx context.Context, inst *backend.Instance, rec backend.Record, noBase string) (*Session, error) {
+	tenant, id := rec.Tenant, rec.Session
 	var r record
-	if err := json.Unmarshal(rec.Data, &r); err != nil || rec.Tenant != tenant || rec.Session != id {
+	if err := json.Unmarshal(rec.Data, &r); err != nil {
 		inst.Close(ctx)
 		return nil, fmt.Errorf("runner: the record of session %s is unreadable (%v): %w", id, err, workspace.ErrUnavailable)
 	}
@@ -121,12 +147,12 @@ func (m *Manager) adopt(ad backend.Adopter, tenant, id string, notFound error) (
 		m.release(tenant)
 		return nil, errors.Join(err, inst.Close(ctx))
 	}
-	s.created, s.pooled = r.Created, r.Pooled
-	s.base = &baseline{err: errors.New("the session was taken over from another replica, which kept its first tree")}
+	s.created, s.pooled, s.tenantEgress = r.Created, r.Pooled, r.TenantEgress
+	s.interrupted = r.Detached
+	s.base = &baseline{err: errors.New(noBase)}
 	if err := m.track(ctx, s); err != nil {
 		return nil, err
 	}
-	m.o.logger.Info("session taken over from another replica", "tenant", tenant, "session", id, "workspace", inst.ID)
 	return s, nil
 }
 

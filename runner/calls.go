@@ -132,6 +132,12 @@ func (s *Session) Detach(req DetachRequest) (*Detached, error) {
 		s.mu.Unlock()
 		return nil, err
 	}
+	// Recorded before it is accepted, so that a later run of the daemon
+	// knows it was (ErrInterrupted); a record that cannot be written
+	// fails nothing (the call would then be unknown after a restart).
+	if err := s.m.publish(context.Background(), s, s.tenantEgress); err != nil {
+		s.m.o.logger.Warn("the session's record does not name its detached call", "session", s.id, "call", d.ID, "error", err)
+	}
 	opts := req.Options
 	opts.Progress = nil
 	opts.CallID = d.ID
@@ -340,7 +346,24 @@ func (s *Session) Detached(id string) (*Detached, error) {
 			}
 		}
 	}
+	if slices.Contains(s.interrupted, id) {
+		return nil, fmt.Errorf("%w: call %s of session %s was accepted before the daemon restarted", ErrInterrupted, id, s.id)
+	}
 	return nil, fmt.Errorf("%w: no detached call %s in session %s (a session remembers its last %d)", ErrNotFound, id, s.id, MaxDetached+maxGone)
+}
+
+// detachedIDs are the IDs of the detached calls the session knows, newest
+// last — those an earlier run accepted, then those whose results are
+// gone, then those running or kept — at most MaxDetached+maxGone; s.mu is
+// held.
+func (s *Session) detachedIDs() []string {
+	ids := slices.Clone(s.interrupted)
+	for _, list := range [][]*Detached{s.gone, s.detached} {
+		for _, d := range list {
+			ids = append(ids, d.ID)
+		}
+	}
+	return ids[max(0, len(ids)-(MaxDetached+maxGone)):]
 }
 
 // CallInfo describes a detached call, as a session's description shows it.

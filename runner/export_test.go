@@ -1,6 +1,7 @@
 package runner
 
 import (
+	"context"
 	"encoding/json"
 
 	"github.com/sandboxd/sandboxd/egress"
@@ -32,3 +33,39 @@ func Adopted(s *Session) ([]byte, []egress.Secret, error) {
 	}
 	return data, egressSecrets(keptTenantSecrets(nil, r.Settings.SecretValues, nil)), nil
 }
+
+// Crash ends m as its process's death would, as far as one process can:
+// its sessions' streams to their workspaces are cut and their uids let go
+// (Instance.Leave, for the backends that have it) and nothing else is
+// done — no call drained, no workspace removed, no record changed, the
+// backend's claim not given back.
+func Crash(m *Manager) {
+	m.mu.Lock()
+	m.closing = true
+	all := make([]*Session, 0, len(m.sessions))
+	for _, s := range m.sessions {
+		all = append(all, s)
+	}
+	clear(m.sessions)
+	m.mu.Unlock()
+	close(m.stopSweep)
+	<-m.swept
+	for _, p := range m.pools {
+		p.stop()
+		<-p.done
+		for _, inst := range p.ready {
+			if inst.Leave != nil {
+				inst.Leave(context.Background())
+			}
+		}
+	}
+	for _, s := range all {
+		s.cancel(ErrShuttingDown)
+		if s.inst.Leave != nil {
+			s.inst.Leave(context.Background())
+		}
+	}
+}
+
+// DaemonName is the daemon's name m runs as (WithDaemonName).
+func DaemonName(m *Manager) string { return m.o.daemon }

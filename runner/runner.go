@@ -10,7 +10,9 @@
 // The Manager owns the lifecycle: it creates sessions within the operator's
 // policy (package policy) and per-tenant cap, ends them after their lifetime
 // or idle timeout, caps the calls in flight of each, and at shutdown drains
-// the calls in flight and removes every workspace it made. Everything it
+// the calls in flight and removes every workspace it made — but those that
+// outlive its run ([backend.Resumer], [backend.Adopter]) it leaves, unless
+// WithEndOnShutdown, and the daemon's next run resumes them. Everything it
 // makes carries its owner ([backend.Owner]: host, boot, PID and the PID's
 // start time). At start it claims the daemon's name on a shared backend
 // ([backend.Claimer]), refusing to start while another run of it lives, and
@@ -76,6 +78,11 @@ var (
 	// budget had no room for it (DetachRequest.Hold), a newer result took
 	// its place, or it expired (WithDetachedResults). The error says which.
 	ErrResultNotKept = errors.New("the detached call's result is not kept")
+	// ErrInterrupted: a detached call was accepted by an earlier run of
+	// the daemon, which stopped or died before its result could be
+	// fetched: the call may have ended, or been cut short, and its result
+	// is lost (the session itself was resumed). Retry what it did.
+	ErrInterrupted = errors.New("the detached call was interrupted by a restart of the daemon; its result is lost")
 )
 
 // DefaultImage is the image sessions get when the policy names none.
@@ -129,6 +136,7 @@ type options struct {
 	journalStores  JournalStores
 	snapshots      *snapshot.Store
 	templates      []Template
+	endOnShutdown  bool
 }
 
 // WithPolicy sets the operator's policy sessions are judged by (default:
@@ -333,8 +341,10 @@ func auditTo(logger *slog.Logger) func(sources.AuditRecord) {
 // New returns a Manager over b. Before it returns it claims the daemon's
 // name when b is a [backend.Claimer] (failing with
 // [backend.ErrDaemonRunning] while another run of it lives), reaps what
-// ended runs of the same daemon left behind (an error there fails New), and
-// starts the warm pools filling in the background.
+// ended runs of the same daemon left behind (an error there fails New),
+// resumes the sessions they left when b is a [backend.Resumer] (same IDs,
+// settings and expiry; those past their lifetime or idle timeout are
+// removed), and starts the warm pools filling in the background.
 func New(ctx context.Context, b backend.Backend, opts ...Option) (*Manager, error) {
 	o := options{tools: tools.DefaultConfig(), maxCalls: 8, daemon: "sandboxd", sweep: time.Second}
 	for _, opt := range opts {
@@ -408,6 +418,9 @@ func New(ctx context.Context, b backend.Backend, opts ...Option) (*Manager, erro
 	}
 	if n > 0 {
 		o.logger.Info("reaped workspaces of an earlier run", "backend", b.Name(), "count", n)
+	}
+	if r, ok := b.(backend.Resumer); ok {
+		m.resume(ctx, r)
 	}
 	if err := m.makeTemplates(ctx); err != nil {
 		m.unclaim(ctx)
@@ -847,10 +860,11 @@ func (m *Manager) Stats() Stats {
 
 // Shutdown stops taking sessions, lets the calls in flight finish until ctx
 // ends (then cancels them), and removes every workspace the manager made,
-// pooled ones included — but a session's workspace that other replicas of
-// the daemon may take over (Instance.Leave) is left to them, with its
-// session. It returns once all are removed or left, with the errors of
-// those that could not be.
+// pooled ones included — but a session's workspace that outlives the
+// daemon's run (Instance.Leave: another replica of the daemon may take it
+// over, or its next run resume it) is left, with its session and its
+// background commands, unless WithEndOnShutdown. It returns once all are
+// removed or left, with the errors of those that could not be.
 func (m *Manager) Shutdown(ctx context.Context) error {
 	m.mu.Lock()
 	if m.closing {
@@ -871,7 +885,7 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 	var wg sync.WaitGroup
 	left := 0
 	for i, s := range all {
-		if s.inst.Leave != nil {
+		if s.inst.Leave != nil && !m.o.endOnShutdown {
 			s.leave.Store(true)
 			left++
 		}
@@ -880,7 +894,7 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 	errs[len(all)] = m.closePools(ctx)
 	wg.Wait()
 	m.deleting.Wait()
-	m.o.logger.Info("runner stopped", "sessions", len(all), "left_to_replicas", left)
+	m.o.logger.Info("runner stopped", "sessions", len(all), "left_running", left)
 	return errors.Join(append(errs, m.unclaim(ctx))...)
 }
 

@@ -51,6 +51,11 @@ type Session struct {
 	calls    sync.WaitGroup
 	detached []*Detached // Detach's calls running or with their results kept, oldest first
 	gone     []*Detached // ended calls whose results are no longer kept, oldest first
+	// interrupted are the IDs of the detached calls an earlier run of the
+	// daemon accepted (ErrInterrupted), oldest first.
+	interrupted []string
+	// publishing serialises the writes of the session's record (publish).
+	publishing sync.Mutex
 	// keptBytes is what the kept results of detached hold; resultsDropped
 	// is set as the session ends, when they are given back.
 	keptBytes      int64
@@ -58,8 +63,9 @@ type Session struct {
 
 	closeOnce sync.Once
 	closeErr  error
-	// leave makes close leave the workspace for another replica
-	// (Instance.Leave) rather than remove it: set as the daemon stops.
+	// leave makes close leave the workspace for another run of the daemon
+	// — a replica, or its next run (Instance.Leave) — rather than remove
+	// it: set as the daemon stops.
 	leave atomic.Bool
 }
 
@@ -414,7 +420,7 @@ func (s *Session) close(ctx context.Context, cause error, drain bool) error {
 		cancel()
 		s.m.release(s.tenant)
 		if leaving {
-			s.m.o.logger.Info("session left to another replica", "tenant", s.tenant, "session", s.id, "workspace", s.inst.ID)
+			s.m.o.logger.Info("session left running, for another run of the daemon", "tenant", s.tenant, "session", s.id, "workspace", s.inst.ID)
 		} else {
 			s.m.o.logger.Info("session ended", "tenant", s.tenant, "session", s.id, "reason", cause.Error())
 		}

@@ -29,6 +29,7 @@ package docker
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -62,12 +63,19 @@ type Backend struct {
 	// its egress connections reach the daemon without crossing the attach
 	// stream (Spec.HandoffDir); "" carries them on the stream.
 	HandoffDir string
+	// StateDir, when set, keeps each session's record
+	// (STATEDIR/docker/daemon-NAME/SESSION.json), so that its container
+	// outlives the daemon's run: a run that stops leaves it running
+	// (Instance.Leave), and the daemon's next run resumes it (Resume). ""
+	// keeps none: every container ends with the run that made it.
+	StateDir string
 }
 
 var (
 	_ backend.Warmer      = (*Backend)(nil)
 	_ backend.Claimer     = (*Backend)(nil)
 	_ backend.ImageReader = (*Backend)(nil)
+	_ backend.Resumer     = (*Backend)(nil)
 )
 
 // Name returns "docker".
@@ -99,11 +107,22 @@ func (d *Backend) start(ctx context.Context, spec backend.Spec, prof policy.Prof
 	if err != nil {
 		return nil, fmt.Errorf("docker backend: %w", err)
 	}
-	return &backend.Instance{
+	return d.instance(c, &recorder{dir: d.daemonDir(spec.Labels[backend.LabelDaemon]), c: c, label: prof.Session}), nil
+}
+
+// instance is the Instance of c; with a StateDir, its session's record is
+// kept by r (Publish), its Close removes it, and Leave leaves c running.
+func (d *Backend) instance(c *Container, r *recorder) *backend.Instance {
+	inst := &backend.Instance{
 		FS: c.Agent(), Bash: c.Bash(), Root: policy.WorkspaceDir, ID: c.Name(), Close: c.Close,
 		Done: c.Agent().Done(), Err: c.Agent().Err, Accept: c.Accept, Listen: c.Listen,
 		Export: c.Export, Import: c.Import,
-	}, nil
+	}
+	if r.dir != "" {
+		inst.Publish, inst.Leave = r.publish, c.leave
+		inst.Close = func(ctx context.Context) error { return errors.Join(c.Close(ctx), r.drop()) }
+	}
+	return inst
 }
 
 // DefaultHandoffDir is where a daemon keeps its containers' handoff
@@ -130,9 +149,13 @@ func DefaultHandoffDir(cli Engine) string {
 // Reap removes the containers and volumes carrying labels whose owner has
 // ended ([backend.Owner.Gone]), and those an earlier version made without an
 // owner: what dead runs of the daemon left. What a run that may live holds
-// is left alone.
+// is left alone, and so are the sessions the daemon recorded (StateDir),
+// for Resume.
 func (d *Backend) Reap(ctx context.Context, labels map[string]string) (int, error) {
-	return Reap(ctx, d.Client, labels, ownerGone)
+	recorded := d.recordedLabels(labels[backend.LabelDaemon])
+	return Reap(ctx, d.Client, labels, func(l map[string]string) bool {
+		return !recorded[l[policy.LabelSession]] && ownerGone(l)
+	})
 }
 
 // ownerGone reports whether the owner labels name has ended, or none is named.
@@ -165,7 +188,9 @@ func (d *Backend) Claim(ctx context.Context, spec backend.Spec) (release func(co
 			HostConfig: &container.HostConfig{NetworkMode: "none"},
 		})
 		if err == nil {
+			stop := d.heartbeat(daemon)
 			return func(ctx context.Context) error {
+				stop()
 				_, err := d.Client.ContainerRemove(context.WithoutCancel(ctx), created.ID, client.ContainerRemoveOptions{Force: true})
 				if err != nil && !cerrdefs.IsNotFound(err) {
 					return fmt.Errorf("docker backend: removing the daemon's marker %s: %w", name, err)

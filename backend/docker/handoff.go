@@ -2,7 +2,9 @@ package docker
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
@@ -147,6 +149,11 @@ func (c *Container) Handoff() (bool, error) {
 func (c *Container) startHandoff(ctx context.Context, addr string) (*agent.HandoffListener, error) {
 	if c.handoffDir == "" {
 		return nil, c.handoffErr
+	}
+	// A socket a killed daemon left (a resumed container's) is stale:
+	// nothing else listens in the container's own directory.
+	if err := os.Remove(filepath.Join(c.handoffDir, handoffSocket)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, err
 	}
 	l, err := agent.ListenHandoff(filepath.Join(c.handoffDir, handoffSocket))
 	if err != nil {

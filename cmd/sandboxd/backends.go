@@ -57,7 +57,7 @@ var backends = []backendEntry{
 		serve: func(_ context.Context, _ stdio, cfg *serveConfig) (backend.Backend, string, error) {
 			dir := cfg.DataDir
 			if dir == "" {
-				state, err := stateDir()
+				state, err := cfg.stateDir()
 				if err != nil {
 					return nil, "", err
 				}
@@ -208,6 +208,9 @@ func serveDocker(ctx context.Context, sio stdio, cfg *serveConfig) (backend.Back
 		if err == nil && p.Image != "" {
 			_, err = ensureImage(ctx, sio, cli, p.Image, cfg.BuildMissing)
 		}
+	}
+	if err == nil {
+		b.StateDir, err = cfg.stateDir()
 	}
 	if err != nil {
 		cli.Close()

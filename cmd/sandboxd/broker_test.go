@@ -64,7 +64,7 @@ func TestServeBroker(t *testing.T) {
 	}
 	const token = "sbx_serve_broker"
 	config := filepath.Join(t.TempDir(), "sandboxd.json")
-	cfg := fmt.Sprintf(`{"backend": "docker", "image": "dev", "tenants": [{"name": "acme", "tokens": [%q]}],
+	cfg := fmt.Sprintf(`{"backend": "docker", "image": "dev", "endSessionsOnExit": true, "tenants": [{"name": "acme", "tokens": [%q]}],
 		"egress": {"allow": [%q], "allowPrivate": ["127.0.0.1"]},
 		"secrets": [{"name": "API_TOKEN", "env": "SANDBOXD_E2E_BROKER_TOKEN", "allow": [%q]}],
 		"caCerts": [%q]}`, httpapi.HashToken(token), dest, dest, caFile)

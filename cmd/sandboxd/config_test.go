@@ -26,7 +26,7 @@ func TestConfigErrorsNameThePath(t *testing.T) {
 		{"top-level key in the wrong case", `{"Policy": {}}`,
 			`Policy: unknown key; did you mean "policy"? (keys are case-sensitive)`},
 		{"unknown key far from any", `{"frobnicate": 1}`,
-			"frobnicate: unknown key; the keys that may stand here are $schema, backend, buildMissing, caCerts, daemon, dataDir, e2b, egress, grants, http, image, images, kubernetes, limits, listen, metricsTokens, policy, pools, secrets, sessions, shutdownTimeout, snapshots, tenants, tools"},
+			"frobnicate: unknown key; the keys that may stand here are $schema, backend, buildMissing, caCerts, daemon, dataDir, e2b, egress, endSessionsOnExit, grants, http, image, images, kubernetes, limits, listen, metricsTokens, policy, pools, secrets, sessions, shutdownTimeout, snapshots, stateDir, tenants, tools"},
 		{"second tenant's key", `{"tenants": [{"name": "a", "tokens": ["` + hash0 + `"]}, {"name": "b", "token": []}]}`,
 			`tenants[1].token: unknown key; did you mean "tenants[1].tokens"? (keys are case-sensitive)`},
 		{"plaintext token", `{"tenants": [{"name": "a", "tokens": ["` + hash0 + `", "` + secret + `"]}]}`,

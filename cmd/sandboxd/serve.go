@@ -78,8 +78,18 @@ type serveConfig struct {
 	// sandboxd's that the configuration names and the engine lacks
 	// (--build-missing sets it too).
 	BuildMissing bool `json:"buildMissing"`
-	// DataDir holds the local backend's session directories (default
+	// StateDir is the daemon's own state: the records of Docker sessions
+	// that outlive it (docker/daemon-NAME), and the defaults of dataDir
+	// (sessions) and snapshots.dir (snapshots/NAME) (default
 	// $XDG_STATE_HOME/sandboxd or ~/.local/state/sandboxd).
+	StateDir string `json:"stateDir"`
+	// EndSessionsOnExit ends every session at SIGTERM or SIGINT, removing
+	// its container; by default Docker sessions outlive the daemon, which
+	// takes them back when it starts again (--end-sessions-on-exit sets
+	// it too).
+	EndSessionsOnExit bool `json:"endSessionsOnExit"`
+	// DataDir holds the local backend's session directories (default
+	// STATEDIR/sessions).
 	DataDir string `json:"dataDir"`
 	// Daemon names this daemon in container labels (default "sandboxd").
 	Daemon string `json:"daemon"`
@@ -170,7 +180,7 @@ type serveConfig struct {
 	Snapshots struct {
 		// Dir is the store's directory, the daemon's own and no other's
 		// (default on docker and kubernetes
-		// $XDG_STATE_HOME/sandboxd/snapshots/DAEMON; on local and memory a
+		// STATEDIR/snapshots/DAEMON; on local and memory a
 		// temporary directory removed at exit); "off" keeps no snapshots.
 		Dir string `json:"dir"`
 		// MaxCount caps each tenant's snapshots (default 50; -1: no cap).
@@ -323,7 +333,7 @@ const (
 
 var cmdServe = &command{
 	name:    "serve",
-	args:    "[--listen ADDR] [--config FILE] [--backend " + backendChoices(servable) + "] [--replica NAME] [--build-missing] [--e2b]",
+	args:    "[--listen ADDR] [--config FILE] [--backend " + backendChoices(servable) + "] [--replica NAME] [--build-missing] [--end-sessions-on-exit] [--e2b]",
 	summary: "run the daemon: sessions for many tenants over HTTP (/v1) and MCP (/mcp)",
 	setup: func(fs *flag.FlagSet) runFunc {
 		listen := fs.String("listen", "", "the `address` to listen on (default "+defaultListen+")")
@@ -332,6 +342,7 @@ var cmdServe = &command{
 		replica := fs.String("replica", "", "with --backend kubernetes: run as the replica `NAME` of several that share the daemon's sessions (kubernetes.replica)")
 		e2bOn := fs.Bool("e2b", false, "serve E2B's sandbox API too: the control plane at /e2b, envd on requests naming their sandbox (e2b.enabled)")
 		buildMissing := fs.Bool("build-missing", false, "build the images of sandboxd's (minimal, dev) that the configuration names and the engine lacks, before listening, rather than fail naming 'sandboxd image build'")
+		endOnExit := fs.Bool("end-sessions-on-exit", false, "end every session at SIGTERM or SIGINT, removing its container, rather than leave Docker sessions running for the daemon's next start (endSessionsOnExit)")
 		return func(ctx context.Context, sio stdio, args []string) error {
 			if len(args) > 0 {
 				return usagef("unexpected arguments %q", args)
@@ -344,6 +355,7 @@ var cmdServe = &command{
 			cfg.Backend = cmp.Or(*backend, cfg.Backend)
 			cfg.Kubernetes.Replica = cmp.Or(*replica, cfg.Kubernetes.Replica)
 			cfg.BuildMissing = cfg.BuildMissing || *buildMissing
+			cfg.EndSessionsOnExit = cfg.EndSessionsOnExit || *endOnExit
 			cfg.E2B.Enabled = cfg.E2B.Enabled || *e2bOn
 			return serve(ctx, sio, cfg, *config == "")
 		}
@@ -409,6 +421,7 @@ func serve(ctx context.Context, sio stdio, cfg serveConfig, dev bool) error {
 		runner.WithIdleTimeout(cmp.Or(time.Duration(cfg.Sessions.IdleTimeout), defaultIdleTimeout), cmp.Or(time.Duration(cfg.Sessions.MaxIdleTimeout), defaultMaxIdleTimeout)),
 		runner.WithWorkspaceBytes(cmp.Or(cfg.Limits.WorkspaceBytes, 1<<30)),
 		runner.WithDaemonName(cmp.Or(cfg.Daemon, "sandboxd")),
+		runner.WithEndOnShutdown(cfg.EndSessionsOnExit),
 		runner.WithDetachedResults(cfg.Limits.DetachedResultBytes, time.Duration(cfg.Limits.DetachedResultTTL)),
 	}
 	if cfg.Limits.CallsInFlight != nil {
@@ -654,7 +667,7 @@ func openSnapshots(cfg serveConfig, backend string, logger *slog.Logger) (_ *sna
 		}
 		temp = true
 	default:
-		state, err := stateDir()
+		state, err := cfg.stateDir()
 		if err != nil {
 			return nil, nil, fmt.Errorf("snapshots: %w (set snapshots.dir)", err)
 		}
@@ -682,6 +695,17 @@ func openSnapshots(cfg serveConfig, backend string, logger *slog.Logger) (_ *sna
 	}, nil
 }
 
+// stateDir is the daemon's state directory: stateDir, or the user's
+// (stateDir()).
+func (cfg *serveConfig) stateDir() (string, error) {
+	if cfg.StateDir != "" {
+		return cfg.StateDir, nil
+	}
+	return stateDir()
+}
+
+// stateDir is the user's state directory of sandboxd:
+// $XDG_STATE_HOME/sandboxd or ~/.local/state/sandboxd.
 func stateDir() (string, error) {
 	if d := os.Getenv("XDG_STATE_HOME"); d != "" {
 		return filepath.Join(d, "sandboxd"), nil

@@ -228,7 +228,8 @@ func TestFirstCallPastes(t *testing.T) {
 }
 
 // TestSessionCallExitStatus: session call exits with the status of the
-// command it ran, and the session commands name themselves in errors.
+// command it ran, and the session commands name themselves in errors;
+// session rm --all ends every session of the tenant.
 func TestSessionCallExitStatus(t *testing.T) {
 	url, welcome := startServe(t, "--backend", "memory")
 	t.Setenv("SANDBOXD_URL", url)
@@ -262,6 +263,20 @@ func TestSessionCallExitStatus(t *testing.T) {
 	code, out, errs = runInProcess(t, "session", "ls")
 	if code != 0 || !strings.Contains(out, "CALLS RUNNING") || !strings.Contains(out, id) {
 		t.Errorf("session ls: exit %d\n%s%s", code, out, errs)
+	}
+	// session rm --all ends every session of the tenant.
+	if code, _, errs := runInProcess(t, "session", "create"); code != 0 {
+		t.Fatalf("session create: exit %d: %s", code, errs)
+	}
+	if code, _, errs := runInProcess(t, "session", "rm", "--all", id); code != 2 {
+		t.Errorf("session rm --all ID: exit %d (%s), want a usage error", code, errs)
+	}
+	if code, _, errs := runInProcess(t, "session", "rm", "--all"); code != 0 {
+		t.Fatalf("session rm --all: exit %d: %s", code, errs)
+	}
+	code, out, errs = runInProcess(t, "session", "ls", "--json")
+	if code != 0 || strings.Contains(out, `"id"`) {
+		t.Errorf("session ls after rm --all: exit %d\n%s%s", code, out, errs)
 	}
 }
 

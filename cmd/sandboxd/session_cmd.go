@@ -217,17 +217,30 @@ func printSessions(w io.Writer, sessions []runner.Info) {
 
 var cmdSessionRemove = &command{
 	name:    "session rm",
-	args:    "ID...",
+	args:    "--all | ID...",
 	summary: "end sessions on a running daemon (calls in flight are cancelled, workspaces removed)",
 	setup: func(fs *flag.FlagSet) runFunc {
 		c := daemonFlags(fs)
+		all := fs.Bool("all", false, "end every session of the tenant, those the daemon took back from its earlier runs too")
 		return func(ctx context.Context, sio stdio, args []string) error {
-			if len(args) == 0 {
-				return usagef("name at least one session")
+			switch {
+			case *all && len(args) > 0:
+				return usagef("--all or session IDs, not both")
+			case !*all && len(args) == 0:
+				return usagef("name at least one session, or --all")
 			}
 			cl, err := c.open()
 			if err != nil {
 				return err
+			}
+			if *all {
+				list, err := cl.SessionList(ctx, client.SessionListOptions{})
+				if err != nil {
+					return err
+				}
+				for _, s := range list.Sessions {
+					args = append(args, s.ID)
+				}
 			}
 			return eachID(args, func(id string) error {
 				_, err := cl.SessionRemove(ctx, id, client.SessionRemoveOptions{})

@@ -96,6 +96,7 @@ func soak(ctx context.Context, sio stdio, o soakOptions) error {
 	cfg.Limits.SessionsPerTenant = o.concurrency * 4
 	cfg.Policy.Images = []string{"sandboxd/*"}
 	cfg.ShutdownTimeout = runner.Duration(20 * time.Second)
+	cfg.EndSessionsOnExit = true // a soak leaves nothing behind
 	if o.backend == "local" {
 		cfg.DataDir = o.dataDir
 		if cfg.DataDir == "" {

@@ -2,8 +2,10 @@ package e2b_test
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -250,5 +252,40 @@ func TestPTYUnsupported(t *testing.T) {
 	}
 	if err := resize(pc, 1000, 24, 80); connect.CodeOf(err) != connect.CodeUnimplemented {
 		t.Errorf("resize on memory: %v; want unimplemented", err)
+	}
+}
+
+// TestPTYKillTree: SIGKILL to a process on a terminal ends its whole
+// tree, a background job it started included, before SendSignal answers
+// (the local backend: its commands are the host's processes).
+func TestPTYKillTree(t *testing.T) {
+	e := start(t)
+	c := e.create("acme-key", `{"templateID":"base"}`)
+	pc := processconnect.NewProcessClient(e.envd(c), e.url)
+	pid, f := startPty(t, pc, 24, 80)
+	if err := sendPty(pc, pid, "sleep 600 & echo \"job=$!=\"\n"); err != nil {
+		t.Fatal(err)
+	}
+	f.await(t, "=\r\n")
+	f.mu.Lock()
+	out := f.pty.String()
+	f.mu.Unlock()
+	i := strings.LastIndex(out, "job=")
+	job, err := strconv.Atoi(strings.TrimSuffix(strings.Fields(out[i+len("job="):])[0], "="))
+	if err != nil {
+		t.Fatalf("no job pid in %q", out)
+	}
+	if err := syscall.Kill(job, 0); err != nil {
+		t.Fatalf("the job %d does not run: %v", job, err)
+	}
+	if _, err := pc.SendSignal(context.Background(), connect.NewRequest(&pb.SendSignalRequest{
+		Process: byPid(pid), Signal: pb.Signal_SIGNAL_SIGKILL})); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(job, 0); err != syscall.ESRCH {
+		t.Errorf("the background job %d outlived the kill: %v", job, err)
+	}
+	if end := f.wait(t); end == nil || end.Exited {
+		t.Errorf("end %v; want killed", end)
 	}
 }

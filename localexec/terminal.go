@@ -58,16 +58,19 @@ func openTerminal(size workspace.TermSize, spec *proctree.Spec) (*terminal, erro
 	}
 	// pty.Open's master is in blocking mode (it took its Fd), where Close
 	// does not end a Read: a duplicate in non-blocking mode is on the poller.
-	fd, err := unix.Dup(int(m.Fd()))
+	// Duplicated close-on-exec at once, so that no command started meanwhile
+	// inherits this terminal.
+	fd, err := unix.FcntlInt(m.Fd(), unix.F_DUPFD_CLOEXEC, 0)
 	m.Close()
 	if err == nil {
-		err = unix.SetNonblock(fd, true)
+		if err = unix.SetNonblock(fd, true); err != nil {
+			unix.Close(fd)
+		}
 	}
 	if err != nil {
 		s.Close()
 		return nil, err
 	}
-	unix.CloseOnExec(fd)
 	t := &terminal{master: os.NewFile(uintptr(fd), "/dev/ptmx"), slave: s, pumped: make(chan struct{})}
 	spec.Stdin, spec.Stdout, spec.Stderr, spec.Terminal = s, s, s, true
 	return t, nil

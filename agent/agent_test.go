@@ -407,11 +407,18 @@ func TestServerEndsCallsWhenStreamEnds(t *testing.T) {
 	go c.Run(context.Background(), workspace.Command{Script: "x"})
 	<-started
 	c.Close()
+	if err := servedStopped(t, served, stopped); err != nil && !errors.Is(err, io.ErrClosedPipe) {
+		t.Errorf("Serve: %v", err)
+	}
+}
+
+// servedStopped waits for Serve's end and returns its error, failing the
+// test unless the command it ran (whose end closes stopped) ended first.
+func servedStopped(t *testing.T, served <-chan error, stopped <-chan struct{}) error {
+	t.Helper()
+	var err error
 	select {
-	case err := <-served:
-		if err != nil && !errors.Is(err, io.ErrClosedPipe) {
-			t.Errorf("Serve: %v", err)
-		}
+	case err = <-served:
 	case <-time.After(time.Minute):
 		t.Fatal("Serve did not return")
 	}
@@ -420,6 +427,7 @@ func TestServerEndsCallsWhenStreamEnds(t *testing.T) {
 	default:
 		t.Error("Serve returned with a command still running")
 	}
+	return err
 }
 
 // expectBroken waits for a call's error, which must be ErrUnavailable, and

@@ -64,6 +64,9 @@ type AgentInfo struct {
 	// Boot names the agent's run: it changes when the agent starts again
 	// (its container did), and its background commands are then gone.
 	Boot string
+	// Terminal says the agent runs commands on a pseudo-terminal
+	// (workspace.TerminalBash).
+	Terminal bool
 }
 
 // ClientOption configures NewClient.
@@ -207,7 +210,7 @@ func (c *Client) handshake(r *bufio.Reader) (AgentInfo, error) {
 	}
 	c.sealed = theirs.Seal
 	return AgentInfo{Version: theirs.Version, Build: clip(theirs.Build), Shell: clip(theirs.Shell),
-		Background: theirs.Background, Boot: clip(theirs.Boot)}, nil
+		Background: theirs.Background, Boot: clip(theirs.Boot), Terminal: theirs.Terminal}, nil
 }
 
 // Agent describes the agent, as it announced itself.
@@ -597,7 +600,7 @@ func (c *Client) start(call *call, req request, input *[]byte) error {
 			flags = 0
 		}
 	}
-	if req.Op == opRun && req.Run.Stdin || req.Op == opAccept {
+	if (req.Op == opRun || req.Op == opPty) && req.Run.Stdin || req.Op == opAccept {
 		flags = 0
 	}
 	if err := c.send(frameCall, flags, call.id, header, first); err != nil {

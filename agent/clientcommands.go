@@ -20,6 +20,11 @@ import (
 // A Run stays blocked in nothing but the stream: when cmd.Stdin blocks, the
 // goroutine reading it stays until the read returns, after Run has.
 func (c *Client) Run(ctx context.Context, cmd workspace.Command) (workspace.Result, error) {
+	return c.run(ctx, cmd, nil)
+}
+
+// run is Run, on a terminal when term is not nil (RunTerminal).
+func (c *Client) run(ctx context.Context, cmd workspace.Command, term *workspace.Terminal) (workspace.Result, error) {
 	if err := ctx.Err(); err != nil {
 		return workspace.Result{}, err
 	}
@@ -27,7 +32,10 @@ func (c *Client) Run(ctx context.Context, cmd workspace.Command) (workspace.Resu
 		Script: cmd.Script, Argv: cmd.Argv, Dir: cmd.Dir, Env: cmd.Env, Timeout: cmd.Timeout, Stdin: cmd.Stdin != nil,
 		Combined: cmd.Combined,
 	}}
-	call := newCall(opRun, cmd.Dir, 0)
+	if term != nil {
+		req.Op, req.Pty = opPty, &ptyRequest{Rows: term.Size.Rows, Cols: term.Size.Cols}
+	}
+	call := newCall(req.Op, cmd.Dir, 0)
 	q := newOutQueue()
 	call.onData = q.push
 	call.onEnd = q.close
@@ -38,6 +46,10 @@ func (c *Client) Run(ctx context.Context, cmd workspace.Command) (workspace.Resu
 	}
 	if err := c.start(call, req, nil); err != nil {
 		return workspace.Result{}, err
+	}
+	if term != nil && term.Resize != nil {
+		c.attachResize(call, term.Resize)
+		defer term.Resize.Detach()
 	}
 	c.watch(call, deadline(ctx, cmd.Timeout))
 	delivered := make(chan struct{})
@@ -82,7 +94,7 @@ func (c *Client) Run(ctx context.Context, cmd workspace.Command) (workspace.Resu
 	if r.err == nil && len(r.body) > 0 {
 		var err error
 		if res, err = decodeResult(r.body); err != nil {
-			return workspace.Result{}, badReply(opRun, cmd.Dir, err)
+			return workspace.Result{}, badReply(req.Op, cmd.Dir, err)
 		}
 	}
 	switch {
@@ -91,7 +103,7 @@ func (c *Client) Run(ctx context.Context, cmd workspace.Command) (workspace.Resu
 	case r.err != nil:
 		return res, r.err
 	case r.header.Err != nil:
-		return workspace.Result{}, r.header.Err.decode(opRun, cmd.Dir)
+		return workspace.Result{}, r.header.Err.decode(req.Op, cmd.Dir)
 	}
 	return res, nil
 }

@@ -102,6 +102,7 @@ const (
 const (
 	flagEnd    byte = 1 // the last input frame of a call
 	flagStderr byte = 2 // output frame of a command's standard error
+	flagResize byte = 4 // client→server, of a pty call: a new terminal size (see ptySize), not input
 )
 
 // frame is one decoded frame. Its slices are owned by the frame.
@@ -211,6 +212,9 @@ type hello struct {
 	// the agent started again (its container did), and what it kept —
 	// background commands — is gone.
 	Boot string `json:"boot,omitempty"`
+	// Terminal (server→client) says the agent runs commands on a
+	// pseudo-terminal (workspace.TerminalBash: the pty operation).
+	Terminal bool `json:"terminal,omitempty"`
 }
 
 // Sealed frames and resynchronisation. A container's standard input
@@ -301,6 +305,7 @@ type request struct {
 	Socket  string                 `json:"socket,omitempty"` // handoff: the Unix socket to pass connections to
 	Token   []byte                 `json:"token,omitempty"`  // handoff: what each message to the socket carries
 	Bg      *bgRequest             `json:"bg,omitempty"`     // bgstart, bgread, bgkill
+	Pty     *ptyRequest            `json:"pty,omitempty"`    // pty: the terminal (the command is Run)
 }
 
 // Operations.
@@ -322,6 +327,7 @@ const (
 	opWalk      = "walk"
 	opGrep      = "grep"
 	opRun       = "run"
+	opPty       = "pty" // run on a pseudo-terminal (workspace.TerminalBash)
 	opAccept    = "accept"
 	opHandoff   = "handoff"
 	opListen    = "listen"

@@ -239,6 +239,7 @@ type serverCall struct {
 	// reply is sent.
 	held   int64
 	endOut context.CancelFunc // closes out: when the call ends, not at a cancel
+	resize *workspace.Resizer // of a pty call: its terminal's size
 }
 
 // end releases the call's contexts, its output's included.
@@ -279,7 +280,7 @@ func (c *serverConn) readLoop(r *bufio.Reader) error {
 		return fmt.Errorf("%w: the stream does not open with hello", errFrame)
 	}
 	mine, _ := json.Marshal(hello{Version: ProtocolVersion, Build: c.s.opts.build, Shell: workspace.ShellOf(c.s.bash),
-		Seal: h.Seal, Background: c.s.jobs != nil, Boot: c.s.boot})
+		Seal: h.Seal, Background: c.s.jobs != nil, Boot: c.s.boot, Terminal: isTerminal(c.s.bash)})
 	if err := c.send(frameHello, 0, 0, mine, nil); err != nil {
 		return err
 	}
@@ -305,6 +306,9 @@ func (c *serverConn) dispatch(f frame) error {
 		return c.start(f)
 	case frameData:
 		call := c.lookup(f.id)
+		if f.flags&flagResize != 0 {
+			return c.resized(call, f)
+		}
 		if call == nil || call.in == nil {
 			return nil // input for a call that has already ended
 		}
@@ -346,10 +350,13 @@ func (c *serverConn) start(f frame) error {
 	case req.Op == opWriteFile || req.Op == opSwap:
 		cancel()
 		return c.reply(f.id, nil, workspace.PathError("write", req.Name, workspace.ErrFileTooLarge))
-	case req.Op == opRun && req.Run != nil && req.Run.Stdin, req.Op == opAccept:
+	case (req.Op == opRun || req.Op == opPty) && req.Run != nil && req.Run.Stdin, req.Op == opAccept:
 		call.in = newInbox(ctx, window, func(n int) { c.sendWindow(f.id, n) })
 	}
-	if req.Op == opRun || req.Op == opAccept {
+	if req.Op == opPty {
+		call.resize = &workspace.Resizer{}
+	}
+	if req.Op == opRun || req.Op == opAccept || req.Op == opPty {
 		// A cancelled command's output up to its kill is still delivered,
 		// as long as the client grants credit: the gate closes when the
 		// call ends, or the connection.
@@ -559,6 +566,11 @@ func (c *serverConn) serve(call *serverCall) ([]byte, error) {
 			break
 		}
 		return c.run(call)
+	case opPty:
+		if req.Run == nil || req.Pty == nil {
+			break
+		}
+		return c.runTerminal(call)
 	case opAccept:
 		return nil, c.accept(call)
 	case opHandoff:
@@ -577,6 +589,18 @@ func (c *serverConn) run(call *serverCall) ([]byte, error) {
 	if c.s.bash == nil {
 		return nil, &RemoteError{Kind: workspace.ErrForbidden, Msg: "this agent runs no commands"}
 	}
+	res, err := c.s.bash.Run(call.ctx, c.command(call))
+	return encodeResult(res), err
+}
+
+func encodeResult(res workspace.Result) []byte {
+	body, _ := json.Marshal(wireResult{ExitCode: res.ExitCode, Signal: res.Signal, TimedOut: res.TimedOut, Duration: res.Duration})
+	return body
+}
+
+// command is a run or pty call's command, its input the call's and its
+// output sent under flow control.
+func (c *serverConn) command(call *serverCall) workspace.Command {
 	r := call.req.Run
 	cmd := workspace.Command{Script: r.Script, Argv: r.Argv, Dir: r.Dir, Env: r.Env, Timeout: r.Timeout, Combined: r.Combined}
 	if call.in != nil {
@@ -598,9 +622,7 @@ func (c *serverConn) run(call *serverCall) ([]byte, error) {
 			p = p[n:]
 		}
 	}
-	res, err := c.s.bash.Run(call.ctx, cmd)
-	body, _ := json.Marshal(wireResult{ExitCode: res.ExitCode, Signal: res.Signal, TimedOut: res.TimedOut, Duration: res.Duration})
-	return body, err
+	return cmd
 }
 
 // inbox is a call's input on the server: bytes pushed by the read loop and

@@ -26,7 +26,7 @@ import (
 func TestBash(t *testing.T, h BashHarness) {
 	t.Helper()
 	begin(t, h.New != nil, h.Skip)
-	for _, bt := range slices.Concat(bashTests, backgroundTests) {
+	for _, bt := range slices.Concat(bashTests, backgroundTests, terminalTests) {
 		t.Run(bt.name, func(t *testing.T) {
 			if !bt.serial {
 				t.Parallel()
@@ -87,6 +87,9 @@ func (inst BashInstance) has(c Capability) bool {
 	case CapDurable:
 		_, ok := inst.Bash.(workspace.BackgroundBash)
 		return ok && inst.Reconnect != nil
+	case CapTerminal:
+		_, ok := inst.Bash.(workspace.TerminalBash)
+		return ok
 	}
 	return false
 }

@@ -47,11 +47,14 @@ const (
 	// commands outlive its connection, and BashInstance.Reconnect makes a
 	// new one.
 	CapDurable Capability = "durable-background"
+	// CapTerminal: the Bash is a workspace.TerminalBash, and runs commands
+	// on a pseudo-terminal.
+	CapTerminal Capability = "terminal"
 )
 
 var capabilities = []Capability{
 	CapSymlinks, CapFIFOs, CapSockets, CapOutside, CapHardlinks,
-	CapPermissions, CapProcessTree, CapConfiguredEnv, CapDurable,
+	CapPermissions, CapProcessTree, CapConfiguredEnv, CapDurable, CapTerminal,
 }
 
 // FileSystemHarness tells TestFileSystem how to make the adapter under test.

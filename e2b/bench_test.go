@@ -37,23 +37,7 @@ import (
 // median in ms and their ratio (issue 27's goal: within 1.5×).
 func BenchmarkE2BvsNative(b *testing.B) {
 	ctx := context.Background()
-	agent, err := agentbin.Path()
-	if err != nil {
-		b.Fatal(err)
-	}
-	m, err := runner.New(ctx, &docker.Backend{Client: dockertest.Client(b), Agent: agent},
-		runner.WithDaemonName(dockertest.DaemonName("e2b-bench")), runner.WithLabels(dockertest.Labels()),
-		runner.WithPolicy(dockertest.Policy(policy.Policy{DefaultImage: dockertest.Image(b)})),
-		runner.WithLifetime(time.Hour, 24*time.Hour))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer m.Shutdown(ctx)
-	auth := func(key string) (e2b.Tenant, bool) { tn, ok := keys[key]; return tn, ok }
-	es, err := e2b.New(m, e2b.WithAuth(auth), e2b.WithTemplates(map[string]e2b.Template{"base": {}}))
-	if err != nil {
-		b.Fatal(err)
-	}
+	m, es := dockerE2B(b)
 	const token = "sbx_bench"
 	hs, err := httpapi.New(m, httpapi.WithTenants([]httpapi.Tenant{{Name: "acme", Tokens: []string{httpapi.HashToken(token)}}}))
 	if err != nil {
@@ -168,6 +152,29 @@ func BenchmarkE2BvsNative(b *testing.B) {
 			b.Logf("load average %s", loadAvg())
 		})
 	}
+}
+
+// dockerE2B is a manager on the Docker backend and E2B's API over it, for
+// the tenants of keys; both end with b.
+func dockerE2B(b *testing.B) (*runner.Manager, *e2b.Server) {
+	agent, err := agentbin.Path()
+	if err != nil {
+		b.Fatal(err)
+	}
+	m, err := runner.New(context.Background(), &docker.Backend{Client: dockertest.Client(b), Agent: agent},
+		runner.WithDaemonName(dockertest.DaemonName("e2b-bench")), runner.WithLabels(dockertest.Labels()),
+		runner.WithPolicy(dockertest.Policy(policy.Policy{DefaultImage: dockertest.Image(b)})),
+		runner.WithLifetime(time.Hour, 24*time.Hour))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { m.Shutdown(context.Background()) })
+	auth := func(key string) (e2b.Tenant, bool) { tn, ok := keys[key]; return tn, ok }
+	es, err := e2b.New(m, e2b.WithAuth(auth), e2b.WithTemplates(map[string]e2b.Template{"base": {}}))
+	if err != nil {
+		b.Fatal(err)
+	}
+	return m, es
 }
 
 func median(d []time.Duration) time.Duration {

@@ -15,6 +15,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/sandboxd/sandboxd/backend"
 	"github.com/sandboxd/sandboxd/backend/local"
 	"github.com/sandboxd/sandboxd/e2b"
 	fspb "github.com/sandboxd/sandboxd/e2b/envdpb/filesystem"
@@ -36,7 +37,13 @@ type env struct {
 // commands run on this host, for the tenants acme and bolt.
 func start(t *testing.T, opts ...e2b.Option) *env {
 	t.Helper()
-	m, err := runner.New(context.Background(), &local.Backend{Dir: t.TempDir()}, runner.WithLifetime(time.Hour, 24*time.Hour))
+	return startOn(t, &local.Backend{Dir: t.TempDir()}, opts...)
+}
+
+// startOn is start over the backend b.
+func startOn(t *testing.T, b backend.Backend, opts ...e2b.Option) *env {
+	t.Helper()
+	m, err := runner.New(context.Background(), b, runner.WithLifetime(time.Hour, 24*time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -447,23 +454,6 @@ func TestBadInput(t *testing.T) {
 	if connect.CodeOf(err) != connect.CodeNotFound {
 		t.Fatalf("connect to another sandbox's process: %v", err)
 	}
-	// A PTY is refused, not ignored.
-	_, _, _, _, err = runPTY(pc)
-	if connect.CodeOf(err) != connect.CodeUnimplemented {
-		t.Fatalf("pty: %v", err)
-	}
-}
-
-func runPTY(pc processconnect.ProcessClient) (uint32, string, string, *pb.ProcessEvent_EndEvent, error) {
-	st, err := pc.Start(context.Background(), connect.NewRequest(&pb.StartRequest{
-		Process: &pb.ProcessConfig{Cmd: "/bin/bash"}, Pty: &pb.PTY{Size: &pb.PTY_Size{Cols: 80, Rows: 24}}}))
-	if err != nil {
-		return 0, "", "", nil, err
-	}
-	defer st.Close()
-	for st.Receive() {
-	}
-	return 0, "", "", nil, st.Err()
 }
 
 func ptr[T any](v T) *T { return &v }

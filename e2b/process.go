@@ -57,6 +57,9 @@ type proc struct {
 	cfg    *pb.ProcessConfig
 	in     *inbox // nil: started without stdin
 	cancel context.CancelCauseFunc
+	// resize is the terminal's of a process started with one (pty); nil
+	// otherwise. Its input is in, its output one stream.
+	resize *workspace.Resizer
 
 	mu   sync.Mutex
 	subs map[*sub]struct{}
@@ -116,7 +119,7 @@ func (p *proc) publish(ev *pb.ProcessEvent) {
 
 // start registers a process and runs it; the caller's channel is
 // subscribed before the process starts, so it misses nothing.
-func (t *procTable) start(cfg *pb.ProcessConfig, tag *string, stdin bool, cmd workspace.Command) (*proc, *sub, error) {
+func (t *procTable) start(cfg *pb.ProcessConfig, tag *string, stdin bool, cmd workspace.Command, term *workspace.Terminal) (*proc, *sub, error) {
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()
@@ -140,24 +143,37 @@ func (t *procTable) start(cfg *pb.ProcessConfig, tag *string, stdin bool, cmd wo
 	ctx, cancel := context.WithCancelCause(context.Background())
 	p := &proc{pid: t.next, tag: tag, cfg: cfg, cancel: cancel, subs: map[*sub]struct{}{}, done: make(chan struct{})}
 	t.next++
-	if stdin {
+	if stdin || term != nil {
 		p.in = newInbox(maxInbox)
 		cmd.Stdin = p.in
+	}
+	if term != nil {
+		p.resize = &workspace.Resizer{}
+		term.Resize = p.resize
 	}
 	t.procs[p.pid] = p
 	t.mu.Unlock()
 	sb := p.subscribe()
 	cmd.Output = func(s workspace.Stream, b []byte) {
 		data := &pb.ProcessEvent_DataEvent{}
-		if s == workspace.Stderr {
+		switch {
+		case term != nil:
+			data.Output = &pb.ProcessEvent_DataEvent_Pty{Pty: slices.Clone(b)}
+		case s == workspace.Stderr:
 			data.Output = &pb.ProcessEvent_DataEvent_Stderr{Stderr: slices.Clone(b)}
-		} else {
+		default:
 			data.Output = &pb.ProcessEvent_DataEvent_Stdout{Stdout: slices.Clone(b)}
 		}
 		p.publish(&pb.ProcessEvent{Event: &pb.ProcessEvent_Data{Data: data}})
 	}
 	go func() {
-		res, err := t.box.sess.Exec(ctx, "e2b.process", cmd)
+		var res workspace.Result
+		var err error
+		if term != nil {
+			res, err = t.box.sess.ExecTerminal(ctx, "e2b.process", cmd, *term)
+		} else {
+			res, err = t.box.sess.Exec(ctx, "e2b.process", cmd)
+		}
 		if p.in != nil {
 			p.in.Close()
 		}
@@ -299,14 +315,15 @@ func cmpName(name string) string {
 func (svc *processService) Start(ctx context.Context, req *connect.Request[pb.StartRequest], stream *connect.ServerStream[pb.StartResponse]) error {
 	b := boxOf(ctx)
 	m := req.Msg
-	if m.Pty != nil {
-		return connect.NewError(connect.CodeUnimplemented, fmt.Errorf("a process with a terminal (pty): %w", errNotSupported))
+	term, err := terminalOf(b, m.Pty)
+	if err != nil {
+		return err
 	}
 	cmd, err := svc.command(ctx, b, m.Process)
 	if err != nil {
 		return err
 	}
-	p, sb, err := b.procs.start(m.Process, m.Tag, m.Stdin != nil && *m.Stdin, cmd)
+	p, sb, err := b.procs.start(m.Process, m.Tag, m.Stdin != nil && *m.Stdin, cmd, term)
 	if err != nil {
 		return err
 	}
@@ -387,10 +404,6 @@ func (svc *processService) List(ctx context.Context, _ *connect.Request[pb.ListR
 	return connect.NewResponse(&pb.ListResponse{Processes: out}), nil
 }
 
-func (svc *processService) Update(context.Context, *connect.Request[pb.UpdateRequest]) (*connect.Response[pb.UpdateResponse], error) {
-	return nil, connect.NewError(connect.CodeUnimplemented, fmt.Errorf("resizing a terminal (pty): %w", errNotSupported))
-}
-
 // write sends input to p.
 func write(p *proc, in *pb.ProcessInput) error {
 	if in == nil {
@@ -398,8 +411,17 @@ func write(p *proc, in *pb.ProcessInput) error {
 	}
 	switch v := in.Input.(type) {
 	case *pb.ProcessInput_Pty:
-		return connect.NewError(connect.CodeUnimplemented, fmt.Errorf("input to a terminal (pty): %w", errNotSupported))
+		if p.resize == nil {
+			return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("process %d has no terminal (start it with pty): send its input as stdin", p.pid))
+		}
+		if err := p.in.Write(v.Pty); err != nil {
+			return connect.NewError(connect.CodeResourceExhausted, err)
+		}
+		return nil
 	case *pb.ProcessInput_Stdin:
+		if p.resize != nil {
+			return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("process %d has a terminal: send its input as pty", p.pid))
+		}
 		if p.in == nil {
 			return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("process %d was started without stdin (start it with stdin)", p.pid))
 		}
@@ -408,7 +430,7 @@ func write(p *proc, in *pb.ProcessInput) error {
 		}
 		return nil
 	}
-	return connect.NewError(connect.CodeInvalidArgument, errors.New("input: want stdin"))
+	return connect.NewError(connect.CodeInvalidArgument, errors.New("input: want stdin or pty"))
 }
 
 func (svc *processService) SendInput(ctx context.Context, req *connect.Request[pb.SendInputRequest]) (*connect.Response[pb.SendInputResponse], error) {

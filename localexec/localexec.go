@@ -140,6 +140,11 @@ func (b *Bash) Shell() string { return b.shell }
 // not found is a result, as in a shell: exit status 127 (126 when it is not
 // executable) with a message on standard error.
 func (b *Bash) Run(ctx context.Context, cmd workspace.Command) (workspace.Result, error) {
+	return b.run(ctx, cmd, nil)
+}
+
+// run is Run, on a terminal of term's when term is not nil (RunTerminal).
+func (b *Bash) run(ctx context.Context, cmd workspace.Command, term *workspace.Terminal) (workspace.Result, error) {
 	argv, err := b.argv(cmd)
 	if err != nil {
 		return workspace.Result{}, err
@@ -158,7 +163,18 @@ func (b *Bash) Run(ctx context.Context, cmd workspace.Command) (workspace.Result
 
 	spec := proctree.Spec{Argv: argv, Dir: dir, Env: env, Stdin: cmd.Stdin, OOMScoreAdj: b.oomAdj}
 	var out *output
-	if cmd.Output != nil {
+	var tty *terminal
+	switch {
+	case term != nil:
+		out = &output{fn: cmd.Output}
+		if out.fn == nil {
+			out.fn = func(workspace.Stream, []byte) {}
+		}
+		if tty, err = openTerminal(term.Size, &spec); err != nil {
+			return workspace.Result{}, &fs.PathError{Op: "run", Path: cmd.Dir, Err: fmt.Errorf("%w: a terminal: %v", workspace.ErrUnavailable, err)}
+		}
+		defer tty.close()
+	case cmd.Output != nil:
 		out = &output{fn: cmd.Output}
 		spec.Stdout = streamWriter{out, workspace.Stdout}
 		spec.Stderr = streamWriter{out, workspace.Stderr}
@@ -169,6 +185,9 @@ func (b *Bash) Run(ctx context.Context, cmd workspace.Command) (workspace.Result
 	p, err := proctree.Start(context.WithoutCancel(ctx), spec)
 	if err != nil {
 		return failed(cmd, out, err)
+	}
+	if tty != nil {
+		tty.serve(out, cmd.Stdin, term.Resize)
 	}
 	// Whichever of the timeout and ctx comes first kills the tree, and is
 	// the reason the command ended if it was still running.
@@ -188,6 +207,9 @@ func (b *Bash) Run(ctx context.Context, cmd workspace.Command) (workspace.Result
 		defer t.Stop()
 	}
 	exit, err := p.Wait()
+	if tty != nil {
+		tty.drain(proctree.DefaultWaitDelay)
+	}
 	if err != nil && !errors.Is(err, proctree.ErrOutputHeld) {
 		return failed(cmd, out, err)
 	}
@@ -293,7 +315,11 @@ func failed(cmd workspace.Command, out *output, err error) (workspace.Result, er
 			msg = "permission denied"
 		}
 		if out != nil {
-			out.fn(workspace.Stderr, []byte(cmd.Argv[0]+": "+msg+"\n"))
+			s := workspace.Stderr
+			if cmd.Combined {
+				s = workspace.Stdout
+			}
+			out.fn(s, []byte(cmd.Argv[0]+": "+msg+"\n"))
 		}
 		return workspace.Result{ExitCode: code}, nil
 	}

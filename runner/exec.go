@@ -20,6 +20,13 @@ import (
 // placeholders — with cmd.Env over it. It needs the shell.exec grant
 // (ErrForbidden without it) and a workspace that runs commands.
 func (s *Session) Exec(ctx context.Context, op string, cmd workspace.Command) (workspace.Result, error) {
+	return s.exec(ctx, op, cmd, func(ctx context.Context, cmd workspace.Command) (workspace.Result, error) {
+		return s.inst.Bash.Run(ctx, cmd) // a method value of a nil Bash would panic here
+	})
+}
+
+// exec is Exec, cmd run by run.
+func (s *Session) exec(ctx context.Context, op string, cmd workspace.Command, run func(context.Context, workspace.Command) (workspace.Result, error)) (workspace.Result, error) {
 	if s.inst.Bash == nil {
 		return workspace.Result{}, &workspace.Error{Kind: workspace.ErrForbidden, Msg: "this session's workspace runs no commands"}
 	}
@@ -41,7 +48,7 @@ func (s *Session) Exec(ctx context.Context, op string, cmd workspace.Command) (w
 	var res workspace.Result
 	err := s.Do(ctx, op, func(ctx context.Context) (bool, error) {
 		var err error
-		res, err = s.inst.Bash.Run(ctx, cmd)
+		res, err = run(ctx, cmd)
 		return false, err
 	})
 	return res, err

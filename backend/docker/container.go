@@ -671,6 +671,13 @@ func (b *Bash) Shell() string { return b.c.agent.Shell() }
 // workspace no command ran in has no .sandboxd, as on every backend. A
 // home that cannot be made is not a failure of the command.
 func (b *Bash) Run(ctx context.Context, cmd workspace.Command) (workspace.Result, error) {
+	b.makeHome(ctx, cmd.Timeout)
+	return b.c.agent.Run(ctx, cmd)
+}
+
+// makeHome makes the session's home before the first command, within the
+// command's timeout; see Run.
+func (b *Bash) makeHome(ctx context.Context, timeout time.Duration) {
 	b.mu.Lock()
 	if !b.homeTried {
 		// Tried once: a workspace that refuses it (a read-only one, a
@@ -680,15 +687,14 @@ func (b *Bash) Run(ctx context.Context, cmd workspace.Command) (workspace.Result
 		// answer it is found out in the command's time, as it is by the
 		// command itself, not in a file call's CallBound (10 minutes).
 		hctx, cancel := ctx, context.CancelFunc(func() {})
-		if cmd.Timeout > 0 {
-			hctx, cancel = context.WithTimeout(ctx, cmd.Timeout)
+		if timeout > 0 {
+			hctx, cancel = context.WithTimeout(ctx, timeout)
 		}
 		err := workspace.Bookkeeping(hctx, b.c.agent, strings.TrimPrefix(Home, policy.WorkspaceDir+"/"), 0o700)
 		b.homeTried = err == nil || hctx.Err() == nil // out of time: tried again by the next command
 		cancel()
 	}
 	b.mu.Unlock()
-	return b.c.agent.Run(ctx, cmd)
 }
 
 // The agent keeps background commands itself, in the container: they run

@@ -21,6 +21,7 @@ func TestConformance(t *testing.T) {
 			t.Cleanup(func() { sh.Close() })
 			return conformance.BashInstance{Bash: sh, FS: fsys, Root: sh.Root(), Env: env}
 		},
-		Skip: map[conformance.Capability]string{conformance.CapDurable: "commands run in the calling process: background commands (the workspace.Jobs fallback) end with it"},
+		Skip: map[conformance.Capability]string{conformance.CapDurable: "commands run in the calling process: background commands (the workspace.Jobs fallback) end with it",
+			conformance.CapTerminal: "the mirror runs commands over a copy of the files, with no terminal"},
 	})
 }

@@ -27,13 +27,23 @@ func startDirect(path string, spec Spec, stdio [3]*os.File) (tree, error) {
 		Dir:   spec.Dir,
 		Env:   spec.Env,
 		Files: stdio[:],
-		Sys:   &syscall.SysProcAttr{Setpgid: true},
+		Sys:   groupAttr(spec.Terminal),
 	})
 	if err != nil {
 		return nil, startError(spec.Argv[0], err)
 	}
 	setOOMScoreAdj(strconv.Itoa(proc.Pid), spec.OOMScoreAdj)
 	return &directTree{proc: proc, start: start}, nil
+}
+
+// groupAttr starts a program in a process group of its own: for a
+// terminal's (Spec.Terminal), in a session of its own, whose group it
+// leads, with its standard input as its controlling terminal.
+func groupAttr(terminal bool) *syscall.SysProcAttr {
+	if terminal {
+		return &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+	}
+	return &syscall.SysProcAttr{Setpgid: true}
 }
 
 func (t *directTree) kill() {

@@ -124,6 +124,14 @@ type Spec struct {
 	// gets it just after it started, so what it forks in those
 	// microseconds keeps the caller's value.
 	OOMScoreAdj int
+	// Terminal starts the program in a session of its own (setsid), with
+	// Stdin, which must then be an *os.File, as its controlling terminal
+	// (TIOCSCTTY): a pseudo-terminal's slave side, typically Stdout and
+	// Stderr too. Its session's process group is the program's group, and
+	// the tree is killed as any other (the group, and under the shim or
+	// AdoptOrphans every descendant). A tty's hangup (SIGHUP to the
+	// foreground group when the program ends) changes nothing of that.
+	Terminal bool
 
 	direct bool // tests: use the process-group implementation on Linux too
 }
@@ -185,6 +193,9 @@ func Start(ctx context.Context, spec Spec) (*Process, error) {
 		return nil, &fs.PathError{Op: "exec", Path: spec.Argv[0], Err: err}
 	}
 	spec.Env = withoutMarker(spec.Env)
+	if _, ok := spec.Stdin.(*os.File); spec.Terminal && !ok {
+		return nil, errors.New("proctree: a terminal's Stdin must be an *os.File, the terminal")
+	}
 
 	p := &Process{waitDelay: spec.WaitDelay, done: make(chan struct{})}
 	if p.waitDelay <= 0 {

@@ -45,28 +45,33 @@ type shimSpec struct {
 	Argv []string
 	Dir  string
 	Env  []string
-	OOM  int // Spec.OOMScoreAdj
+	OOM  int  // Spec.OOMScoreAdj
+	Tty  bool // Spec.Terminal
 }
 
-// encode writes the spec as NUL-terminated fields: path, dir, oom, the
-// number of arguments, the arguments, the environment.
+// encode writes the spec as NUL-terminated fields: path, dir, oom, tty
+// ("0" or "1"), the number of arguments, the arguments, the environment.
 func (s shimSpec) encode() []byte {
-	fields := append([]string{s.Path, s.Dir, strconv.Itoa(s.OOM), strconv.Itoa(len(s.Argv))}, s.Argv...)
+	tty := "0"
+	if s.Tty {
+		tty = "1"
+	}
+	fields := append([]string{s.Path, s.Dir, strconv.Itoa(s.OOM), tty, strconv.Itoa(len(s.Argv))}, s.Argv...)
 	return []byte(strings.Join(append(fields, s.Env...), "\x00") + "\x00")
 }
 
 func decodeSpec(b []byte) (shimSpec, error) {
 	f := strings.Split(string(b), "\x00")
-	if len(f) < 5 || f[len(f)-1] != "" {
+	if len(f) < 6 || f[len(f)-1] != "" {
 		return shimSpec{}, errors.New("proctree: bad shim spec")
 	}
 	f = f[:len(f)-1]
 	oom, err1 := strconv.Atoi(f[2])
-	argc, err2 := strconv.Atoi(f[3])
-	if err1 != nil || err2 != nil || argc < 1 || 4+argc > len(f) {
+	argc, err2 := strconv.Atoi(f[4])
+	if err1 != nil || err2 != nil || argc < 1 || 5+argc > len(f) || f[3] != "0" && f[3] != "1" {
 		return shimSpec{}, errors.New("proctree: bad shim spec")
 	}
-	return shimSpec{Path: f[0], Dir: f[1], OOM: oom, Argv: f[4 : 4+argc], Env: f[4+argc:]}, nil
+	return shimSpec{Path: f[0], Dir: f[1], OOM: oom, Tty: f[3] == "1", Argv: f[5 : 5+argc], Env: f[5+argc:]}, nil
 }
 
 type shimMsg struct {
@@ -431,7 +436,7 @@ type shimTree struct {
 // adopt.active (the caller has counted it).
 func startShim(path string, spec Spec, stdio [3]*os.File, adopted bool) (tree, error) {
 	start := monotonic()
-	ss := shimSpec{Path: path, Argv: spec.Argv, Dir: spec.Dir, Env: spec.Env, OOM: spec.OOMScoreAdj}
+	ss := shimSpec{Path: path, Argv: spec.Argv, Dir: spec.Dir, Env: spec.Env, OOM: spec.OOMScoreAdj, Tty: spec.Terminal}
 	var s *shimProc
 	if !adopted {
 		s = takeIdle(spec.OOMScoreAdj)
@@ -846,8 +851,9 @@ func startProgram(s shimSpec, f frame, report func(pid int)) (pid int, ended *ma
 		Dir:   s.Dir,
 		Env:   s.Env,
 		Files: []uintptr{uintptr(f.stdio[0]), uintptr(f.stdio[1]), uintptr(f.stdio[2])},
-		Sys:   &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL, Ptrace: !untraced},
+		Sys:   groupAttr(s.Tty),
 	}
+	attr.Sys.Pdeathsig, attr.Sys.Ptrace = syscall.SIGKILL, !untraced
 	pid, err = syscall.ForkExec(s.Path, s.Argv, attr)
 	if err == syscall.EPERM && attr.Sys.Ptrace {
 		attr.Sys.Ptrace = false

@@ -308,11 +308,16 @@ func TestOOMScoreAdj(t *testing.T) {
 
 // The shim protocol's text forms read back as written.
 func TestShimProtocol(t *testing.T) {
-	spec := shimSpec{Path: "/bin/x", Dir: "/a b", OOM: -5, Argv: []string{"x", "two words", "", "line\nbreak"}, Env: []string{"A=1", "B="}}
-	if got, err := decodeSpec(spec.encode()); err != nil || !reflect.DeepEqual(got, spec) {
-		t.Errorf("spec: %+v, %v; want %+v", got, err, spec)
+	for _, spec := range []shimSpec{
+		{Path: "/bin/x", Dir: "/a b", OOM: -5, Argv: []string{"x", "two words", "", "line\nbreak"}, Env: []string{"A=1", "B="}},
+		{Path: "/bin/bash", Dir: "/", Tty: true, Argv: []string{"bash", "-i"}, Env: []string{}},
+	} {
+		if got, err := decodeSpec(spec.encode()); err != nil || !reflect.DeepEqual(got, spec) {
+			t.Errorf("spec: %+v, %v; want %+v", got, err, spec)
+		}
 	}
-	for _, bad := range []string{"", "p\x00d\x000\x00", "p\x00d\x000\x001\x00", "p\x00d\x00x\x001\x00a\x00", "p\x00d\x000\x005\x00a\x00"} {
+	for _, bad := range []string{"", "p\x00d\x000\x000\x00", "p\x00d\x000\x000\x001\x00", "p\x00d\x00x\x000\x001\x00a\x00",
+		"p\x00d\x000\x000\x005\x00a\x00", "p\x00d\x000\x002\x001\x00a\x00"} {
 		if _, err := decodeSpec([]byte(bad)); err == nil {
 			t.Errorf("decodeSpec(%q) succeeded", bad)
 		}

@@ -30,6 +30,48 @@ type baseline struct {
 	// the host.
 	pack *snapshot.Reader
 	once sync.Once
+	// ready, for a tree read from the workspace, is closed once tree,
+	// store and err are set by the read takeBaseline started in the
+	// background; nil when they were set as the baseline was made.
+	ready chan struct{}
+}
+
+// baselineHook, when set (by tests), is called by the background read of
+// a baseline once its store is made, before it reads the workspace.
+var baselineHook func(ctx context.Context)
+
+// baselineWaitHook, when set (by tests), is called by a wait that finds
+// the baseline not yet complete, before it waits.
+var baselineWaitHook func()
+
+// wait returns once the baseline is complete (read, or failed: err says
+// why), or with ctx's cause when ctx ends first.
+func (b *baseline) wait(ctx context.Context) error {
+	if b.complete() {
+		return nil
+	}
+	if baselineWaitHook != nil {
+		baselineWaitHook()
+	}
+	select {
+	case <-b.ready:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
+// complete reports whether the baseline is complete (wait would not wait).
+func (b *baseline) complete() bool {
+	if b == nil || b.ready == nil {
+		return true
+	}
+	select {
+	case <-b.ready:
+		return true
+	default:
+		return false
+	}
 }
 
 // contents are a baseline's files, by object name: a delivery.Store, or a
@@ -41,9 +83,9 @@ type contents interface {
 
 // baselineOf is the first tree of s, which started from o: o's pack when
 // it can be opened, else the tree read as takeBaseline reads it.
-func (m *Manager) baselineOf(ctx context.Context, s *Session, o origin) *baseline {
+func (m *Manager) baselineOf(s *Session, o origin) *baseline {
 	if !o.set() {
-		return m.takeBaseline(ctx, s)
+		return m.takeBaseline(s)
 	}
 	var r *snapshot.Reader
 	var err error
@@ -54,7 +96,7 @@ func (m *Manager) baselineOf(ctx context.Context, s *Session, o origin) *baselin
 	}
 	if err != nil {
 		m.o.logger.Warn("the snapshot the session started from cannot be read again: its first tree is read from the workspace", "session", s.id, "err", err)
-		return m.takeBaseline(ctx, s)
+		return m.takeBaseline(s)
 	}
 	return &baseline{pack: r}
 }
@@ -124,13 +166,22 @@ func (p *packContents) Size(oid string) (int64, error) {
 	return 0, fmt.Errorf("no object %s in the first tree", oid)
 }
 
-// takeBaseline reads the tree of a new session's workspace (its files'
-// contents into a private store in the host's temporary directory).
-func (m *Manager) takeBaseline(ctx context.Context, s *Session) *baseline {
-	b := readBaseline(ctx, s.inst.FS)
-	if b.err != nil {
-		m.o.logger.Warn("the session's first tree was not read: it has no diff since its start", "session", s.id, "err", b.err)
-	}
+// takeBaseline starts reading the tree of a new session's workspace (its
+// files' contents into a private store in the host's temporary directory)
+// in the background, off the path of the session's start: the session's
+// calls that may change the workspace wait for it (Session.BeforeChange),
+// those that only read do not. The read ends with the session (s.ctx):
+// close waits for it and removes its store.
+func (m *Manager) takeBaseline(s *Session) *baseline {
+	b := &baseline{ready: make(chan struct{})}
+	go func() {
+		defer close(b.ready)
+		r := readBaseline(s.ctx, s.inst.FS)
+		b.tree, b.store, b.err = r.tree, r.store, r.err
+		if b.err != nil && s.ctx.Err() == nil {
+			m.o.logger.Warn("the session's first tree was not read: it has no diff since its start", "session", s.id, "err", b.err)
+		}
+	}()
 	return b
 }
 
@@ -138,6 +189,9 @@ func readBaseline(ctx context.Context, fsys workspace.FileSystem) *baseline {
 	st, err := delivery.NewStore()
 	if err != nil {
 		return &baseline{err: err}
+	}
+	if baselineHook != nil {
+		baselineHook(ctx)
 	}
 	t, err := delivery.Snapshot(ctx, fsys, st)
 	if err != nil {
@@ -147,10 +201,16 @@ func readBaseline(ctx context.Context, fsys workspace.FileSystem) *baseline {
 	return &baseline{tree: t, store: st}
 }
 
+// close lets go of the baseline: it waits for a read still running, which
+// the end of the session's context ends, and removes its store.
 func (b *baseline) close() error {
-	switch {
-	case b == nil:
+	if b == nil {
 		return nil
+	}
+	if b.ready != nil {
+		<-b.ready
+	}
+	switch {
 	case b.pack != nil:
 		return b.pack.Close()
 	}
@@ -244,12 +304,17 @@ func (d *Diff) Close() error { return d.store.Close() }
 // symbolic links, added, modified (contents, modes), deleted. sandboxd's
 // bookkeeping (.sandboxd/) and git's (every .git) are left out, as in a
 // delivery. Every file of the workspace is read once; a call that changes
-// files while Diff reads them may be seen in part. Call it within Do.
+// files while Diff reads them may be seen in part. Call it within Do. It
+// waits, as the calls that change the workspace do, until the session's
+// first tree is read.
 //
 // With req.Since the journal says which paths changed: a command's
 // changes (bash) are not journaled, so they appear only where a journaled
 // call touched the same path; the whole-tree diff shows them all.
 func (s *Session) Diff(ctx context.Context, req DiffRequest) (*Diff, error) {
+	if err := s.base.wait(ctx); err != nil {
+		return nil, err
+	}
 	if req.Since == nil && s.base.err != nil {
 		return nil, fmt.Errorf("runner: the session's tree was not read when it began, so there is nothing to compare with: %w", s.base.err)
 	}
@@ -395,4 +460,37 @@ func (d *Diff) entryOf(ctx context.Context, j *journal.Journal, e journal.Entry)
 		return nil, err
 	}
 	return &delivery.Entry{Mode: mode, OID: oid}, nil
+}
+
+// BeforeChange waits until the session's first tree is read (the baseline
+// Diff compares with, read in the background from the session's start), or
+// ctx ends. Every way into the session that may change its workspace waits
+// for it: Call, Detach and Do of a tool that is not read-only (and Do of
+// any other op but a download's or a snapshot's), Exec, the tools' own
+// calls (tools.Env.BeforeChange). A change made through FS outside those
+// must call it first, or Diff could count the change as the start's.
+func (s *Session) BeforeChange(ctx context.Context) error { return s.base.wait(ctx) }
+
+// readOnlyOps are the ops of Do, besides read-only tools, that change
+// nothing in the workspace: they need not wait for the baseline.
+var readOnlyOps = map[string]bool{"download": true, "snapshot": true}
+
+// settle is BeforeChange for a call named op: a call that only reads (a
+// read-only tool, a readOnlyOps op) does not wait.
+func (s *Session) settle(ctx context.Context, op string) error {
+	if s.base.complete() || readOnlyOps[op] || s.readOnlyTool(op) {
+		return nil
+	}
+	return s.BeforeChange(ctx)
+}
+
+// readOnlyTool reports whether name is a tool of the session's set that
+// changes nothing in the workspace.
+func (s *Session) readOnlyTool(name string) bool {
+	for _, t := range s.set.List() {
+		if t.Name == name {
+			return t.ReadOnly
+		}
+	}
+	return false
 }

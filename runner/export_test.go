@@ -1,7 +1,10 @@
 package runner
 
 import (
+	"context"
 	"encoding/json"
+	"sync"
+	"testing"
 
 	"github.com/sandboxd/sandboxd/egress"
 	"github.com/sandboxd/sandboxd/sessionca"
@@ -32,3 +35,28 @@ func Adopted(s *Session) ([]byte, []egress.Secret, error) {
 	}
 	return data, egressSecrets(keptTenantSecrets(nil, r.Settings.SecretValues, nil)), nil
 }
+
+// HoldBaselines holds the background read of the first tree of every
+// session made until the test ends: once its store is made, each read
+// sends on held and waits until release is called or its session ends.
+// waiting receives once each time a call begins to wait for a first tree
+// not yet read.
+func HoldBaselines(t testing.TB) (held, waiting <-chan struct{}, release func()) {
+	h, w, r := make(chan struct{}, 100), make(chan struct{}, 100), make(chan struct{})
+	var once sync.Once
+	baselineHook = func(ctx context.Context) {
+		h <- struct{}{}
+		select {
+		case <-r:
+		case <-ctx.Done():
+		}
+	}
+	baselineWaitHook = func() { w <- struct{}{} }
+	release = func() { once.Do(func() { close(r) }) }
+	t.Cleanup(func() { release(); baselineHook, baselineWaitHook = nil, nil })
+	return h, w, release
+}
+
+// BaselineComplete reports whether s's first tree is read (or failed),
+// its background read over.
+func BaselineComplete(s *Session) bool { return s.base.complete() }

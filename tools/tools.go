@@ -83,6 +83,11 @@ type Env struct {
 	// run through the session's egress (EgressTracer): their results list
 	// what was decided. Nil: commands' results carry no egress.
 	Egress EgressTracer
+	// BeforeChange, when set, is called before each call of a tool that is
+	// not read-only, and the call waits for it: the daemon holds changes
+	// until the session's first tree is read (its diff's baseline). An
+	// error fails the call, which then changes nothing.
+	BeforeChange func(ctx context.Context) error
 }
 
 // Tool describes one tool of the catalogue; it marshals to the shape of
@@ -497,6 +502,11 @@ func (s *Set) Call(ctx context.Context, name string, args json.RawMessage, opts 
 			return failure(KindToolUnavailable, fmt.Sprintf("tool %s needs the skill %s, whose grant %s this session was not given: load_skill cannot help; the grant is given when a session starts", name, d.skill, sk.grant))
 		}
 		return failure(KindToolUnavailable, fmt.Sprintf("tool %s is not active: call load_skill with skill %q first", name, d.skill))
+	}
+	if !d.readOnly && s.env.BeforeChange != nil {
+		if err := s.env.BeforeChange(ctx); err != nil {
+			return errorResult(err)
+		}
 	}
 	if d.journaled {
 		return s.recorded(ctx, d, args, c)

@@ -185,6 +185,10 @@ func (m *Manager) takeBaseline(s *Session) *baseline {
 	return b
 }
 
+// baselineReaders is how many files a baseline reads at a time: few, so
+// that the calls the session answers meanwhile are not held up.
+var baselineReaders = 1
+
 func readBaseline(ctx context.Context, fsys workspace.FileSystem) *baseline {
 	st, err := delivery.NewStore()
 	if err != nil {
@@ -193,7 +197,7 @@ func readBaseline(ctx context.Context, fsys workspace.FileSystem) *baseline {
 	if baselineHook != nil {
 		baselineHook(ctx)
 	}
-	t, err := delivery.Snapshot(ctx, fsys, st)
+	t, err := delivery.Snapshot(ctx, fsys, st, delivery.WithReaders(baselineReaders))
 	if err != nil {
 		st.Close()
 		return &baseline{err: err}

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -16,22 +15,6 @@ import (
 	"github.com/sandboxd/sandboxd/runner"
 	"github.com/sandboxd/sandboxd/tools"
 )
-
-// bigTree writes n small files under a new directory and returns it.
-func bigTree(t testing.TB, n int) string {
-	t.Helper()
-	dir := t.TempDir()
-	for i := range n {
-		name := filepath.Join(dir, fmt.Sprintf("d%02d", i%50), fmt.Sprintf("f%05d.txt", i))
-		if err := os.MkdirAll(filepath.Dir(name), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(name, fmt.Appendf(nil, "file %d\n", i), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return dir
-}
 
 // TestBaselineOffTheStart: a session is handed out before its first tree
 // is read; calls that only read are answered meanwhile, while a write (by

@@ -182,6 +182,7 @@ type snapshotOptions struct {
 	maxFile int64
 	hold    Hold
 	readers int
+	pace    func(ctx context.Context) error
 }
 
 // Hold takes n bytes of a memory budget before they are read, or fails
@@ -199,6 +200,13 @@ func WithMaxFileBytes(n int64) SnapshotOption {
 // machine to others, as a session's first tree read in the background.
 func WithReaders(n int) SnapshotOption {
 	return func(o *snapshotOptions) { o.readers = max(n, 1) }
+}
+
+// WithPace makes Snapshot call pace before it reads each file, and wait
+// for it: a read in the background can give way to others. An error from
+// pace fails Snapshot.
+func WithPace(pace func(ctx context.Context) error) SnapshotOption {
+	return func(o *snapshotOptions) { o.pace = pace }
 }
 
 // WithHold makes each file's read hold its size from hold until its
@@ -228,6 +236,12 @@ func Snapshot(ctx context.Context, fsys workspace.FileSystem, st *Store, opts ..
 	for _, e := range walk.Entries {
 		if Excluded(e.Path) {
 			continue
+		}
+		if o.pace != nil {
+			if err := o.pace(gctx); err != nil {
+				g.Wait()
+				return nil, err
+			}
 		}
 		g.Go(func() error {
 			entry, why, err := o.readEntry(gctx, fsys, st, e.Path)

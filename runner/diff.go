@@ -30,48 +30,10 @@ type baseline struct {
 	// the host.
 	pack *snapshot.Reader
 	once sync.Once
-	// ready, for a tree read from the workspace, is closed once tree,
-	// store and err are set by the read takeBaseline started in the
-	// background; nil when they were set as the baseline was made.
-	ready chan struct{}
-}
-
-// baselineHook, when set (by tests), is called by the background read of
-// a baseline once its store is made, before it reads the workspace.
-var baselineHook func(ctx context.Context)
-
-// baselineWaitHook, when set (by tests), is called by a wait that finds
-// the baseline not yet complete, before it waits.
-var baselineWaitHook func()
-
-// wait returns once the baseline is complete (read, or failed: err says
-// why), or with ctx's cause when ctx ends first.
-func (b *baseline) wait(ctx context.Context) error {
-	if b.complete() {
-		return nil
-	}
-	if baselineWaitHook != nil {
-		baselineWaitHook()
-	}
-	select {
-	case <-b.ready:
-		return nil
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	}
-}
-
-// complete reports whether the baseline is complete (wait would not wait).
-func (b *baseline) complete() bool {
-	if b == nil || b.ready == nil {
-		return true
-	}
-	select {
-	case <-b.ready:
-		return true
-	default:
-		return false
-	}
+	// bg is the read of the tree from the workspace that takeBaseline
+	// started in the background; nil when tree, store and err were set as
+	// the baseline was made.
+	bg *backgroundRead
 }
 
 // contents are a baseline's files, by object name: a delivery.Store, or a
@@ -166,53 +128,14 @@ func (p *packContents) Size(oid string) (int64, error) {
 	return 0, fmt.Errorf("no object %s in the first tree", oid)
 }
 
-// takeBaseline starts reading the tree of a new session's workspace (its
-// files' contents into a private store in the host's temporary directory)
-// in the background, off the path of the session's start: the session's
-// calls that may change the workspace wait for it (Session.BeforeChange),
-// those that only read do not. The read ends with the session (s.ctx):
-// close waits for it and removes its store.
-func (m *Manager) takeBaseline(s *Session) *baseline {
-	b := &baseline{ready: make(chan struct{})}
-	go func() {
-		defer close(b.ready)
-		r := readBaseline(s.ctx, s.inst.FS)
-		b.tree, b.store, b.err = r.tree, r.store, r.err
-		if b.err != nil && s.ctx.Err() == nil {
-			m.o.logger.Warn("the session's first tree was not read: it has no diff since its start", "session", s.id, "err", b.err)
-		}
-	}()
-	return b
-}
-
-// baselineReaders is how many files a baseline reads at a time: few, so
-// that the calls the session answers meanwhile are not held up.
-var baselineReaders = 1
-
-func readBaseline(ctx context.Context, fsys workspace.FileSystem) *baseline {
-	st, err := delivery.NewStore()
-	if err != nil {
-		return &baseline{err: err}
-	}
-	if baselineHook != nil {
-		baselineHook(ctx)
-	}
-	t, err := delivery.Snapshot(ctx, fsys, st, delivery.WithReaders(baselineReaders))
-	if err != nil {
-		st.Close()
-		return &baseline{err: err}
-	}
-	return &baseline{tree: t, store: st}
-}
-
 // close lets go of the baseline: it waits for a read still running, which
 // the end of the session's context ends, and removes its store.
 func (b *baseline) close() error {
 	if b == nil {
 		return nil
 	}
-	if b.ready != nil {
-		<-b.ready
+	if b.bg != nil {
+		<-b.bg.ready
 	}
 	switch {
 	case b.pack != nil:
@@ -464,37 +387,4 @@ func (d *Diff) entryOf(ctx context.Context, j *journal.Journal, e journal.Entry)
 		return nil, err
 	}
 	return &delivery.Entry{Mode: mode, OID: oid}, nil
-}
-
-// BeforeChange waits until the session's first tree is read (the baseline
-// Diff compares with, read in the background from the session's start), or
-// ctx ends. Every way into the session that may change its workspace waits
-// for it: Call, Detach and Do of a tool that is not read-only (and Do of
-// any other op but a download's or a snapshot's), Exec, the tools' own
-// calls (tools.Env.BeforeChange). A change made through FS outside those
-// must call it first, or Diff could count the change as the start's.
-func (s *Session) BeforeChange(ctx context.Context) error { return s.base.wait(ctx) }
-
-// readOnlyOps are the ops of Do, besides read-only tools, that change
-// nothing in the workspace: they need not wait for the baseline.
-var readOnlyOps = map[string]bool{"download": true, "snapshot": true}
-
-// settle is BeforeChange for a call named op: a call that only reads (a
-// read-only tool, a readOnlyOps op) does not wait.
-func (s *Session) settle(ctx context.Context, op string) error {
-	if s.base.complete() || readOnlyOps[op] || s.readOnlyTool(op) {
-		return nil
-	}
-	return s.BeforeChange(ctx)
-}
-
-// readOnlyTool reports whether name is a tool of the session's set that
-// changes nothing in the workspace.
-func (s *Session) readOnlyTool(name string) bool {
-	for _, t := range s.set.List() {
-		if t.Name == name {
-			return t.ReadOnly
-		}
-	}
-	return false
 }

@@ -118,7 +118,7 @@ func (m *Manager) newSession(id, tenant string, st Settings, cfg tools.Config, i
 		Session:      workspace.Session{ID: id, RunID: id, Tenant: tenant, Root: inst.Root, Vars: sessionVars(st.Vars, out.secrets)},
 		Scope:        st.Scope,
 		JournalStore: store,
-		BeforeChange: func(ctx context.Context) error { return s.BeforeChange(ctx) },
+		Gate:         func(ctx context.Context, readOnly bool) (func(), error) { return s.base.gate(ctx, readOnly) },
 	}
 	if s.eg != nil {
 		env.Egress = s.eg
@@ -266,9 +266,11 @@ func (s *Session) run(ctx context.Context, op, call string, start time.Time, fn 
 	cctx, cancel := context.WithCancelCause(ctx)
 	stop := context.AfterFunc(s.ctx, func() { cancel(context.Cause(s.ctx)) })
 	// A call that may change the workspace waits for its first tree.
-	failed, err := false, s.settle(cctx, op)
+	failed := false
+	done, err := s.settle(cctx, op)
 	if err == nil {
 		failed, err = fn(cctx)
+		done()
 	}
 	if errors.Is(err, workspace.ErrUnavailable) {
 		settle(ctx, s.inst)

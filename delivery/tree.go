@@ -181,6 +181,8 @@ type SnapshotOption func(*snapshotOptions)
 type snapshotOptions struct {
 	maxFile int64
 	hold    Hold
+	readers int
+	pace    func(ctx context.Context) error
 }
 
 // Hold takes n bytes of a memory budget before they are read, or fails
@@ -193,6 +195,20 @@ func WithMaxFileBytes(n int64) SnapshotOption {
 	return func(o *snapshotOptions) { o.maxFile = min(n, MaxFileBytes) }
 }
 
+// WithReaders makes Snapshot read n files at a time (at least one)
+// instead of SnapshotReaders: fewer for a read that should leave the
+// machine to others, as a session's first tree read in the background.
+func WithReaders(n int) SnapshotOption {
+	return func(o *snapshotOptions) { o.readers = max(n, 1) }
+}
+
+// WithPace makes Snapshot call pace before it reads each file, and wait
+// for it: a read in the background can give way to others. An error from
+// pace fails Snapshot.
+func WithPace(pace func(ctx context.Context) error) SnapshotOption {
+	return func(o *snapshotOptions) { o.pace = pace }
+}
+
 // WithHold makes each file's read hold its size from hold until its
 // contents are in the store.
 func WithHold(hold Hold) SnapshotOption { return func(o *snapshotOptions) { o.hold = hold } }
@@ -202,9 +218,10 @@ func WithHold(hold Hold) SnapshotOption { return func(o *snapshotOptions) { o.ho
 // contents in st. It reads through the FileSystem port, so a workspace in a
 // container, in memory or on disk is read the same way, several files at a
 // time (a container's agent serves calls concurrently); it does not stop
-// writers meanwhile. It holds at most SnapshotReaders files in memory.
+// writers meanwhile. It holds at most SnapshotReaders files in memory (or
+// WithReaders's).
 func Snapshot(ctx context.Context, fsys workspace.FileSystem, st *Store, opts ...SnapshotOption) (*Tree, error) {
-	o := snapshotOptions{maxFile: MaxFileBytes}
+	o := snapshotOptions{maxFile: MaxFileBytes, readers: SnapshotReaders}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -215,10 +232,16 @@ func Snapshot(ctx context.Context, fsys workspace.FileSystem, st *Store, opts ..
 	t := &Tree{Files: map[string]Entry{}, Skipped: map[string]string{}}
 	var mu sync.Mutex
 	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(SnapshotReaders)
+	g.SetLimit(o.readers)
 	for _, e := range walk.Entries {
 		if Excluded(e.Path) {
 			continue
+		}
+		if o.pace != nil {
+			if err := o.pace(gctx); err != nil {
+				g.Wait()
+				return nil, err
+			}
 		}
 		g.Go(func() error {
 			entry, why, err := o.readEntry(gctx, fsys, st, e.Path)

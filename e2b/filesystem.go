@@ -80,6 +80,16 @@ func files(b *sandbox) workspace.FileSystem {
 	return workspace.Guard(b.sess.FS(), b.sess.Root(), b.sess.Tools().Config().Protect)
 }
 
+// changing is files(b) for a call that changes them, once the session's
+// first tree is read (runner.Session.BeforeChange): its diff then sees the
+// change as the session's.
+func changing(ctx context.Context, b *sandbox) (workspace.FileSystem, error) {
+	if err := b.sess.BeforeChange(ctx); err != nil {
+		return nil, err
+	}
+	return files(b), nil
+}
+
 // rpcError is a FileSystem error as a Connect error, its kind as the code
 // the SDK reads (not_found is its NotFoundException).
 func rpcError(err error) error {
@@ -170,7 +180,10 @@ func (svc *filesystemService) MakeDir(ctx context.Context, req *connect.Request[
 	if err != nil {
 		return nil, err
 	}
-	fsys := files(b)
+	fsys, err := changing(ctx, b)
+	if err != nil {
+		return nil, rpcError(err)
+	}
 	if _, err := fsys.Lstat(ctx, dotted(name)); err == nil {
 		return nil, connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("%s: %v", req.Msg.Path, workspace.ErrExists))
 	}
@@ -194,7 +207,10 @@ func (svc *filesystemService) Move(ctx context.Context, req *connect.Request[pb.
 	if err != nil {
 		return nil, err
 	}
-	fsys := files(b)
+	fsys, err := changing(ctx, b)
+	if err != nil {
+		return nil, rpcError(err)
+	}
 	if err := fsys.Rename(ctx, dotted(from), dotted(to)); err != nil {
 		return nil, rpcError(err)
 	}
@@ -263,7 +279,11 @@ func (svc *filesystemService) Remove(ctx context.Context, req *connect.Request[p
 	if name == "" {
 		return nil, connect.NewError(connect.CodePermissionDenied, errors.New("the home directory is the workspace root: it is not removed"))
 	}
-	if err := workspace.RemoveAll(ctx, files(b), name); err != nil {
+	fsys, err := changing(ctx, b)
+	if err != nil {
+		return nil, rpcError(err)
+	}
+	if err := workspace.RemoveAll(ctx, fsys, name); err != nil {
 		return nil, rpcError(err)
 	}
 	return connect.NewResponse(&pb.RemoveResponse{}), nil
@@ -385,7 +405,11 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 		}
 		parts = append(parts, part{name, data})
 	}
-	fsys := files(b)
+	fsys, err := changing(r.Context(), b)
+	if err != nil {
+		s.fileError(w, r, Home, err)
+		return
+	}
 	out := []writeInfo{}
 	for _, pt := range parts {
 		if int64(len(pt.data)) > limit {

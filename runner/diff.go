@@ -30,6 +30,10 @@ type baseline struct {
 	// the host.
 	pack *snapshot.Reader
 	once sync.Once
+	// bg is the read of the tree from the workspace that takeBaseline
+	// started in the background; nil when tree, store and err were set as
+	// the baseline was made.
+	bg *backgroundRead
 }
 
 // contents are a baseline's files, by object name: a delivery.Store, or a
@@ -41,9 +45,9 @@ type contents interface {
 
 // baselineOf is the first tree of s, which started from o: o's pack when
 // it can be opened, else the tree read as takeBaseline reads it.
-func (m *Manager) baselineOf(ctx context.Context, s *Session, o origin) *baseline {
+func (m *Manager) baselineOf(s *Session, o origin) *baseline {
 	if !o.set() {
-		return m.takeBaseline(ctx, s)
+		return m.takeBaseline(s)
 	}
 	var r *snapshot.Reader
 	var err error
@@ -54,7 +58,7 @@ func (m *Manager) baselineOf(ctx context.Context, s *Session, o origin) *baselin
 	}
 	if err != nil {
 		m.o.logger.Warn("the snapshot the session started from cannot be read again: its first tree is read from the workspace", "session", s.id, "err", err)
-		return m.takeBaseline(ctx, s)
+		return m.takeBaseline(s)
 	}
 	return &baseline{pack: r}
 }
@@ -124,33 +128,16 @@ func (p *packContents) Size(oid string) (int64, error) {
 	return 0, fmt.Errorf("no object %s in the first tree", oid)
 }
 
-// takeBaseline reads the tree of a new session's workspace (its files'
-// contents into a private store in the host's temporary directory).
-func (m *Manager) takeBaseline(ctx context.Context, s *Session) *baseline {
-	b := readBaseline(ctx, s.inst.FS)
-	if b.err != nil {
-		m.o.logger.Warn("the session's first tree was not read: it has no diff since its start", "session", s.id, "err", b.err)
-	}
-	return b
-}
-
-func readBaseline(ctx context.Context, fsys workspace.FileSystem) *baseline {
-	st, err := delivery.NewStore()
-	if err != nil {
-		return &baseline{err: err}
-	}
-	t, err := delivery.Snapshot(ctx, fsys, st)
-	if err != nil {
-		st.Close()
-		return &baseline{err: err}
-	}
-	return &baseline{tree: t, store: st}
-}
-
+// close lets go of the baseline: it waits for a read still running, which
+// the end of the session's context ends, and removes its store.
 func (b *baseline) close() error {
-	switch {
-	case b == nil:
+	if b == nil {
 		return nil
+	}
+	if b.bg != nil {
+		<-b.bg.ready
+	}
+	switch {
 	case b.pack != nil:
 		return b.pack.Close()
 	}
@@ -244,12 +231,17 @@ func (d *Diff) Close() error { return d.store.Close() }
 // symbolic links, added, modified (contents, modes), deleted. sandboxd's
 // bookkeeping (.sandboxd/) and git's (every .git) are left out, as in a
 // delivery. Every file of the workspace is read once; a call that changes
-// files while Diff reads them may be seen in part. Call it within Do.
+// files while Diff reads them may be seen in part. Call it within Do. It
+// waits, as the calls that change the workspace do, until the session's
+// first tree is read.
 //
 // With req.Since the journal says which paths changed: a command's
 // changes (bash) are not journaled, so they appear only where a journaled
 // call touched the same path; the whole-tree diff shows them all.
 func (s *Session) Diff(ctx context.Context, req DiffRequest) (*Diff, error) {
+	if err := s.base.wait(ctx); err != nil {
+		return nil, err
+	}
 	if req.Since == nil && s.base.err != nil {
 		return nil, fmt.Errorf("runner: the session's tree was not read when it began, so there is nothing to compare with: %w", s.base.err)
 	}

@@ -3,6 +3,8 @@ package runner
 import (
 	"context"
 	"encoding/json"
+	"sync"
+	"testing"
 
 	"github.com/sandboxd/sandboxd/egress"
 	"github.com/sandboxd/sandboxd/sessionca"
@@ -69,3 +71,28 @@ func Crash(m *Manager) {
 
 // DaemonName is the daemon's name m runs as (WithDaemonName).
 func DaemonName(m *Manager) string { return m.o.daemon }
+
+// HoldBaselines holds the background read of the first tree of every
+// session made until the test ends: once its store is made, each read
+// sends on held and waits until release is called or its session ends.
+// waiting receives once each time a call begins to wait for a first tree
+// not yet read.
+func HoldBaselines(t testing.TB) (held, waiting <-chan struct{}, release func()) {
+	h, w, r := make(chan struct{}, 100), make(chan struct{}, 100), make(chan struct{})
+	var once sync.Once
+	baselineHook = func(ctx context.Context) {
+		h <- struct{}{}
+		select {
+		case <-r:
+		case <-ctx.Done():
+		}
+	}
+	baselineWaitHook = func() { w <- struct{}{} }
+	release = func() { once.Do(func() { close(r) }) }
+	t.Cleanup(func() { release(); baselineHook, baselineWaitHook = nil, nil })
+	return h, w, release
+}
+
+// BaselineComplete reports whether s's first tree is read (or failed),
+// its background read over.
+func BaselineComplete(s *Session) bool { return s.base.complete() }

@@ -520,7 +520,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Session, erro
 		return nil, err
 	}
 	s.pooled, s.forkOf, s.tenantEgress = pooled, req.forkOf, req.Egress
-	s.base = m.baselineOf(ctx, s, r.from)
+	s.base = m.baselineOf(s, r.from)
 	if err := m.publish(ctx, s, req.Egress); err != nil {
 		s.close(context.WithoutCancel(ctx), fmt.Errorf("%w: %w", ErrClosed, err), false)
 		return nil, err

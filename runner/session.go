@@ -124,6 +124,7 @@ func (m *Manager) newSession(id, tenant string, st Settings, cfg tools.Config, i
 		Session:      workspace.Session{ID: id, RunID: id, Tenant: tenant, Root: inst.Root, Vars: sessionVars(st.Vars, out.secrets)},
 		Scope:        st.Scope,
 		JournalStore: store,
+		Gate:         func(ctx context.Context, readOnly bool) (func(), error) { return s.base.gate(ctx, readOnly) },
 	}
 	if s.eg != nil {
 		env.Egress = s.eg
@@ -175,6 +176,7 @@ func (s *Session) Tenant() string { return s.tenant }
 func (s *Session) Tools() *tools.Set { return s.set }
 
 // FS is the session's workspace files, for bulk transfers made within Do.
+// A change made through it outside Do calls BeforeChange first.
 func (s *Session) FS() workspace.FileSystem { return s.inst.FS }
 
 // Root is the workspace root as commands see it.
@@ -269,7 +271,13 @@ func (s *Session) run(ctx context.Context, op, call string, start time.Time, fn 
 	ev := CallEvent{Tenant: s.tenant, Session: s.id, Tool: op, Call: call}
 	cctx, cancel := context.WithCancelCause(ctx)
 	stop := context.AfterFunc(s.ctx, func() { cancel(context.Cause(s.ctx)) })
-	failed, err := fn(cctx)
+	// A call that may change the workspace waits for its first tree.
+	failed := false
+	done, err := s.settle(cctx, op)
+	if err == nil {
+		failed, err = fn(cctx)
+		done()
+	}
 	if errors.Is(err, workspace.ErrUnavailable) {
 		settle(ctx, s.inst)
 	}

@@ -83,6 +83,12 @@ type Env struct {
 	// run through the session's egress (EgressTracer): their results list
 	// what was decided. Nil: commands' results carry no egress.
 	Egress EgressTracer
+	// Gate, when set, is called before each tool call, which waits for it
+	// and calls done once it has run: the daemon holds a call that may
+	// change the workspace (readOnly false) until the session's first tree
+	// is read (its diff's baseline), and lets that read give way to a call
+	// that only reads. An error fails the call, which then changes nothing.
+	Gate func(ctx context.Context, readOnly bool) (done func(), err error)
 }
 
 // Tool describes one tool of the catalogue; it marshals to the shape of
@@ -497,6 +503,13 @@ func (s *Set) Call(ctx context.Context, name string, args json.RawMessage, opts 
 			return failure(KindToolUnavailable, fmt.Sprintf("tool %s needs the skill %s, whose grant %s this session was not given: load_skill cannot help; the grant is given when a session starts", name, d.skill, sk.grant))
 		}
 		return failure(KindToolUnavailable, fmt.Sprintf("tool %s is not active: call load_skill with skill %q first", name, d.skill))
+	}
+	if s.env.Gate != nil {
+		done, err := s.env.Gate(ctx, d.readOnly)
+		if err != nil {
+			return errorResult(err)
+		}
+		defer done()
 	}
 	if d.journaled {
 		return s.recorded(ctx, d, args, c)

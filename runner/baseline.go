@@ -1,0 +1,195 @@
+package runner
+
+import (
+	"context"
+	"sync"
+
+	"github.com/sandboxd/sandboxd/delivery"
+	"github.com/sandboxd/sandboxd/workspace"
+)
+
+// A session's first tree (its baseline, for Diff) is read in the
+// background from the session's start, off the path of Create: the
+// session is handed out, and calls that only read are answered, while it
+// is read. Every call that may change the workspace waits until it is
+// read (Session.BeforeChange), so the baseline is the tree as it was
+// before any change, as when it was read before the session was handed
+// out. While no call waits for it, the read gives way to the calls that
+// only read: it reads one file at a time, and none while such a call is
+// answered.
+
+// backgroundRead is the state of a baseline's read in the background.
+type backgroundRead struct {
+	// ready is closed once the baseline's tree, store and err are set.
+	ready chan struct{}
+
+	mu sync.Mutex
+	// answering counts the calls that only read being answered, waiting
+	// the calls waiting for the read; changed is closed (and replaced)
+	// when either changes.
+	answering, waiting int
+	changed            chan struct{}
+}
+
+// baselineHook, when set (by tests), is called by the background read of
+// a baseline once its store is made, before it reads the workspace.
+var baselineHook func(ctx context.Context)
+
+// baselineWaitHook, when set (by tests), is called by a wait that finds
+// the baseline not yet complete, before it waits.
+var baselineWaitHook func()
+
+// baselineReaders is how many files a baseline reads at a time: one, so
+// that the calls the session answers meanwhile keep the other CPUs.
+const baselineReaders = 1
+
+// takeBaseline starts reading the tree of a new session's workspace (its
+// files' contents into a private store in the host's temporary directory)
+// in the background. The read ends with the session (s.ctx): close waits
+// for it and removes its store.
+func (m *Manager) takeBaseline(s *Session) *baseline {
+	bg := &backgroundRead{ready: make(chan struct{}), changed: make(chan struct{})}
+	b := &baseline{bg: bg}
+	go func() {
+		defer close(bg.ready)
+		r := readBaseline(s.ctx, s.inst.FS, bg.pace)
+		b.tree, b.store, b.err = r.tree, r.store, r.err
+		if b.err != nil && s.ctx.Err() == nil {
+			m.o.logger.Warn("the session's first tree was not read: it has no diff since its start", "session", s.id, "err", b.err)
+		}
+	}()
+	return b
+}
+
+func readBaseline(ctx context.Context, fsys workspace.FileSystem, pace func(context.Context) error) *baseline {
+	st, err := delivery.NewStore()
+	if err != nil {
+		return &baseline{err: err}
+	}
+	if baselineHook != nil {
+		baselineHook(ctx)
+	}
+	t, err := delivery.Snapshot(ctx, fsys, st, delivery.WithReaders(baselineReaders), delivery.WithPace(pace))
+	if err != nil {
+		st.Close()
+		return &baseline{err: err}
+	}
+	return &baseline{tree: t, store: st}
+}
+
+// complete reports whether the baseline is complete (wait would not wait).
+func (b *baseline) complete() bool {
+	if b == nil || b.bg == nil {
+		return true
+	}
+	select {
+	case <-b.bg.ready:
+		return true
+	default:
+		return false
+	}
+}
+
+// wait returns once the baseline is complete (read, or failed: err says
+// why), or with ctx's cause when ctx ends first. While it waits, the read
+// gives way to nothing.
+func (b *baseline) wait(ctx context.Context) error {
+	if b.complete() {
+		return nil
+	}
+	if baselineWaitHook != nil {
+		baselineWaitHook()
+	}
+	bg := b.bg
+	bg.count(&bg.waiting, 1)
+	defer bg.count(&bg.waiting, -1)
+	select {
+	case <-bg.ready:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
+// answer marks a call that only reads as answered until done is called:
+// the read gives way to it meanwhile.
+func (b *baseline) answer() (done func()) {
+	if b.complete() {
+		return func() {}
+	}
+	bg := b.bg
+	bg.count(&bg.answering, 1)
+	var once sync.Once
+	return func() { once.Do(func() { bg.count(&bg.answering, -1) }) }
+}
+
+// count adds d to *n and wakes the read.
+func (bg *backgroundRead) count(n *int, d int) {
+	bg.mu.Lock()
+	defer bg.mu.Unlock()
+	*n += d
+	close(bg.changed)
+	bg.changed = make(chan struct{})
+}
+
+// pace returns when the read may read its next file: when no call that
+// only reads is being answered, or some call waits for the read.
+func (bg *backgroundRead) pace(ctx context.Context) error {
+	for {
+		bg.mu.Lock()
+		free, changed := bg.answering == 0 || bg.waiting > 0, bg.changed
+		bg.mu.Unlock()
+		if free {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+	}
+}
+
+// gate is tools.Env.Gate: a call that may change the workspace waits for
+// the baseline, one that only reads is answered at once, the read giving
+// way to it.
+func (b *baseline) gate(ctx context.Context, readOnly bool) (func(), error) {
+	if readOnly {
+		return b.answer(), nil
+	}
+	return func() {}, b.wait(ctx)
+}
+
+// BeforeChange waits until the session's first tree is read (the baseline
+// Diff compares with, read in the background from the session's start), or
+// ctx ends. Every way into the session that may change its workspace waits
+// for it: Call, Detach and Do of a tool that is not read-only (and Do of
+// any other op but a download's or a snapshot's), Exec, the tools' own
+// calls (tools.Env.Gate). A change made through FS outside those must call
+// it first, or Diff could count the change as the start's.
+func (s *Session) BeforeChange(ctx context.Context) error { return s.base.wait(ctx) }
+
+// readOnlyOps are the ops of Do, besides read-only tools, that change
+// nothing in the workspace: they need not wait for the baseline.
+var readOnlyOps = map[string]bool{"download": true, "snapshot": true}
+
+// settle is the gate of a call named op: one that only reads (a read-only
+// tool, a readOnlyOps op) does not wait, and has the baseline's read give
+// way to it until done; any other waits for the baseline.
+func (s *Session) settle(ctx context.Context, op string) (done func(), err error) {
+	if s.base.complete() {
+		return func() {}, nil
+	}
+	return s.base.gate(ctx, readOnlyOps[op] || s.readOnlyTool(op))
+}
+
+// readOnlyTool reports whether name is a tool of the session's set that
+// changes nothing in the workspace.
+func (s *Session) readOnlyTool(name string) bool {
+	for _, t := range s.set.List() {
+		if t.Name == name {
+			return t.ReadOnly
+		}
+	}
+	return false
+}

@@ -827,6 +827,9 @@ type Stats struct {
 	Egress EgressStats
 	// Snapshots describes the snapshot store; nil without one.
 	Snapshots *SnapshotStats
+	// Removals describes the backend's retried removals of closed
+	// workspaces (backend.Remover); zero for a backend without them.
+	Removals backend.RemovalStats
 }
 
 // Stats returns a snapshot of the sessions and pools.
@@ -842,15 +845,35 @@ func (m *Manager) Stats() Stats {
 		st.Pools = append(st.Pools, p.stats())
 	}
 	st.Snapshots = m.snapshotStats()
+	if r, ok := m.backend.(backend.Remover); ok {
+		st.Removals = r.Removals()
+	}
 	return st
 }
+
+// WaitRemovals returns once the backend retries no removal of a closed
+// workspace (backend.Remover: the engine refused it at first), or with
+// ctx's error when ctx ends first. For a backend that retries none it
+// returns nil at once.
+func (m *Manager) WaitRemovals(ctx context.Context) error {
+	r, ok := m.backend.(backend.Remover)
+	if !ok {
+		return nil
+	}
+	return r.WaitRemovals(ctx)
+}
+
+// removalWait bounds how long Shutdown waits for the backend's retried
+// removals.
+const removalWait = time.Minute
 
 // Shutdown stops taking sessions, lets the calls in flight finish until ctx
 // ends (then cancels them), and removes every workspace the manager made,
 // pooled ones included — but a session's workspace that other replicas of
 // the daemon may take over (Instance.Leave) is left to them, with its
 // session. It returns once all are removed or left, with the errors of
-// those that could not be.
+// those that could not be; removals the backend retries are waited for up
+// to a minute, or until ctx ends.
 func (m *Manager) Shutdown(ctx context.Context) error {
 	m.mu.Lock()
 	if m.closing {
@@ -880,6 +903,10 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 	errs[len(all)] = m.closePools(ctx)
 	wg.Wait()
 	m.deleting.Wait()
+	// Removals the engine refused are retried, a minute at most.
+	wctx, cancel := context.WithTimeout(ctx, removalWait)
+	errs = append(errs, m.WaitRemovals(wctx))
+	cancel()
 	m.o.logger.Info("runner stopped", "sessions", len(all), "left_to_replicas", left)
 	return errors.Join(append(errs, m.unclaim(ctx))...)
 }

@@ -27,6 +27,7 @@ type removals struct {
 	next    uint64
 	failed  uint64
 	changed chan struct{} // closed, and replaced, whenever one is done
+	kick    chan struct{} // closed, and replaced, by wait: retry now
 	logger  *slog.Logger  // nil: slog.Default()
 }
 
@@ -55,7 +56,12 @@ func (q *removals) add(what string, remove func(context.Context) error, err erro
 func (q *removals) retry(key uint64, what string, remove func(context.Context) error, delay time.Duration) {
 	for {
 		if delay > 0 {
-			time.Sleep(delay)
+			t := time.NewTimer(delay)
+			select {
+			case <-t.C:
+			case <-q.kicked():
+			}
+			t.Stop()
 		}
 		// remove bounds itself (removeCtx); no caller's context may cut it.
 		err := remove(context.Background())
@@ -94,14 +100,33 @@ func (q *removals) done(key uint64, what string) {
 	logger.Info("workspace removed after retries", "workspace", what)
 }
 
+// kicked returns the channel wait closes to have every retry attempted at
+// once, rather than at the end of its backoff.
+func (q *removals) kicked() <-chan struct{} {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.kick == nil {
+		q.kick = make(chan struct{})
+	}
+	return q.kick
+}
+
 func (q *removals) stats() backend.RemovalStats {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return backend.RemovalStats{Pending: len(q.pending), Failed: q.failed}
 }
 
-// wait returns once nothing is pending, or with ctx's error.
+// wait returns once nothing is pending, or with ctx's error. It has every
+// pending removal attempted at once, once: a waiter (a shutdown) need not
+// sit out a backoff that grew while the engine was away.
 func (q *removals) wait(ctx context.Context) error {
+	q.mu.Lock()
+	if q.kick != nil {
+		close(q.kick)
+		q.kick = nil
+	}
+	q.mu.Unlock()
 	for {
 		q.mu.Lock()
 		n := len(q.pending)

@@ -24,18 +24,20 @@ type idleState struct {
 	zero     chan struct{} // closed, and replaced, when n falls to 0
 }
 
-// probe reports whether r is one a drain never refuses, nor waits for:
-// the probes and metrics a load balancer and a scraper keep asking, and
-// /mcp's standing GET stream, which ends only with the server.
+// probe reports whether r is one a drain never refuses: the probes and
+// metrics a load balancer and a scraper keep asking.
 func probe(r *http.Request) bool {
 	switch r.URL.Path {
 	case "/healthz", "/readyz", "/metrics", "/openapi.json":
 		return true
-	case "/mcp":
-		return r.Method == http.MethodGet
 	}
 	return false
 }
+
+// standing reports whether r is /mcp's standing GET stream, which ends
+// only with the server: a drain refuses a new one but does not wait for
+// those open.
+func standing(r *http.Request) bool { return r.URL.Path == "/mcp" && r.Method == http.MethodGet }
 
 // enter counts r in flight, or answers it 503 ShuttingDown (with
 // Retry-After) once the server drains, and reports whether r may go on.
@@ -49,14 +51,16 @@ func (s *Server) enter(w http.ResponseWriter, r *http.Request) bool {
 		writeError(w, http.StatusServiceUnavailable, "ShuttingDown", "the daemon is shutting down: it takes no new requests")
 		return false
 	}
-	s.idle.n++
+	if !standing(r) {
+		s.idle.n++
+	}
 	s.idle.mu.Unlock()
 	return true
 }
 
 // leave ends what enter counted.
 func (s *Server) leave(r *http.Request) {
-	if probe(r) {
+	if probe(r) || standing(r) {
 		return
 	}
 	s.idle.mu.Lock()

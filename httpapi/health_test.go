@@ -101,6 +101,9 @@ func TestDrain(t *testing.T) {
 	if status != http.StatusServiceUnavailable || !strings.Contains(string(body), `"ShuttingDown"`) || h.Get("Retry-After") == "" {
 		t.Errorf("a new request while draining: %d %s, Retry-After %q", status, body, h.Get("Retry-After"))
 	}
+	if status, _, _ := e.do(acmeToken, "GET", "/mcp", nil, "Accept", "text/event-stream"); status != http.StatusServiceUnavailable {
+		t.Errorf("a new /mcp stream while draining: %d", status)
+	}
 	if status, _, h := e.do("", "GET", "/readyz", nil); status != http.StatusServiceUnavailable || h.Get("Retry-After") == "" {
 		t.Errorf("/readyz while draining: %d", status)
 	}

@@ -159,3 +159,29 @@ func TestEngineFrozen(t *testing.T) {
 		t.Fatalf("left on the engine: %v", left)
 	}
 }
+
+// TestEngineRestartLeavesNothing: the engine goes away under a session —
+// its stream cut, its container killed, as an engine restart without
+// live-restore does — so the session is lost while its removal cannot
+// reach the engine; once the engine is back the queued removal takes the
+// container and volume, and Shutdown waits for it (integration's
+// TestServeOnFreshEngine once found a container left after SIGTERM).
+func TestEngineRestartLeavesNothing(t *testing.T) {
+	m, p, daemon := proxiedManager(t, "restart")
+	s := create(t, m, "acme", shell)
+	p.Down()
+	if _, err := dockertest.Client(t).ContainerKill(context.Background(), s.Info().Workspace, client.ContainerKillOptions{Signal: "KILL"}); err != nil {
+		t.Fatal(err)
+	}
+	until(t, 2*time.Minute, "the session lost, its removal queued", func() bool {
+		st := m.Stats()
+		return st.Lost == 1 && st.Removals.Pending >= 1 && st.Removals.Failed >= 1
+	})
+	p.Up()
+	if err := m.Shutdown(context.Background()); err != nil && !strings.Contains(err.Error(), "marker") {
+		t.Fatal(err)
+	}
+	if left := leftovers(t, daemon); len(left) != 0 {
+		t.Fatalf("left on the engine: %v", left)
+	}
+}

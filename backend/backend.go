@@ -4,9 +4,11 @@
 // a [Spec], and reaps what earlier runs left, found by the labels of their
 // [Owner]. Optional capabilities are interfaces a Backend may also
 // implement: [Warmer] (workspaces started ahead of demand, for warm pools)
-// [Claimer] (a backend several daemons share) and [Adopter] (workspaces
+// [Claimer] (a backend several daemons share), [Adopter] (workspaces
 // that outlive the daemon run that opened them, which another run — a
-// replica — may take over).
+// replica — may take over), [Checker] (whether the engine answers, for
+// readiness; [ErrUnreachable] when it does not) and [Remover] (removals
+// the engine refused, retried in the background until they succeed).
 //
 // The implementations are packages of their own, so that the host imports
 // none of them and a program wires the ones it offers:

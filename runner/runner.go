@@ -781,7 +781,9 @@ func (m *Manager) List(tenant string) []*Session {
 // Delete ends the tenant's session id: calls in flight are cancelled (their
 // commands killed), and the workspace is removed. It fails as Get does for
 // a session the tenant does not have; for one whose workspace ended by
-// itself it returns once that workspace is removed, and forgets the session.
+// itself it returns once that workspace is removed — or, on a backend that
+// retries a removal the engine refused (backend.Remover), once that
+// removal is queued — and forgets the session.
 func (m *Manager) Delete(ctx context.Context, tenant, id string) error {
 	if _, ok := m.backend.(backend.Adopter); ok {
 		// Another replica's session is taken over, then deleted here.

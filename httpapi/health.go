@@ -13,6 +13,14 @@ import (
 // (backend.ErrUnreachable), in seconds: an engine restarts in seconds.
 const engineRetry = "5"
 
+// retryLater gives a 503 that has no Retry-After one of a second: every
+// 503 the API sends says when to try again.
+func retryLater(w http.ResponseWriter, status int) {
+	if status == http.StatusServiceUnavailable && w.Header().Get("Retry-After") == "" {
+		w.Header().Set("Retry-After", "1")
+	}
+}
+
 // readyCheck bounds /readyz's question to the engine.
 const readyCheck = 5 * time.Second
 

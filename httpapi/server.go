@@ -581,9 +581,7 @@ type errorBody struct {
 
 // writeError answers an error; a 503 always carries Retry-After.
 func writeError(w http.ResponseWriter, status int, kind, msg string) {
-	if status == http.StatusServiceUnavailable && w.Header().Get("Retry-After") == "" {
-		w.Header().Set("Retry-After", "1")
-	}
+	retryLater(w, status)
 	writeJSON(w, status, errorBody{Error: kind, Message: msg})
 }
 

@@ -825,6 +825,42 @@ func TestHungAgentIsHungUp(t *testing.T) {
 	}
 }
 
+// TestStalledAgentIsNotHungUp: an agent kept from answering (its
+// container paused: WithStall gives words) is not hung up: the late call
+// fails as Unavailable with those words, and the client serves the next
+// call once the agent answers again.
+func TestStalledAgentIsNotHungUp(t *testing.T) {
+	c, f := newFake(t, WithHangGrace(50*time.Millisecond), WithCancelGrace(50*time.Millisecond),
+		WithHangup(func() string { t.Error("hung up"); return "" }),
+		WithStall(func() string { return "container x is paused" }))
+	late := make(chan struct{})
+	go func() {
+		f.next() // the run, never answered
+		<-late
+		f.answer(func(id uint32) []byte { return replyFrame(id, `{"n":"y","m":420}`) })
+	}()
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.Run(context.Background(), workspace.Command{Script: "sleep 600", Timeout: 50 * time.Millisecond})
+		errc <- err
+	}()
+	select {
+	case err := <-errc:
+		if !errors.Is(err, workspace.ErrUnavailable) || !strings.Contains(err.Error(), "is paused") {
+			t.Fatalf("a run past its deadline in a paused container: %v", err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("the run did not return within 60 s of its deadline")
+	}
+	if c.Err() != nil {
+		t.Fatalf("the client ended: %v", c.Err())
+	}
+	close(late)
+	if _, err := c.Stat(context.Background(), "y"); err != nil {
+		t.Errorf("Stat once the agent answers again: %v", err)
+	}
+}
+
 // TestAnsweringAgentIsNotHungUp: an agent that answers a cancelled call,
 // however late the call was cancelled, is not taken for hung.
 func TestAnsweringAgentIsNotHungUp(t *testing.T) {

@@ -79,6 +79,7 @@ type clientOptions struct {
 	explain     func() string
 	hangGrace   time.Duration
 	hangup      func() string
+	stall       func() string
 	resync      bool
 }
 
@@ -122,6 +123,17 @@ func WithCancelGrace(d time.Duration) ClientOption {
 // no timeout in a context with no deadline, have no deadline.
 func WithHangup(hangup func() string) ClientOption {
 	return func(o *clientOptions) { o.hangup = hangup }
+}
+
+// WithStall sets how the client tells an agent that is kept from
+// answering from one that is hung: before it hangs up (WithHangup) it asks
+// stall, and when stall gives words (the Docker backend: the container is
+// paused, or the engine carrying the stream does not answer) it does not
+// hang up: the late call alone fails with workspace.ErrUnavailable, those
+// words in its error, and the client stays usable — its later calls are
+// answered once the agent answers again. stall may take a moment.
+func WithStall(stall func() string) ClientOption {
+	return func(o *clientOptions) { o.stall = stall }
 }
 
 // WithHangGrace sets how long past a call's deadline the client waits for
@@ -281,6 +293,12 @@ func (c *Client) end(cause error, hangup bool) {
 // hangup ends a client whose agent stopped answering: see WithHangup.
 // The first caller hangs up; others wait until it has.
 func (c *Client) hangup(call *call, late time.Duration) {
+	if c.opts.stall != nil && c.Err() == nil {
+		if words := c.opts.stall(); words != "" {
+			c.stalled(call, late, words)
+			return
+		}
+	}
 	c.hangOnce.Do(func() {
 		if c.Err() != nil {
 			return
@@ -296,6 +314,15 @@ func (c *Client) hangup(call *call, late time.Duration) {
 		}
 		c.end(errors.New(msg), true)
 	})
+}
+
+// stalled fails call, late by late, with words saying why the agent did
+// not answer (WithStall), and leaves the client as it is: the call stays
+// in the table, given up, so that a late answer finds it.
+func (c *Client) stalled(call *call, late time.Duration, words string) {
+	if c.giveUp(call) {
+		call.finish(reply{err: unavailable(call.op, call.name, fmt.Sprintf("the agent did not answer within %v of the deadline: %s", late, words))})
+	}
 }
 
 func (c *Client) unavailable(call *call) error {
@@ -411,17 +438,23 @@ func (c *Client) remove(id uint32) *call {
 	return call
 }
 
-// abandon ends a call on this side and tells the agent to stop it. The call
-// stays in the table, gone, until the agent answers; if it does not within
-// the hang grace, the agent is taken for hung.
-func (c *Client) abandon(call *call, err error) {
+// giveUp marks call gone — finished on this side, its answer awaited —
+// and reports whether it was live before.
+func (c *Client) giveUp(call *call) bool {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	live := c.calls[call.id] == call && !call.gone
 	if live {
 		call.gone = true
 	}
-	c.mu.Unlock()
-	if live {
+	return live
+}
+
+// abandon ends a call on this side and tells the agent to stop it. The call
+// stays in the table, gone, until the agent answers; if it does not within
+// the hang grace, the agent is taken for hung.
+func (c *Client) abandon(call *call, err error) {
+	if c.giveUp(call) {
 		c.watch(call, time.Now())
 		call.finish(reply{err: err})
 	}

@@ -6,8 +6,11 @@
 // implement: [Warmer] (workspaces started ahead of demand, for warm pools)
 // [Claimer] (a backend several daemons share), [Adopter] (workspaces
 // that outlive the daemon run that opened them, which another run — a
-// replica — may take over) and [Resumer] (workspaces that outlive the
-// daemon's run, which its next run takes back).
+// replica — may take over), [Resumer] (workspaces that outlive the
+// daemon's run, which its next run takes back), [Checker] (whether the
+// engine answers, for readiness; [ErrUnreachable] when it does not) and
+// [Remover] (removals the engine refused, retried in the background until
+// they succeed).
 //
 // The implementations are packages of their own, so that the host imports
 // none of them and a program wires the ones it offers:

@@ -338,7 +338,11 @@ type apiError struct {
 	Message string `json:"message"`
 }
 
+// writeError answers an error in E2B's shape; a 503 carries Retry-After.
 func writeError(w http.ResponseWriter, status int, msg string) {
+	if status == http.StatusServiceUnavailable && w.Header().Get("Retry-After") == "" {
+		w.Header().Set("Retry-After", "1")
+	}
 	writeJSON(w, status, apiError{Code: status, Message: msg})
 }
 

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sandboxd/sandboxd/backend"
 	"github.com/sandboxd/sandboxd/policy"
 	"github.com/sandboxd/sandboxd/runner"
 )
@@ -362,7 +363,7 @@ func statusOf(err error) int {
 		return http.StatusNotFound
 	case errors.Is(err, runner.ErrTooManySessions), errors.Is(err, runner.ErrBusy):
 		return http.StatusTooManyRequests
-	case errors.Is(err, runner.ErrShuttingDown):
+	case errors.Is(err, runner.ErrShuttingDown), errors.Is(err, backend.ErrUnreachable):
 		return http.StatusServiceUnavailable
 	case errors.As(err, &de):
 		return http.StatusForbidden

@@ -38,6 +38,7 @@ type env struct {
 	t   *testing.T
 	url string
 	m   *runner.Manager
+	srv *httpapi.Server
 }
 
 type config struct {
@@ -75,7 +76,7 @@ func start(t *testing.T, c config) *env {
 		ts.Close()
 		m.Shutdown(context.Background())
 	})
-	return &env{t: t, url: ts.URL, m: m}
+	return &env{t: t, url: ts.URL, m: m, srv: srv}
 }
 
 // do sends a request and returns the status and body.

@@ -178,6 +178,7 @@ func initializeOnly(r *http.Request, req *jsonrpc.Request) *mcpserver.FrameError
 
 // writeRPCError answers with fe as a JSON-RPC response.
 func writeRPCError(w http.ResponseWriter, status int, fe *mcpserver.FrameError) {
+	retryLater(w, status)
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	w.Write(fe.Encode())

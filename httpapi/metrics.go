@@ -18,6 +18,8 @@ import (
 //
 //	sandboxd_sessions                        live sessions
 //	sandboxd_sessions_lost_total             sessions ended because their workspace died
+//	sandboxd_removals_pending                workspace removals the engine refused, waiting for a retry
+//	sandboxd_removals_failed_total           failed attempts to remove a workspace (each is retried)
 //	sandboxd_pool_ready{image[,template]}    ready workspaces of each warm pool
 //	sandboxd_pool_size{image}                each pool's target size
 //	sandboxd_pool_claimed_total{image}       workspaces sessions took from it
@@ -92,6 +94,10 @@ func (m *Metrics) write(w io.Writer, st runner.Stats) {
 	fmt.Fprintf(&b, "sandboxd_sessions %d\n", total)
 	family("sandboxd_sessions_lost_total", "counter", "Sessions ended because their workspace died (a container killed or removed from outside).")
 	fmt.Fprintf(&b, "sandboxd_sessions_lost_total %d\n", st.Lost)
+	family("sandboxd_removals_pending", "gauge", "Removals of closed workspaces (containers, volumes) the engine refused, retried in the background until they succeed.")
+	fmt.Fprintf(&b, "sandboxd_removals_pending %d\n", st.Removals.Pending)
+	family("sandboxd_removals_failed_total", "counter", "Failed attempts to remove a closed workspace; each is retried.")
+	fmt.Fprintf(&b, "sandboxd_removals_failed_total %d\n", st.Removals.Failed)
 	family("sandboxd_egress_connections_total", "counter", "Egress proxy destination connections and refusals by outcome (ok, refused, failed, capped).")
 	for _, outcome := range slices.Sorted(maps.Keys(st.Egress.Connections)) {
 		fmt.Fprintf(&b, "sandboxd_egress_connections_total{outcome=%s} %d\n", quote(outcome), st.Egress.Connections[outcome])

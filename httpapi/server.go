@@ -13,8 +13,10 @@
 // (WithMetricsTokens), as it shows every tenant's activity. No token or a
 // bad one is 401; another tenant's session is 404, as if it did not exist; a
 // cap reached is 429; a body over its limit is 413; the daemon's memory
-// budget for requests in flight spent is 503 with Retry-After. Errors are
-// JSON: {"error": KIND, "message": …}.
+// budget for requests in flight spent is 503 with Retry-After. An engine
+// that does not answer (backend.ErrUnreachable) is 503 Unavailable, and a
+// draining server (Drain) answers new requests 503 ShuttingDown: every 503
+// carries Retry-After. Errors are JSON: {"error": KIND, "message": …}.
 //
 // # Memory
 //
@@ -50,6 +52,7 @@ import (
 
 	"golang.org/x/sync/semaphore"
 
+	"github.com/sandboxd/sandboxd/backend"
 	"github.com/sandboxd/sandboxd/delivery"
 	"github.com/sandboxd/sandboxd/policy"
 	"github.com/sandboxd/sandboxd/runner"
@@ -59,14 +62,14 @@ import (
 
 // Server is the daemon's HTTP handler. It is safe for concurrent use.
 type Server struct {
-	m        *runner.Manager
-	o        options
-	auth     *authenticator
-	mux      *http.ServeMux
-	mcp      *mcpHandler
-	draining atomic.Bool
-	budget   *semaphore.Weighted
-	shares   sync.Map // tenant name → *semaphore.Weighted, its share of budget
+	m      *runner.Manager
+	o      options
+	auth   *authenticator
+	mux    *http.ServeMux
+	mcp    *mcpHandler
+	idle   idleState // requests in flight, and the drain (health.go)
+	budget *semaphore.Weighted
+	shares sync.Map // tenant name → *semaphore.Weighted, its share of budget
 	// resultShares: tenant name → *semaphore.Weighted, what its detached
 	// calls' kept results may hold of its share (resultHold).
 	resultShares sync.Map
@@ -242,6 +245,10 @@ func (s *Server) routes() []route {
 
 // ServeHTTP serves the API.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !s.enter(w, r) {
+		return
+	}
+	defer s.leave(r)
 	if s.o.minRate > 0 && r.Body != nil && r.Body != http.NoBody {
 		r.Body = &paceReader{body: r.Body, rc: http.NewResponseController(w), start: time.Now(), rate: s.o.minRate, grace: s.o.grace}
 	}
@@ -481,22 +488,6 @@ func (p *paceReader) Close() error {
 	return p.body.Close()
 }
 
-// Drain makes /readyz answer 503, so that a load balancer stops sending
-// new work; call it before shutting the HTTP server and the manager down.
-func (s *Server) Drain() { s.draining.Store(true) }
-
-func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
-}
-
-func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
-	if s.draining.Load() {
-		writeError(w, http.StatusServiceUnavailable, "ShuttingDown", "the daemon is shutting down")
-		return
-	}
-	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
-}
-
 // errNoScrapers answers /metrics when no metrics token is configured.
 var errNoScrapers = errors.New("/metrics needs a metrics token: add its hash to metricsTokens in the daemon's configuration (sandboxd token new)")
 
@@ -588,7 +579,9 @@ type errorBody struct {
 	Message string `json:"message"`
 }
 
+// writeError answers an error; a 503 always carries Retry-After.
 func writeError(w http.ResponseWriter, status int, kind, msg string) {
+	retryLater(w, status)
 	writeJSON(w, status, errorBody{Error: kind, Message: msg})
 }
 
@@ -625,6 +618,8 @@ func classify(err error) (int, string) {
 		return http.StatusTooManyRequests, "Busy"
 	case errors.Is(err, runner.ErrShuttingDown):
 		return http.StatusServiceUnavailable, "ShuttingDown"
+	case errors.Is(err, backend.ErrUnreachable):
+		return http.StatusServiceUnavailable, workspace.ErrUnavailable.Name()
 	case errors.Is(err, errMemory):
 		return http.StatusServiceUnavailable, "Overloaded"
 	case errors.Is(err, runner.ErrClosed):
@@ -662,7 +657,10 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	if status == http.StatusInternalServerError || status == http.StatusBadGateway {
 		s.o.logger.Error("request failed", "method", r.Method, "path", r.URL.Path, "tenant", tenantOf(r).Name, "error", err)
 	}
-	if status == http.StatusTooManyRequests || errors.Is(err, errMemory) {
+	switch {
+	case errors.Is(err, backend.ErrUnreachable):
+		w.Header().Set("Retry-After", engineRetry)
+	case status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable:
 		w.Header().Set("Retry-After", "1")
 	}
 	writeError(w, status, kind, err.Error())

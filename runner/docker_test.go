@@ -40,7 +40,10 @@ func dockerManagerOn(t testing.TB, b *docker.Backend, opts ...runner.Option) (*r
 	if err != nil {
 		t.Fatal(err)
 	}
-	b.Client, b.Agent = cli, agent
+	if b.Client == nil {
+		b.Client = cli
+	}
+	b.Agent = agent
 	// A name of the test's own, unless it gives one: a daemon's name
 	// claims a marker container on the shared engine.
 	opts = append([]runner.Option{

@@ -794,7 +794,9 @@ func (m *Manager) List(tenant string) []*Session {
 // Delete ends the tenant's session id: calls in flight are cancelled (their
 // commands killed), and the workspace is removed. It fails as Get does for
 // a session the tenant does not have; for one whose workspace ended by
-// itself it returns once that workspace is removed, and forgets the session.
+// itself it returns once that workspace is removed — or, on a backend that
+// retries a removal the engine refused (backend.Remover), once that
+// removal is queued — and forgets the session.
 func (m *Manager) Delete(ctx context.Context, tenant, id string) error {
 	if _, ok := m.backend.(backend.Adopter); ok {
 		// Another replica's session is taken over, then deleted here.
@@ -840,6 +842,9 @@ type Stats struct {
 	Egress EgressStats
 	// Snapshots describes the snapshot store; nil without one.
 	Snapshots *SnapshotStats
+	// Removals describes the backend's retried removals of closed
+	// workspaces (backend.Remover); zero for a backend without them.
+	Removals backend.RemovalStats
 }
 
 // Stats returns a snapshot of the sessions and pools.
@@ -855,8 +860,27 @@ func (m *Manager) Stats() Stats {
 		st.Pools = append(st.Pools, p.stats())
 	}
 	st.Snapshots = m.snapshotStats()
+	if r, ok := m.backend.(backend.Remover); ok {
+		st.Removals = r.Removals()
+	}
 	return st
 }
+
+// WaitRemovals returns once the backend retries no removal of a closed
+// workspace (backend.Remover: the engine refused it at first), or with
+// ctx's error when ctx ends first. For a backend that retries none it
+// returns nil at once.
+func (m *Manager) WaitRemovals(ctx context.Context) error {
+	r, ok := m.backend.(backend.Remover)
+	if !ok {
+		return nil
+	}
+	return r.WaitRemovals(ctx)
+}
+
+// removalWait bounds how long Shutdown waits for the backend's retried
+// removals.
+const removalWait = time.Minute
 
 // Shutdown stops taking sessions, lets the calls in flight finish until ctx
 // ends (then cancels them), and removes every workspace the manager made,
@@ -864,7 +888,8 @@ func (m *Manager) Stats() Stats {
 // daemon's run (Instance.Leave: another replica of the daemon may take it
 // over, or its next run resume it) is left, with its session and its
 // background commands, unless WithEndOnShutdown. It returns once all are
-// removed or left, with the errors of those that could not be.
+// removed or left, with the errors of those that could not be; removals
+// the backend retries are waited for up to a minute, or until ctx ends.
 func (m *Manager) Shutdown(ctx context.Context) error {
 	m.mu.Lock()
 	if m.closing {
@@ -894,6 +919,10 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 	errs[len(all)] = m.closePools(ctx)
 	wg.Wait()
 	m.deleting.Wait()
+	// Removals the engine refused are retried, a minute at most.
+	wctx, cancel := context.WithTimeout(ctx, removalWait)
+	errs = append(errs, m.WaitRemovals(wctx))
+	cancel()
 	m.o.logger.Info("runner stopped", "sessions", len(all), "left_running", left)
 	return errors.Join(append(errs, m.unclaim(ctx))...)
 }

@@ -169,7 +169,7 @@ func fillAgentVolume(ctx context.Context, cli Engine, name, hash string, data []
 	} else if err != nil {
 		return fmt.Errorf("dockerexec: inspect agent volume: %w", err)
 	}
-	return withLoader(ctx, cli, image, map[string]string{policy.LabelSandboxd: "1", LabelAgent: hash},
+	return withLoader(ctx, cli, nil, image, map[string]string{policy.LabelSandboxd: "1", LabelAgent: hash},
 		mount.Mount{Type: mount.TypeVolume, Source: name, Target: mountAgent},
 		func(loader string) error { return copyAgent(ctx, cli, loader, name, data) })
 }
@@ -202,7 +202,10 @@ func copyAgent(ctx context.Context, cli Engine, loader, name string, data []byte
 // withLoader runs f with the ID of a container that is created from image
 // with m mounted, and never started, then removes the container. The archive
 // API can write into m's volume through it while no code runs there.
-func withLoader(ctx context.Context, cli Engine, image string, labels map[string]string, m mount.Mount, f func(id string) error) error {
+//
+// A loader whose removal fails is retried in q when q is not nil: it
+// holds m's volume, which could not be removed while it lives.
+func withLoader(ctx context.Context, cli Engine, q *removals, image string, labels map[string]string, m mount.Mount, f func(id string) error) error {
 	loader, err := cli.ContainerCreate(ctx, client.ContainerCreateOptions{
 		Config: &container.Config{
 			Image: image, Entrypoint: []string{"/.sandboxd-never-started"}, Cmd: []string{}, NetworkDisabled: true, Labels: labels,
@@ -212,7 +215,20 @@ func withLoader(ctx context.Context, cli Engine, image string, labels map[string
 	if err != nil {
 		return fmt.Errorf("dockerexec: create a loader container: %w", err)
 	}
-	defer cli.ContainerRemove(context.WithoutCancel(ctx), loader.ID, client.ContainerRemoveOptions{Force: true})
+	remove := func(ctx context.Context) error {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		_, err := cli.ContainerRemove(ctx, loader.ID, client.ContainerRemoveOptions{Force: true})
+		if err != nil && !cerrdefs.IsNotFound(err) {
+			return fmt.Errorf("dockerexec: remove the loader container %s: %w", loader.ID, err)
+		}
+		return nil
+	}
+	defer func() {
+		if err := remove(ctx); err != nil && q != nil {
+			q.add("loader "+loader.ID, remove, err)
+		}
+	}()
 	return f(loader.ID)
 }
 
@@ -242,9 +258,9 @@ func workspaceOwned(ctx context.Context, cli Engine, image string, uid, gid int)
 // chownVolume makes the root of volume belong to uid:gid, through a loader
 // container that mounts it (the archive API changes the owner of a directory
 // it extracts over, but never of the destination itself).
-func chownVolume(ctx context.Context, cli Engine, image, volume string, uid, gid int, labels map[string]string) error {
+func chownVolume(ctx context.Context, cli Engine, q *removals, image, volume string, uid, gid int, labels map[string]string) error {
 	const at = "/.sandboxd-workspace"
-	return withLoader(ctx, cli, image, labels, mount.Mount{Type: mount.TypeVolume, Source: volume, Target: at},
+	return withLoader(ctx, cli, q, image, labels, mount.Mount{Type: mount.TypeVolume, Source: volume, Target: at},
 		func(loader string) error {
 			var buf bytes.Buffer
 			tw := tar.NewWriter(&buf)

@@ -25,6 +25,7 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/sandboxd/sandboxd/agent"
+	"github.com/sandboxd/sandboxd/backend"
 	"github.com/sandboxd/sandboxd/policy"
 	"github.com/sandboxd/sandboxd/workspace"
 )
@@ -97,6 +98,8 @@ type Container struct {
 	// caps what an Import writes (Spec.MaxWorkspaceBytes).
 	owner    [2]int
 	maxBytes int64
+	// q retries removals that fail (the Backend's); nil without one.
+	q *removals
 	// freezing serialises Export's freezes of the container.
 	freezing sync.Mutex
 
@@ -139,6 +142,12 @@ const Home = policy.WorkspaceDir + "/" + workspace.BookkeepingDir + "/home"
 // copy cannot be raced), attaches to PID 1's standard streams, starts it and
 // completes the agent's handshake. On failure nothing is left behind.
 func Start(ctx context.Context, cli Engine, spec Spec) (*Container, error) {
+	return start(ctx, cli, spec, nil)
+}
+
+// start is Start; with q, what a failure leaves that cannot be removed
+// at once is retried there (cleanup).
+func start(ctx context.Context, cli Engine, spec Spec, q *removals) (*Container, error) {
 	prof := spec.Profile
 	if err := prof.Validate(); err != nil {
 		return nil, err
@@ -146,7 +155,7 @@ func Start(ctx context.Context, cli Engine, spec Spec) (*Container, error) {
 	if spec.WorkspaceDir != "" && spec.Workspace != nil {
 		return nil, errors.New("dockerexec: set WorkspaceDir or Workspace, not both")
 	}
-	c := &Container{cli: cli, name: containerName(prof.Session)}
+	c := &Container{cli: cli, name: containerName(prof.Session), q: q}
 	if prof.SessionUIDs.Count > 0 && !prof.IsRoot() {
 		var err error
 		if c.uid, err = prof.SessionUIDs.Take(); err != nil {
@@ -160,13 +169,13 @@ func Start(ctx context.Context, cli Engine, spec Spec) (*Container, error) {
 	if agentPath == "" {
 		var err error
 		if agentPath, err = FindAgent(); err != nil {
-			c.remove()
+			c.cleanup(ctx)
 			return nil, err
 		}
 	}
 	agentVol, err := agentVolume(ctx, cli, agentPath, prof.Image)
 	if err != nil {
-		c.remove()
+		c.cleanup(ctx)
 		return nil, err
 	}
 
@@ -174,6 +183,8 @@ func Start(ctx context.Context, cli Engine, spec Spec) (*Container, error) {
 	maps.Copy(labels, spec.Labels)
 	c.volume = c.name + "-workspace"
 	if _, err := cli.VolumeCreate(ctx, client.VolumeCreateOptions{Name: c.volume, Labels: labels}); err != nil {
+		// The engine may have made it before the failure reached us.
+		c.cleanup(ctx)
 		return nil, fmt.Errorf("dockerexec: create workspace volume: %w", err)
 	}
 	// An image of sandboxd's own hands its /workspace, owned by the session's
@@ -186,18 +197,18 @@ func Start(ctx context.Context, cli Engine, spec Spec) (*Container, error) {
 	if owned {
 		chowned <- nil
 	} else {
-		go func() { chowned <- chownVolume(ctx, cli, prof.Image, c.volume, uid, gid, labels) }()
+		go func() { chowned <- chownVolume(ctx, cli, q, prof.Image, c.volume, uid, gid, labels) }()
 	}
 	cfg, hc, err := containerConfig(prof, spec.Env, labels, agentVol, c.volume, !owned)
 	if err != nil {
 		<-chowned
-		c.remove()
+		c.cleanup(ctx)
 		return nil, err
 	}
 	m, hostDir, handoff, err := handoffMount(spec.HandoffDir)
 	if err != nil {
 		<-chowned
-		c.remove()
+		c.cleanup(ctx)
 		return nil, err
 	}
 	if handoff {
@@ -220,11 +231,11 @@ func Start(ctx context.Context, cli Engine, spec Spec) (*Container, error) {
 		err = fmt.Errorf("dockerexec: create container: %w", err)
 	}
 	if err != nil {
-		c.remove()
+		c.cleanup(ctx)
 		return nil, err
 	}
 	if err := c.start(ctx, spec, uid, gid); err != nil {
-		c.remove()
+		c.cleanup(ctx)
 		return nil, err
 	}
 	return c, nil
@@ -287,7 +298,7 @@ func (c *Container) connect(ctx context.Context, start func() error) error {
 	logTail := agent.NewLogTail(1024)
 	stderr := io.MultiWriter(logTail, cmp.Or[io.Writer](c.stderr, io.Discard))
 	stream := &attachStream{demux: demux{r: att.Reader, stderr: stderr}, conn: att.Conn}
-	opts := []agent.ClientOption{agent.WithEndExplained(c.endState), agent.WithHangup(c.kill)}
+	opts := []agent.ClientOption{agent.WithEndExplained(c.endState), agent.WithHangup(c.kill), agent.WithStall(c.stalled)}
 	if start == nil {
 		opts = append(opts, agent.WithResync())
 	}
@@ -379,6 +390,24 @@ func (c *Container) Close(ctx context.Context) error {
 }
 
 func (c *Container) remove() { c.removeCtx(context.Background()) }
+
+// cleanup removes what a failed Start made. Without a queue it is remove.
+// With one, a removal that fails is retried there; and when ctx ended
+// because the engine does not answer (watchEngine), the removal goes to
+// the queue at once rather than wait out its bound here.
+func (c *Container) cleanup(ctx context.Context) {
+	if c.q == nil {
+		c.remove()
+		return
+	}
+	if errors.Is(context.Cause(ctx), backend.ErrUnreachable) {
+		c.q.add(c.name, c.removeCtx, nil)
+		return
+	}
+	if err := c.removeCtx(context.Background()); err != nil {
+		c.q.add(c.name, c.removeCtx, err)
+	}
+}
 
 func (c *Container) removeCtx(ctx context.Context) error {
 	// Removal must finish even when the caller's context ends (an HTTP or

@@ -6,8 +6,18 @@
 // ([Container.Agent]) is the workspace's [workspace.FileSystem] and [Bash]
 // its [workspace.Bash], over that one stream. [Backend] opens a session's
 // container from its [backend.Spec]; it is a [backend.Warmer] (containers
-// may wait in a warm pool) and a [backend.Claimer] (daemons sharing an
-// engine claim their name with a marker container).
+// may wait in a warm pool), a [backend.Claimer] (daemons sharing an
+// engine claim their name with a marker container), a [backend.Checker]
+// (Check pings the engine) and a [backend.Remover]: a container or volume
+// the engine refuses to remove (down, slow, a 5xx) is retried in the
+// background, with backoff from 250 ms to 15 s, until it is gone.
+//
+// Engine trouble is told apart from the agent's: while a container
+// starts the engine is pinged every 5 s, and one that leaves a ping
+// unanswered for 10 s, or refuses it, fails the start with an error
+// wrapping [backend.ErrUnreachable]; an agent that misses its deadline in
+// a container that is paused, or behind an engine that does not answer,
+// fails that call as Unavailable and is not killed (agent.WithStall).
 //
 //	c, err := docker.Start(ctx, cli, docker.Spec{Profile: prof, WorkspaceDir: dir})
 //	defer c.Close(context.Background())
@@ -31,6 +41,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -63,18 +74,26 @@ type Backend struct {
 	// its egress connections reach the daemon without crossing the attach
 	// stream (Spec.HandoffDir); "" carries them on the stream.
 	HandoffDir string
+	// Logger receives the failures of removals the backend retries; nil
+	// is slog.Default().
+	Logger *slog.Logger
 	// StateDir, when set, keeps each session's record
 	// (STATEDIR/docker/daemon-NAME/SESSION.json), so that its container
 	// outlives the daemon's run: a run that stops leaves it running
 	// (Instance.Leave), and the daemon's next run resumes it (Resume). ""
 	// keeps none: every container ends with the run that made it.
 	StateDir string
+
+	// rq retries the removals of closed workspaces that failed (Removals).
+	rq removals
 }
 
 var (
 	_ backend.Warmer      = (*Backend)(nil)
 	_ backend.Claimer     = (*Backend)(nil)
 	_ backend.ImageReader = (*Backend)(nil)
+	_ backend.Checker     = (*Backend)(nil)
+	_ backend.Remover     = (*Backend)(nil)
 	_ backend.Resumer     = (*Backend)(nil)
 )
 
@@ -97,32 +116,60 @@ func (d *Backend) Warm(ctx context.Context, spec backend.Spec) (*backend.Instanc
 	return d.start(ctx, spec, prof)
 }
 
+// start starts a container for spec under prof. While it starts, the
+// engine is pinged (watchEngine): an engine that does not answer — gone,
+// or frozen for frozenAfter — fails it with an error wrapping
+// backend.ErrUnreachable, as does any failure while the engine does not
+// answer a ping. What a failed start or a Close could not remove is
+// retried in the background (Removals).
 func (d *Backend) start(ctx context.Context, spec backend.Spec, prof policy.Profile) (*backend.Instance, error) {
-	ref, err := engine.Resolve(ctx, d.Client, prof.Image)
+	wctx, stop := watchEngine(ctx, d.Client)
+	defer stop()
+	c, err := d.startContainer(wctx, spec, prof)
 	if err != nil {
-		return nil, fmt.Errorf("docker backend: %w", err)
-	}
-	prof.Image = ref
-	c, err := Start(ctx, d.Client, Spec{Profile: prof, Labels: spec.Labels, Agent: d.Agent, WorkspaceDir: spec.Source, MaxWorkspaceBytes: d.MaxWorkspaceBytes, HandoffDir: d.HandoffDir})
-	if err != nil {
+		if cause := context.Cause(wctx); ctx.Err() == nil && errors.Is(cause, backend.ErrUnreachable) {
+			return nil, fmt.Errorf("docker backend: %w", cause)
+		}
+		if ctx.Err() == nil {
+			if cerr := d.Check(ctx); cerr != nil {
+				return nil, fmt.Errorf("docker backend: %w (the start failed: %v)", cerr, err)
+			}
+		}
 		return nil, fmt.Errorf("docker backend: %w", err)
 	}
 	return d.instance(c, &recorder{dir: d.daemonDir(spec.Labels[backend.LabelDaemon]), c: c, label: prof.Session}), nil
 }
 
-// instance is the Instance of c; with a StateDir, its session's record is
-// kept by r (Publish), its Close removes it, and Leave leaves c running.
+// instance is the Instance of c. Its Close removes c, and what the engine
+// refuses of that is retried in the background (Removals); with a
+// StateDir, its session's record is kept by r (Publish), its Close removes
+// that too, and Leave leaves c running.
 func (d *Backend) instance(c *Container, r *recorder) *backend.Instance {
+	closeOrQueue := func(ctx context.Context) error {
+		if err := c.Close(ctx); err != nil {
+			d.queue().add(c.Name(), c.removeCtx, err)
+		}
+		return nil
+	}
 	inst := &backend.Instance{
-		FS: c.Agent(), Bash: c.Bash(), Root: policy.WorkspaceDir, ID: c.Name(), Close: c.Close,
+		FS: c.Agent(), Bash: c.Bash(), Root: policy.WorkspaceDir, ID: c.Name(), Close: closeOrQueue,
 		Done: c.Agent().Done(), Err: c.Agent().Err, Accept: c.Accept, Listen: c.Listen,
 		Export: c.Export, Import: c.Import,
 	}
 	if r.dir != "" {
 		inst.Publish, inst.Leave = r.publish, c.leave
-		inst.Close = func(ctx context.Context) error { return errors.Join(c.Close(ctx), r.drop()) }
+		inst.Close = func(ctx context.Context) error { return errors.Join(closeOrQueue(ctx), r.drop()) }
 	}
 	return inst
+}
+
+func (d *Backend) startContainer(ctx context.Context, spec backend.Spec, prof policy.Profile) (*Container, error) {
+	ref, err := engine.Resolve(ctx, d.Client, prof.Image)
+	if err != nil {
+		return nil, err
+	}
+	prof.Image = ref
+	return start(ctx, d.Client, Spec{Profile: prof, Labels: spec.Labels, Agent: d.Agent, WorkspaceDir: spec.Source, MaxWorkspaceBytes: d.MaxWorkspaceBytes, HandoffDir: d.HandoffDir}, d.queue())
 }
 
 // DefaultHandoffDir is where a daemon keeps its containers' handoff

@@ -301,7 +301,7 @@ func (d *Backend) Resume(ctx context.Context, labels map[string]string) ([]backe
 func (d *Backend) resume(ctx context.Context, rec sessionRecord, labels map[string]string) (*Container, error) {
 	c := &Container{
 		cli: d.Client, id: rec.Container, name: rec.Name, volume: rec.Volume,
-		owner: rec.Owner, maxBytes: rec.MaxBytes, handoffDir: rec.HandoffDir,
+		owner: rec.Owner, maxBytes: rec.MaxBytes, handoffDir: rec.HandoffDir, q: d.queue(),
 	}
 	res, err := d.Client.ContainerInspect(ctx, rec.Container, client.ContainerInspectOptions{})
 	switch {

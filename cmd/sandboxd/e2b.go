@@ -55,7 +55,8 @@ func e2bHandler(m *runner.Manager, api *httpapi.Server, cfg e2bConfig, logger *s
 	if err != nil {
 		return nil, err
 	}
-	ctl, envd := http.StripPrefix(e2bPrefix, srv.Control()), srv.Envd()
+	// Behind the API's drain: refused with it, waited for by WaitIdle.
+	ctl, envd := api.Gate(http.StripPrefix(e2bPrefix, srv.Control())), api.Gate(srv.Envd())
 	// The prefix first: the SDK names the sandbox (E2b-Sandbox-Id) on
 	// control-plane calls too (connect).
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -278,22 +278,7 @@ func TestKilledRunIsReaped(t *testing.T) {
 	left := func(pid int) []string {
 		t.Helper()
 		f := make(client.Filters).Add("label", backend.LabelOwnerPID+"="+strconv.Itoa(pid)).Add("label", backend.LabelOwnerHost+"="+backend.Self().Host)
-		cs, err := cli.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: f})
-		if err != nil {
-			t.Fatal(err)
-		}
-		vs, err := cli.VolumeList(ctx, client.VolumeListOptions{Filters: f})
-		if err != nil {
-			t.Fatal(err)
-		}
-		var out []string
-		for _, c := range cs.Items {
-			out = append(out, "container "+c.ID[:12]+" "+string(c.State))
-		}
-		for _, v := range vs.Items {
-			out = append(out, "volume "+v.Name)
-		}
-		return out
+		return dockertest.Leftovers(t, f)
 	}
 	// waitLeft waits for the run's session container to run (beside its
 	// volume and the run's marker, backend.Claimer): the run is past

@@ -502,18 +502,31 @@ func serve(ctx context.Context, sio stdio, cfg serveConfig, dev bool) error {
 		m.Shutdown(context.Background())
 		return err
 	}
-	logger.Info("shutting down: draining calls in flight")
+	// A drain: new requests are answered 503 ShuttingDown (the listener
+	// stays open, so a client is told, not refused), /readyz turns 503,
+	// and the requests in flight finish, until the shutdown timeout.
+	logger.Info("shutting down: draining requests in flight")
 	api.Drain()
 	sctx, cancel := context.WithTimeout(context.Background(), time.Duration(cmp.Or(cfg.ShutdownTimeout, runner.Duration(30*time.Second))))
 	defer cancel()
-	httpDone := make(chan error, 1)
-	go func() { httpDone <- srv.Shutdown(sctx) }()
+	if err := api.WaitIdle(sctx); err != nil {
+		logger.Warn("requests still in flight at the shutdown timeout: their calls are cancelled", "error", err)
+	}
 	merr := m.Shutdown(sctx)
+	// Removals the engine refused (down, slow) are retried: an exit waits
+	// for them, a minute at most, so that it leaks nothing.
+	rctx, rcancel := context.WithTimeout(context.Background(), time.Minute)
+	if err := m.WaitRemovals(rctx); err != nil {
+		merr = errors.Join(merr, err)
+	}
+	rcancel()
 	// Streams that outlive their sessions (an idle MCP GET) do not hold the
-	// daemon past the deadline.
-	if err := <-httpDone; err != nil {
+	// daemon past a moment.
+	hctx, hcancel := context.WithTimeout(context.Background(), 5*time.Second)
+	if err := srv.Shutdown(hctx); err != nil {
 		srv.Close()
 	}
+	hcancel()
 	return merr
 }
 

@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -174,6 +175,31 @@ var checkoutHash = sync.OnceValue(checkout)
 func Sweep(ctx context.Context, c *client.Client, label string) error {
 	_, err := docker.Reap(ctx, c, map[string]string{LabelTest: label}, nil)
 	return err
+}
+
+// Leftovers lists what the engine holds that f matches — containers (ID,
+// state), then volumes — asked of Client(tb), never through a proxy, for
+// a test's check that nothing is left.
+func Leftovers(tb testing.TB, f client.Filters) []string {
+	tb.Helper()
+	ctx := context.Background()
+	cli := Client(tb)
+	cs, err := cli.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: f})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	vs, err := cli.VolumeList(ctx, client.VolumeListOptions{Filters: f})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var out []string
+	for _, c := range cs.Items {
+		out = append(out, "container "+strings.Join(c.Names, ",")+" "+c.ID[:12]+" "+string(c.State))
+	}
+	for _, v := range vs.Items {
+		out = append(out, "volume "+v.Name)
+	}
+	return out
 }
 
 // checkout names the module root the test runs from (the nearest directory

@@ -22,7 +22,9 @@ import (
 // of the daemon name.
 func replicaConfig(t *testing.T, name, replica string) string {
 	t.Helper()
-	data, err := os.ReadFile(config(t, "kubernetes", name))
+	// Replicas leave their sessions to each other at SIGTERM: they must
+	// not end them, as config() makes the other tests' daemons do.
+	data, err := os.ReadFile(config(t, "kubernetes", name, func(cfg map[string]any) { cfg["endSessionsOnExit"] = false }))
 	if err != nil {
 		t.Fatal(err)
 	}

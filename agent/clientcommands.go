@@ -33,7 +33,11 @@ func (c *Client) run(ctx context.Context, cmd workspace.Command, term *workspace
 		Combined: cmd.Combined,
 	}}
 	if term != nil {
-		req.Op, req.Pty = opPty, &ptyRequest{Rows: term.Size.Rows, Cols: term.Size.Cols}
+		size := term.Size
+		if term.Resize != nil {
+			size = term.Resize.Opening(size) // a size asked for before the start
+		}
+		req.Op, req.Pty = opPty, &ptyRequest{Rows: size.Rows, Cols: size.Cols}
 	}
 	call := newCall(req.Op, cmd.Dir, 0)
 	q := newOutQueue()

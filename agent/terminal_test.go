@@ -42,6 +42,27 @@ func TestTerminalNotOffered(t *testing.T) {
 	}
 }
 
+// A size asked for before the start is the one the agent's terminal
+// opens at, not one that follows the start on the stream: a program that
+// looks at once sees it.
+func TestResizeBeforeStartOpensAtIt(t *testing.T) {
+	opened := make(chan workspace.TermSize, 1)
+	c := connect(t, memfs.New(), termFunc{run: func(ctx context.Context, cmd workspace.Command, term workspace.Terminal) (workspace.Result, error) {
+		opened <- term.Size
+		return workspace.Result{}, nil
+	}})
+	r := &workspace.Resizer{}
+	if err := r.Resize(workspace.TermSize{Rows: 7, Cols: 33}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.RunTerminal(context.Background(), workspace.Command{Script: "stty size"}, workspace.Terminal{Size: workspace.TermSize{Rows: 24, Cols: 80}, Resize: r}); err != nil {
+		t.Fatal(err)
+	}
+	if got := <-opened; got != (workspace.TermSize{Rows: 7, Cols: 33}) {
+		t.Errorf("the terminal opened at %+v; want the 7x33 asked for before the start", got)
+	}
+}
+
 // A resize reaches the agent's terminal before the input sent after it:
 // the program reads its input at the new size.
 func TestResizeBeforeLaterInput(t *testing.T) {

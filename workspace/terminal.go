@@ -84,6 +84,20 @@ func (r *Resizer) Attach(apply func(TermSize) error) error {
 	return nil
 }
 
+// Opening is for a TerminalBash: the size a terminal whose start asks for
+// size opens at — the last one asked of r before it opened, else size. A
+// TerminalBash that opens the terminal elsewhere (across a connection)
+// sends this one with its start, so that no program runs at the size of
+// the start while a size asked for before is on its way.
+func (r *Resizer) Opening(size TermSize) TermSize {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.size != (TermSize{}) {
+		return r.size
+	}
+	return size
+}
+
 // Detach is for a TerminalBash: the command has ended, and Resize fails
 // from now on.
 func (r *Resizer) Detach() {

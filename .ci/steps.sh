@@ -33,6 +33,7 @@ step_start() {
   shift
   STEP_ORDER+=("$name")
   log "$name: started ($*)"
+  : > "$CI_LOGS/$name.log" # there before step's tail opens it (the subshell's redirection may come later)
   (
     start=$(ci_secs)
     trap 'rc=$?; times > "$CI_LOGS/$name.cpu"; echo "$rc $start $(ci_secs) $(cpu_of "$CI_LOGS/$name.cpu")" > "$CI_LOGS/$name.time"' EXIT

@@ -92,7 +92,16 @@ func (p *Pool) start(t *testing.T) *Loan {
 		t.Fatal(err)
 	}
 	p.tb.Cleanup(func() { out.Close() })
-	return &Loan{Container: c, Outside: out}
+	l := &Loan{Container: c, Outside: out}
+	// The mkdir above was the container's first command, before which the
+	// session's home is made in the workspace's bookkeeping (docker
+	// Bash.Run): a container is lent with its workspace as empty as a
+	// returned one's, or a case that lists the workspace exactly (the
+	// kit's Walk cases) sees .sandboxd when it gets a new container.
+	if err := l.wipe(); err != nil {
+		t.Fatal(err)
+	}
+	return l
 }
 
 // agentAt starts a second agent in c, through docker exec, that serves the

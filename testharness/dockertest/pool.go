@@ -80,9 +80,14 @@ var startMu sync.Mutex
 
 func (p *Pool) start(t *testing.T) *Loan {
 	t.Helper()
-	startMu.Lock() // the engine starts one at a time anyway; keep the order sane
-	c := Start(p.tb, p.spec)
-	startMu.Unlock()
+	// The engine starts one at a time anyway; keep the order sane. Start
+	// may fail the test (runtime.Goexit): the lock is let go all the same,
+	// or every other case waits for it until the test binary's timeout.
+	c := func() *docker.Container {
+		startMu.Lock()
+		defer startMu.Unlock()
+		return Start(p.tb, p.spec)
+	}()
 	ctx := context.Background()
 	if _, err := c.Bash().Run(ctx, workspace.Command{Argv: []string{"mkdir", "-p", OutsideDir}}); err != nil {
 		t.Fatal(err)

@@ -398,6 +398,9 @@ type rawClient struct {
 	cmd   *exec.Cmd
 	stdin io.WriteCloser
 	lines *bufio.Scanner
+	// held keeps the answers next read past, by id: calls are answered
+	// concurrently, in any order.
+	held map[string]map[string]any
 }
 
 func startRaw(t *testing.T, args ...string) *rawClient {
@@ -414,6 +417,10 @@ func startRawTo(t *testing.T, timeout time.Duration, stderr *os.File, args ...st
 	cmd := exec.CommandContext(ctx, sandboxdBin, append([]string{"mcp"}, args...)...)
 	if stderr != nil {
 		cmd.Stderr = stderr
+		// A run past its time prints where it hangs (the Go runtime's
+		// goroutine dump on SIGQUIT) to stderr, which the test shows.
+		cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGQUIT) }
+		cmd.WaitDelay = 10 * time.Second
 	}
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -442,16 +449,29 @@ func (c *rawClient) send(msg string) {
 	}
 }
 
-// next reads messages until one has the given id (as JSON) or method.
+// next reads messages until one has the given id (as JSON) or method. An
+// answer to another call read meanwhile is kept for the next that asks
+// for it; a notification read meanwhile is dropped.
 func (c *rawClient) next(match string) map[string]any {
 	c.t.Helper()
+	if m, ok := c.held[match]; ok {
+		delete(c.held, match)
+		return m
+	}
 	for c.lines.Scan() {
 		var m map[string]any
 		if err := json.Unmarshal(c.lines.Bytes(), &m); err != nil {
 			c.t.Fatalf("%q: %v", c.lines.Text(), err)
 		}
-		if id, _ := json.Marshal(m["id"]); string(id) == match || m["method"] == match {
+		id, _ := json.Marshal(m["id"])
+		if string(id) == match || m["method"] == match {
 			return m
+		}
+		if _, answer := m["id"]; answer && m["method"] == nil {
+			if c.held == nil {
+				c.held = map[string]map[string]any{}
+			}
+			c.held[string(id)] = m
 		}
 	}
 	c.t.Fatalf("no %s before the end of output (%v)", match, c.lines.Err())

@@ -382,13 +382,16 @@ func TestMCPKilledRunIsDelivered(t *testing.T) {
 			t.Logf("the killed run said:\n%s", data)
 		}
 	}()
+	begun := time.Now()
 	c := startRawTo(t, dockerRunTimeout, first, args...)
+	t.Logf("the first run answered initialize after %v", time.Since(begun).Round(time.Millisecond))
 	c.send(`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"write","arguments":{"path":"work.txt","content":"kept\n"}}}`)
 	c.send(`{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"edit","arguments":{"path":"a.txt","edits":[{"oldText":"beta","newText":"BETA"}]}}}`)
 	for _, id := range []string{"2", "3"} {
 		if r := c.next(id)["result"].(map[string]any); r["isError"] == true {
 			t.Fatalf("call %s: %v", id, r)
 		}
+		t.Logf("call %s answered after %v", id, time.Since(begun).Round(time.Millisecond))
 	}
 	if err := c.cmd.Process.Kill(); err != nil {
 		t.Fatal(err)

@@ -56,6 +56,48 @@ func TestPruneAgentVolumes(t *testing.T) {
 	}
 }
 
+// TestRemoveVolumeInUse: a session's workspace volume that containers
+// the daemon never learned of still mount (a create cut short by a
+// cancelled context after the engine made it: the session's container,
+// a loader) goes, with them; removing it again is no error.
+func TestRemoveVolumeInUse(t *testing.T) {
+	cli := dockertest.Client(t)
+	ctx := context.Background()
+	v, err := cli.VolumeCreate(ctx, client.VolumeCreateOptions{Labels: dockertest.Labels()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.VolumeRemove(context.Background(), v.Volume.Name, client.VolumeRemoveOptions{Force: true}) })
+	var users []string
+	for range 2 {
+		ct, err := cli.ContainerCreate(ctx, client.ContainerCreateOptions{
+			Config:     &container.Config{Image: dockertest.Image(t), Entrypoint: []string{"/.never-started"}, Labels: dockertest.Labels()},
+			HostConfig: &container.HostConfig{NetworkMode: "none", Mounts: []mount.Mount{{Type: mount.TypeVolume, Source: v.Volume.Name, Target: "/workspace"}}},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		users = append(users, ct.ID)
+		t.Cleanup(func() { cli.ContainerRemove(context.Background(), ct.ID, client.ContainerRemoveOptions{Force: true}) })
+	}
+	if _, err := cli.VolumeRemove(ctx, v.Volume.Name, client.VolumeRemoveOptions{Force: true}); err == nil {
+		t.Fatal("the engine removed a volume in use: the case this test stands for does not arise")
+	}
+	for range 2 {
+		if err := docker.RemoveVolume(ctx, cli, v.Volume.Name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := cli.VolumeInspect(ctx, v.Volume.Name, client.VolumeInspectOptions{}); !cerrdefs.IsNotFound(err) {
+		t.Errorf("the volume is left: %v", err)
+	}
+	for _, id := range users {
+		if _, err := cli.ContainerInspect(ctx, id, client.ContainerInspectOptions{}); !cerrdefs.IsNotFound(err) {
+			t.Errorf("container %s, which mounted the volume, is left: %v", id, err)
+		}
+	}
+}
+
 // TestShell: the container says which shell runs its scripts — GNU bash on
 // minimal, busybox's sh on an image without bash (one declared here from
 // busybox-static alone), where bash syntax fails.

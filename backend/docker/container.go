@@ -427,8 +427,8 @@ func (c *Container) removeCtx(ctx context.Context) error {
 		}
 	}
 	if c.volume != "" {
-		if _, err := c.cli.VolumeRemove(ctx, c.volume, client.VolumeRemoveOptions{Force: true}); err != nil && !cerrdefs.IsNotFound(err) {
-			errs = append(errs, fmt.Errorf("dockerexec: remove volume %s: %w", c.volume, err))
+		if err := removeVolume(ctx, c.cli, c.volume); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	c.hmu.Lock()
@@ -444,6 +444,32 @@ func (c *Container) removeCtx(ctx context.Context) error {
 		c.release.Do(func() { policy.ReleaseUID(c.uid) })
 	}
 	return errors.Join(errs...)
+}
+
+// removeVolume removes a session's workspace volume and, first, every
+// container that still mounts it. The volume is the session's alone, so
+// such a container is one of its own whose ID never reached us: the
+// session's container or a loader whose create was cut short by a
+// cancelled context after the engine had made it (the engine answers
+// "volume is in use" for as long as it exists).
+func removeVolume(ctx context.Context, cli Engine, name string) error {
+	_, err := cli.VolumeRemove(ctx, name, client.VolumeRemoveOptions{Force: true})
+	if err == nil || cerrdefs.IsNotFound(err) {
+		return nil
+	}
+	list, lerr := cli.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: make(client.Filters).Add("volume", name)})
+	if lerr != nil || len(list.Items) == 0 {
+		return fmt.Errorf("dockerexec: remove volume %s: %w", name, err)
+	}
+	for _, ct := range list.Items {
+		if _, err := cli.ContainerRemove(ctx, ct.ID, client.ContainerRemoveOptions{Force: true}); err != nil && !cerrdefs.IsNotFound(err) {
+			return fmt.Errorf("dockerexec: remove container %s, which mounts the volume %s: %w", ct.ID, name, err)
+		}
+	}
+	if _, err := cli.VolumeRemove(ctx, name, client.VolumeRemoveOptions{Force: true}); err != nil && !cerrdefs.IsNotFound(err) {
+		return fmt.Errorf("dockerexec: remove volume %s: %w", name, err)
+	}
+	return nil
 }
 
 // Reap removes every container, and then every volume, that carries all of

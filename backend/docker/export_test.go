@@ -3,3 +3,6 @@ package docker
 // PruneAgentVolumes is pruneAgentVolumes, for the tests of package
 // docker_test.
 var PruneAgentVolumes = pruneAgentVolumes
+
+// RemoveVolume is removeVolume, for the tests of package docker_test.
+var RemoveVolume = removeVolume

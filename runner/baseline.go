@@ -9,19 +9,24 @@ import (
 )
 
 // A session's first tree (its baseline, for Diff) is read in the
-// background from the session's start, off the path of Create: the
-// session is handed out, and calls that only read are answered, while it
-// is read. Every call that may change the workspace waits until it is
-// read (Session.BeforeChange), so the baseline is the tree as it was
-// before any change, as when it was read before the session was handed
-// out. While no call waits for it, the read gives way to the calls that
-// only read: it reads one file at a time, and none while such a call is
-// answered.
+// background, off the path of Create and of the session's first answer:
+// the read starts once the first call that only reads has been answered,
+// or at once when a call that may change the workspace (or Diff) comes
+// first. The session is handed out, and calls that only read are
+// answered, while it is read. Every call that may change the workspace
+// waits until it is read (Session.BeforeChange), so the baseline is the
+// tree as it was before any change, as when it was read before the
+// session was handed out. While no call waits for it, the read gives way
+// to the calls that only read: it reads one file at a time, and none while
+// such a call is answered.
 
 // backgroundRead is the state of a baseline's read in the background.
 type backgroundRead struct {
 	// ready is closed once the baseline's tree, store and err are set.
 	ready chan struct{}
+	// start is closed (once, by kick) when the read may begin.
+	start     chan struct{}
+	startOnce sync.Once
 
 	mu sync.Mutex
 	// answering counts the calls that only read being answered, waiting
@@ -45,13 +50,19 @@ const baselineReaders = 1
 
 // takeBaseline starts reading the tree of a new session's workspace (its
 // files' contents into a private store in the host's temporary directory)
-// in the background. The read ends with the session (s.ctx): close waits
-// for it and removes its store.
+// in the background, once kicked (see kick). The read ends with the
+// session (s.ctx): close waits for it and removes its store.
 func (m *Manager) takeBaseline(s *Session) *baseline {
-	bg := &backgroundRead{ready: make(chan struct{}), changed: make(chan struct{})}
+	bg := &backgroundRead{ready: make(chan struct{}), start: make(chan struct{}), changed: make(chan struct{})}
 	b := &baseline{bg: bg}
 	go func() {
 		defer close(bg.ready)
+		select {
+		case <-bg.start:
+		case <-s.ctx.Done():
+			b.err = context.Cause(s.ctx)
+			return
+		}
 		r := readBaseline(s.ctx, s.inst.FS, bg.pace)
 		b.tree, b.store, b.err = r.tree, r.store, r.err
 		if b.err != nil && s.ctx.Err() == nil {
@@ -101,6 +112,7 @@ func (b *baseline) wait(ctx context.Context) error {
 		baselineWaitHook()
 	}
 	bg := b.bg
+	bg.kick()
 	bg.count(&bg.waiting, 1)
 	defer bg.count(&bg.waiting, -1)
 	select {
@@ -112,7 +124,8 @@ func (b *baseline) wait(ctx context.Context) error {
 }
 
 // answer marks a call that only reads as answered until done is called:
-// the read gives way to it meanwhile.
+// the read gives way to it meanwhile, and starts, if it has not yet, once
+// it is done.
 func (b *baseline) answer() (done func()) {
 	if b.complete() {
 		return func() {}
@@ -120,8 +133,16 @@ func (b *baseline) answer() (done func()) {
 	bg := b.bg
 	bg.count(&bg.answering, 1)
 	var once sync.Once
-	return func() { once.Do(func() { bg.count(&bg.answering, -1) }) }
+	return func() {
+		once.Do(func() {
+			bg.count(&bg.answering, -1)
+			bg.kick()
+		})
+	}
 }
+
+// kick lets the read begin; it may be called any number of times.
+func (bg *backgroundRead) kick() { bg.startOnce.Do(func() { close(bg.start) }) }
 
 // count adds d to *n and wakes the read.
 func (bg *backgroundRead) count(n *int, d int) {

@@ -49,8 +49,8 @@ const startupRounds = 21
 // `sandboxd mcp` does before its first answer — on an empty workspace and
 // on a 10,000-file one, interleaved in one run (after one pair not
 // counted, which warms what every start shares), and fails when the ratio
-// of their medians is over maxStartupRatio: the ratio, never an absolute
-// time. The local backend works on the directory in place (local.Dir, as
+// of their lower quartiles is over maxStartupRatio (see quartileOf; the
+// medians' ratio is reported too): the ratio, never an absolute time. The local backend works on the directory in place (local.Dir, as
 // `sandboxd mcp --backend local`). The memory backend's workspace is made
 // before the clock starts (a copy of the directory, which is the memory
 // backend's own cost, as large as the tree: reported as copy-ms, not
@@ -100,18 +100,32 @@ func BenchmarkStartup(b *testing.B) {
 			ms := func(d time.Duration) float64 { return d.Seconds() * 1000 }
 			e, g := medianOf(onEmpty), medianOf(onBig)
 			ratio := g.Seconds() / e.Seconds()
+			qe, qg := quartileOf(onEmpty), quartileOf(onBig)
+			guarded := qg.Seconds() / qe.Seconds()
 			b.ReportMetric(ms(e), "empty-ms")
 			b.ReportMetric(ms(g), "10k-ms")
 			b.ReportMetric(ratio, "ratio")
+			b.ReportMetric(guarded, "p25-ratio")
 			if copying > 0 {
 				b.ReportMetric(ms(copying)/float64(len(onBig)), "copy-ms")
 			}
-			b.Logf("%s: start to first call, median of %d: %.1f ms empty, %.1f ms on 10,000 files: %.2f×", tc.name, len(onBig), ms(e), ms(g), ratio)
-			if ratio > maxStartupRatio {
-				b.Fatalf("start-up on 10,000 files is %.2f× that on an empty workspace, over %d×", ratio, maxStartupRatio)
+			b.Logf("%s: start to first call, median of %d: %.1f ms empty, %.1f ms on 10,000 files: %.2f×; lower quartile %.1f ms, %.1f ms: %.2f×",
+				tc.name, len(onBig), ms(e), ms(g), ratio, ms(qe), ms(qg), guarded)
+			if guarded > maxStartupRatio {
+				b.Fatalf("start-up on 10,000 files is %.2f× that on an empty workspace (lower quartiles), over %d×", guarded, maxStartupRatio)
 			}
 		})
 	}
+}
+
+// quartileOf is the lower quartile of ds: on a loaded machine a start-up
+// is only ever slowed (a preempted process, a busy disk), so the lower
+// quartiles compare what each start-up costs with less of that noise
+// than the medians; a workspace-sized cost shows in both.
+func quartileOf(ds []time.Duration) time.Duration {
+	ds = slices.Clone(ds)
+	slices.Sort(ds)
+	return ds[len(ds)/4]
 }
 
 // medianOf is the middle of ds (of the two middle ones, the larger).

@@ -31,7 +31,12 @@ func TestBaselineOffTheStart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	<-held // the session is out; its first tree's read has begun and is held
+	// The first answer comes before the read begins; the read then begins,
+	// and is held.
+	if r, err := s.Call(ctx, "ls", json.RawMessage(`{"path":"."}`), tools.CallOptions{}); err != nil || r.IsError {
+		t.Fatalf("ls: %+v, %v", r, err)
+	}
+	<-held
 	for _, c := range []struct{ tool, args string }{
 		{"read", `{"path":"d01/f00001.txt"}`},
 		{"ls", `{"path":"d02"}`},
@@ -141,9 +146,24 @@ func TestCloseDuringBaseline(t *testing.T) {
 	t.Setenv("TMPDIR", tmp) // not parallel: os.MkdirTemp reads it
 	held, _, _ := runner.HoldBaselines(t)
 	m := newManager(t, memory.Backend{TempDir: t.TempDir()})
-	s, err := m.Create(context.Background(), runner.CreateRequest{Tenant: "acme", Source: bigTree(t, 200)})
+	src := bigTree(t, 200)
+	// A session that ends before any call never reads its first tree.
+	idle, err := m.Create(context.Background(), runner.CreateRequest{Tenant: "acme", Source: src})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if err := m.Delete(context.Background(), "acme", idle.ID()); err != nil {
+		t.Fatal(err)
+	}
+	if !runner.BaselineComplete(idle) {
+		t.Fatal("the first tree's read outlived its session")
+	}
+	s, err := m.Create(context.Background(), runner.CreateRequest{Tenant: "acme", Source: src})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := s.Call(context.Background(), "ls", json.RawMessage(`{"path":"."}`), tools.CallOptions{}); err != nil || r.IsError {
+		t.Fatalf("ls: %+v, %v", r, err)
 	}
 	<-held
 	if kept, _ := filepath.Glob(filepath.Join(tmp, "sandboxd-delivery-*")); len(kept) != 1 {

@@ -227,6 +227,15 @@ type Instance struct {
 	// to the workspace's user, with the stream's permission bits. Without
 	// it the host writes them through FS (snapshot.ReadTree).
 	Import func(ctx context.Context, r io.Reader) error
+	// StateDir, when not nil, is a private directory of the daemon's host
+	// (mode 0700, made if missing) for what the session host keeps of
+	// session beside its record (Publish): its journal, its diff's first
+	// tree. It lives as long as the record does — left by Leave, the same
+	// directory again for the run that resumes the session ([Resumer]),
+	// removed by Close — and the workspace's processes cannot reach it.
+	// Nil where nothing of the host's outlives the run (a replica that
+	// adopts the session has none of it).
+	StateDir func(session string) (string, error)
 	// Leave, when not nil, is Close for a run that stops while others of
 	// its daemon go on (replicas, [Adopter]) or its next run takes the
 	// session back ([Resumer]): it releases what this run holds and leaves

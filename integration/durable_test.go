@@ -31,13 +31,27 @@ func countsOn(t *testing.T, cli *client.Client, container string, after int) int
 	return n
 }
 
+// fileDiff is the part of patch, a git-format patch, that changes name.
+func fileDiff(patch, name string) string {
+	for part := range strings.SplitSeq(patch, "diff --git ") {
+		if strings.HasPrefix(part, "a/"+name+" b/"+name+"\n") {
+			return part
+		}
+	}
+	return ""
+}
+
 // TestServeRestartKeepsSessions: a Docker session outlives `sandboxd
 // serve` killed with SIGKILL and, then, stopped with SIGTERM: each time the
 // restarted daemon answers for the same session ID, with its file; its
-// background command ran on meanwhile, and bash_output gives the lines
-// written while no daemon ran; a detached call the first run accepted
-// answers 410 Interrupted. session rm --all ends the session, and a stop
-// then leaves nothing of the daemon on the engine.
+// journal and its first tree came back with it — the diff since its start
+// shows the same change of that file, and after the SIGKILL the edit made
+// before it is undone (journal_revert), which the SIGTERM's restart keeps
+// too — and nothing is said lost; its background command ran on
+// meanwhile, and bash_output gives the lines written while no daemon ran;
+// a detached call the first run accepted answers 410 Interrupted.
+// session rm --all ends the session, and a stop then leaves nothing of the
+// daemon on the engine.
 func TestServeRestartKeepsSessions(t *testing.T) {
 	cli := dockertest.Client(t) // fails under CI without an engine; skips elsewhere
 	name := daemonName(t)
@@ -48,6 +62,29 @@ func TestServeRestartKeepsSessions(t *testing.T) {
 	if r := d.call(acmeToken, s.ID, "write", map[string]any{"path": "kept.txt", "content": "kept\n"}); r.IsError {
 		t.Fatal(r.Content)
 	}
+	if r := d.call(acmeToken, s.ID, "edit", map[string]any{"path": "kept.txt", "edits": []map[string]string{{"oldText": "kept", "newText": "kept, edited"}}}); r.IsError {
+		t.Fatal(r.Content)
+	}
+	// The background command below writes n as it counts: the diff of
+	// kept.txt alone is compared.
+	diff := func(d *daemon) string {
+		t.Helper()
+		return fileDiff(string(d.do(acmeToken, "GET", "/v1/sessions/"+s.ID+"/diff", nil, http.StatusOK, nil)), "kept.txt")
+	}
+	commits := func(d *daemon) int {
+		t.Helper()
+		r := d.call(acmeToken, s.ID, "journal_list", map[string]any{})
+		list, _ := r.StructuredContent["commits"].([]any)
+		if r.IsError {
+			t.Fatal(r.Content)
+		}
+		return len(list)
+	}
+	kept := diff(d)
+	if !strings.Contains(kept, "+kept, edited\n") {
+		t.Fatalf("the diff of kept.txt before the restarts: %q", kept)
+	}
+	journaled := commits(d)
 	bg := d.call(acmeToken, s.ID, "bash", map[string]any{"command": dockertest.Counting, "background": true})
 	id, _ := bg.StructuredContent["id"].(string)
 	if bg.IsError || id == "" {
@@ -86,6 +123,27 @@ func TestServeRestartKeepsSessions(t *testing.T) {
 		}
 		if r := d.call(acmeToken, s.ID, "read", map[string]any{"path": "kept.txt"}); r.IsError || !strings.Contains(r.Content[0].Text, "kept") {
 			t.Fatalf("after %s: its file: %+v", stop.name, r)
+		}
+		if len(back.Lost) != 0 {
+			t.Fatalf("after %s: the session lost %q", stop.name, back.Lost)
+		}
+		if got := diff(d); got != kept {
+			t.Fatalf("after %s: the diff of kept.txt since the start is\n%s\nwant\n%s", stop.name, got, kept)
+		}
+		if n := commits(d); n != journaled {
+			t.Fatalf("after %s: %d commits in the journal, want %d", stop.name, n, journaled)
+		}
+		if stop.name == "SIGKILL" { // undo the edit the first run made
+			if r := d.call(acmeToken, s.ID, "journal_revert", map[string]any{"to": journaled - 1}); r.IsError {
+				t.Fatalf("after %s: undoing the edit: %+v", stop.name, r)
+			}
+			if r := d.call(acmeToken, s.ID, "read", map[string]any{"path": "kept.txt"}); r.IsError || strings.Contains(r.Content[0].Text, "edited") {
+				t.Fatalf("after %s: kept.txt once the edit is undone: %+v", stop.name, r)
+			}
+			kept, journaled = diff(d), journaled+1
+			if !strings.Contains(kept, "+kept\n") || strings.Contains(kept, "edited") {
+				t.Fatalf("after %s: the diff of kept.txt once the edit is undone: %q", stop.name, kept)
+			}
 		}
 		if out := output(d); !strings.Contains(out, "tick "+strconv.Itoa(meanwhile)+"\n") {
 			t.Fatalf("after %s: bash_output %q lacks tick %d, written while no daemon ran", stop.name, out, meanwhile)

@@ -35,6 +35,10 @@ type record struct {
 	// (Detach records each before it answers): those a later run does not
 	// have were interrupted (ErrInterrupted).
 	Detached []string `json:"detached,omitempty"`
+	// Skills are the catalogue's skills active in the session
+	// (tools.Set.ActiveSkills): load_skill's are recorded before it
+	// answers, and a later run activates them again.
+	Skills []string `json:"skills,omitempty"`
 }
 
 // adoptTimeout bounds one adoption (Get of a session another replica
@@ -54,6 +58,9 @@ func (m *Manager) publish(ctx context.Context, s *Session, tenantEgress []string
 	r.Settings = s.settings
 	r.Detached = s.detachedIDs()
 	s.mu.Unlock()
+	if s.set != nil {
+		r.Skills = s.set.ActiveSkills()
+	}
 	if s.eg != nil && len(s.eg.secrets) > 0 {
 		r.Placeholders = map[string]string{}
 		for _, sec := range s.eg.secrets {
@@ -103,7 +110,7 @@ func (m *Manager) adopt(ad backend.Adopter, tenant, id string, notFound error) (
 		inst.Close(ctx)
 		return nil, fmt.Errorf("runner: the record of session %s names another (%s of %s): %w", id, rec.Session, rec.Tenant, workspace.ErrUnavailable)
 	}
-	s, err := m.revive(ctx, inst, rec, "the session was taken over from another replica, which kept its first tree")
+	s, err := m.revive(ctx, inst, rec, "the replica that held it before")
 	if err != nil {
 		return nil, err
 	}
@@ -114,9 +121,12 @@ func (m *Manager) adopt(ad backend.Adopter, tenant, id string, notFound error) (
 // revive makes the session of a workspace another run of the daemon
 // opened, from the record it published (adopted from a replica, resumed
 // after a restart): its settings, tenant, creation time and expiry, judged
-// again under this run's configuration, which must allow them. Its diff
-// has no baseline (noBase says why). On failure inst is closed.
-func (m *Manager) revive(ctx context.Context, inst *backend.Instance, rec backend.Record, noBase string) (*Session, error) {
+// again under this run's configuration, which must allow them; and what
+// it kept beside its record (kept.go) — its journal, its first tree, its
+// skills — or, where that is missing or damaged, Info.Lost says so. from
+// names the run that held it before ("the replica that held it before").
+// On failure inst is closed.
+func (m *Manager) revive(ctx context.Context, inst *backend.Instance, rec backend.Record, from string) (*Session, error) {
 	tenant, id := rec.Tenant, rec.Session
 	var r record
 	if err := json.Unmarshal(rec.Data, &r); err != nil {
@@ -149,7 +159,19 @@ func (m *Manager) revive(ctx context.Context, inst *backend.Instance, rec backen
 	}
 	s.created, s.pooled, s.tenantEgress = r.Created, r.Pooled, r.TenantEgress
 	s.interrupted = r.Detached
-	s.base = &baseline{err: errors.New(noBase)}
+	var lost []string
+	if why := m.keptJournal(ctx, s, from); why != "" {
+		lost = append(lost, why)
+	}
+	var why string
+	if s.base, why = m.keptBaseline(s, from); why != "" {
+		lost = append(lost, "the diff since its start: "+why)
+	}
+	lost = append(lost, keptSkills(s, r.Skills)...)
+	s.lost = lost
+	if len(lost) > 0 {
+		m.o.logger.Warn("the session did not get back all it had", "tenant", tenant, "session", id, "lost", lost)
+	}
 	if err := m.track(ctx, s); err != nil {
 		return nil, err
 	}

@@ -2,6 +2,8 @@ package runner
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"sync"
 
 	"github.com/sandboxd/sandboxd/delivery"
@@ -49,9 +51,11 @@ var baselineWaitHook func()
 const baselineReaders = 1
 
 // takeBaseline starts reading the tree of a new session's workspace (its
-// files' contents into a private store in the host's temporary directory)
-// in the background, once kicked (see kick). The read ends with the
-// session (s.ctx): close waits for it and removes its store.
+// files' contents into a private store) in the background, once kicked
+// (see kick): in the session's state directory when it has one
+// (keptBaseline reads it back there), else in the host's temporary
+// directory. The read ends with the session (s.ctx): close waits for it
+// and removes a temporary store.
 func (m *Manager) takeBaseline(s *Session) *baseline {
 	bg := &backgroundRead{ready: make(chan struct{}), start: make(chan struct{}), changed: make(chan struct{})}
 	b := &baseline{bg: bg}
@@ -63,7 +67,7 @@ func (m *Manager) takeBaseline(s *Session) *baseline {
 			b.err = context.Cause(s.ctx)
 			return
 		}
-		r := readBaseline(s.ctx, s.inst.FS, bg.pace)
+		r := readBaseline(s.ctx, s.inst.FS, s.baselineDir(), bg.pace)
 		b.tree, b.store, b.err = r.tree, r.store, r.err
 		if b.err != nil && s.ctx.Err() == nil {
 			m.o.logger.Warn("the session's first tree was not read: it has no diff since its start", "session", s.id, "err", b.err)
@@ -72,8 +76,18 @@ func (m *Manager) takeBaseline(s *Session) *baseline {
 	return b
 }
 
-func readBaseline(ctx context.Context, fsys workspace.FileSystem, pace func(context.Context) error) *baseline {
-	st, err := delivery.NewStore()
+// readBaseline reads the tree of fsys into a store: one kept in dir, with
+// the tree once read (delivery.KeepTree), or, with dir "", a temporary
+// one. A kept baseline whose read fails is removed: the run that resumes
+// the session finds none, and says so.
+func readBaseline(ctx context.Context, fsys workspace.FileSystem, dir string, pace func(context.Context) error) *baseline {
+	var st *delivery.Store
+	var err error
+	if dir != "" {
+		st, err = delivery.OpenStore(filepath.Join(dir, objectsDir))
+	} else {
+		st, err = delivery.NewStore()
+	}
 	if err != nil {
 		return &baseline{err: err}
 	}
@@ -81,8 +95,17 @@ func readBaseline(ctx context.Context, fsys workspace.FileSystem, pace func(cont
 		baselineHook(ctx)
 	}
 	t, err := delivery.Snapshot(ctx, fsys, st, delivery.WithReaders(baselineReaders), delivery.WithPace(pace))
+	if err == nil && dir != "" {
+		err = delivery.KeepTree(dir, t)
+	}
 	if err != nil {
 		st.Close()
+		if dir != "" && ctx.Err() == nil {
+			// Cut short as the session ended (or left), the read is left
+			// for the run that resumes it to do again: nothing changed
+			// the workspace meanwhile.
+			os.RemoveAll(dir)
+		}
 		return &baseline{err: err}
 	}
 	return &baseline{tree: t, store: st}

@@ -243,7 +243,7 @@ func (s *Session) Diff(ctx context.Context, req DiffRequest) (*Diff, error) {
 		return nil, err
 	}
 	if req.Since == nil && s.base.err != nil {
-		return nil, fmt.Errorf("runner: the session's tree was not read when it began, so there is nothing to compare with: %w", s.base.err)
+		return nil, fmt.Errorf("runner: the session has no first tree to compare with (a diff since a journal commit works): %w", s.base.err)
 	}
 	st, err := delivery.NewStore()
 	if err != nil {
@@ -266,15 +266,14 @@ func (d *Diff) compute(ctx context.Context, s *Session, req DiffRequest) error {
 	if err != nil {
 		return err
 	}
-	base, from, err := s.base.get()
-	if err != nil {
-		return fmt.Errorf("runner: the session's first tree: %w", err)
-	}
+	var base *delivery.Tree
+	var from contents = d.store
 	if req.Since != nil {
 		if base, err = d.journalBase(ctx, s, *req.Since, now); err != nil {
 			return err
 		}
-		from = d.store
+	} else if base, from, err = s.base.get(); err != nil {
+		return fmt.Errorf("runner: the session's first tree: %w", err)
 	}
 	d.Changes = delivery.Changes(base, now)
 	maps.Copy(d.Skipped, base.Skipped)

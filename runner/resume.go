@@ -47,7 +47,7 @@ func (m *Manager) resume(ctx context.Context, r backend.Resumer) {
 			m.o.logger.Info("session of an earlier run ended", "tenant", rec.Tenant, "session", rec.Session, "reason", why, "error", err)
 			continue
 		}
-		s, err := m.revive(ctx, rs.Instance, rec, "the session was resumed by a later run of the daemon, which does not have its first tree")
+		s, err := m.revive(ctx, rs.Instance, rec, "the run of the daemon that made it")
 		if err != nil {
 			m.o.logger.Warn("session of an earlier run not resumed", "tenant", rec.Tenant, "session", rec.Session, "error", err)
 			continue

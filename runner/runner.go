@@ -253,8 +253,24 @@ func WithCACerts(pem []byte) Option {
 }
 
 // JournalStores makes the store of one session's journal (tools.Env's
-// JournalStore) and returns how to remove it once the session has ended.
-type JournalStores func() (store workspace.FileSystem, drop func() error, err error)
+// JournalStore) and returns how to let go of it once the session has
+// ended.
+type JournalStores func(req JournalStoreRequest) (store workspace.FileSystem, drop func() error, err error)
+
+// JournalStoreRequest says whose journal a store is for, and where it is
+// kept.
+type JournalStoreRequest struct {
+	// Session names the session.
+	Session string
+	// Dir, when not empty, is a private directory (mode 0700) that outlives
+	// the daemon's run with the session (backend.Instance.StateDir): the
+	// store is to be kept there, made if missing, and found there again by
+	// the run that resumes the session; drop then only lets go of it (the
+	// backend removes Dir with the session), and a journal found damaged
+	// there is set aside by the session host, Dir's entries moved out.
+	// Empty: the store is the session's alone, and drop removes it.
+	Dir string
+}
 
 // WithJournalStores gives each session's journal a store of f's: a file
 // system the session's commands cannot reach, so that they cannot choose

@@ -650,6 +650,29 @@ func TestMissingCredentialStopsStart(t *testing.T) {
 	}
 }
 
+// privateJournals makes journal stores as the daemon does: in the
+// session's state directory when it has one (kept: drop leaves it), else a
+// new private directory of TMPDIR's, which drop removes.
+func privateJournals(req runner.JournalStoreRequest) (workspace.FileSystem, func() error, error) {
+	dir := req.Dir
+	if dir == "" {
+		var err error
+		if dir, err = os.MkdirTemp("", "sandboxd-journal-"); err != nil {
+			return nil, nil, err
+		}
+	} else if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, nil, err
+	}
+	fsys, err := localfs.New(dir, localfs.WithSync(false))
+	if err != nil {
+		return nil, nil, err
+	}
+	if req.Dir != "" {
+		return fsys, fsys.Close, nil
+	}
+	return fsys, func() error { return errors.Join(fsys.Close(), os.RemoveAll(dir)) }, nil
+}
+
 // TestJournalStoreOutsideTheWorkspace: a session's journal is kept in the
 // store WithJournalStores makes — here a private directory, as the
 // daemon's — not in the workspace its commands can write, and the store
@@ -657,18 +680,7 @@ func TestMissingCredentialStopsStart(t *testing.T) {
 func TestJournalStoreOutsideTheWorkspace(t *testing.T) {
 	tmp := t.TempDir()
 	t.Setenv("TMPDIR", tmp) // not parallel: os.MkdirTemp reads it
-	private := func() (workspace.FileSystem, func() error, error) {
-		dir, err := os.MkdirTemp("", "sandboxd-journal-")
-		if err != nil {
-			return nil, nil, err
-		}
-		fsys, err := localfs.New(dir, localfs.WithSync(false))
-		if err != nil {
-			return nil, nil, err
-		}
-		return fsys, func() error { return errors.Join(fsys.Close(), os.RemoveAll(dir)) }, nil
-	}
-	m := newManager(t, memory.Backend{TempDir: t.TempDir()}, runner.WithGrants(tools.GrantFSWrite), runner.WithJournalStores(private))
+	m := newManager(t, memory.Backend{TempDir: t.TempDir()}, runner.WithGrants(tools.GrantFSWrite), runner.WithJournalStores(privateJournals))
 	s := create(t, m, "acme", runner.Settings{Grants: []string{tools.GrantFSWrite}, Always: []string{"read", "edit"}})
 	r, err := s.Call(context.Background(), "write", json.RawMessage(`{"path":"a.txt","content":"a\n"}`), tools.CallOptions{})
 	if err != nil || r.IsError || r.Commit == nil {

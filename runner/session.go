@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -40,6 +42,11 @@ type Session struct {
 	tenantEgress []string
 	// base is the workspace's tree as the session began (Diff).
 	base *baseline
+	// state is the directory of what the session keeps beside its record
+	// (backend.Instance.StateDir: its journal, its first tree), "" for
+	// none; lost says what a resumed or adopted session did not get back.
+	state string
+	lost  []string
 
 	ctx    context.Context // ends when the session does
 	cancel context.CancelCauseFunc
@@ -86,13 +93,18 @@ func toolsError(err error) error {
 const removeTimeout = time.Minute
 
 // journalStore makes the store of a session's journal with the store
-// WithJournalStores gives, or none: the journal is then kept in memory
+// WithJournalStores gives, kept in the session's state directory when it
+// has one, or none: the journal is then kept in memory
 // (tools.Env.JournalStore nil).
-func (m *Manager) journalStore() (store workspace.FileSystem, drop func() error, err error) {
+func (m *Manager) journalStore(id, state string) (store workspace.FileSystem, drop func() error, err error) {
 	if m.o.journalStores == nil {
 		return nil, func() error { return nil }, nil
 	}
-	return m.o.journalStores()
+	req := JournalStoreRequest{Session: id}
+	if state != "" {
+		req.Dir = filepath.Join(state, journalDir)
+	}
+	return m.o.journalStores(req)
 }
 
 // sessionOut is what a session's egress starts from: the policy, the
@@ -108,14 +120,21 @@ type sessionOut struct {
 // it, with the tool configuration its request was judged to have (Create's
 // resolve, adopt's record): it judges nothing again.
 func (m *Manager) newSession(id, tenant string, st Settings, cfg tools.Config, inst *backend.Instance, lifetime, idle time.Duration, out sessionOut) (*Session, error) {
-	store, dropJournal, err := m.journalStore()
+	var state string
+	if inst.StateDir != nil {
+		var err error
+		if state, err = inst.StateDir(id); err != nil {
+			return nil, fmt.Errorf("runner: %w", err)
+		}
+	}
+	store, dropJournal, err := m.journalStore(id, state)
 	if err != nil {
 		return nil, err
 	}
 	now := time.Now()
 	s := &Session{
 		m: m, id: id, tenant: tenant, settings: st, created: now, lastUsed: now,
-		lifetime: lifetime, idle: idle, inst: inst, dropJournal: dropJournal,
+		lifetime: lifetime, idle: idle, inst: inst, dropJournal: dropJournal, state: state,
 	}
 	s.ctx, s.cancel = context.WithCancelCause(context.Background())
 	s.eg = m.newSessionEgress(s, out.policy, out.tenantRules, out.secrets)
@@ -125,6 +144,8 @@ func (m *Manager) newSession(id, tenant string, st Settings, cfg tools.Config, i
 		Scope:        st.Scope,
 		JournalStore: store,
 		Gate:         func(ctx context.Context, readOnly bool) (func(), error) { return s.base.gate(ctx, readOnly) },
+		// An activated skill is in the record before load_skill answers.
+		SkillsChanged: func(ctx context.Context) error { return m.publish(ctx, s, s.tenantEgress) },
 	}
 	if s.eg != nil {
 		env.Egress = s.eg
@@ -211,6 +232,11 @@ type Info struct {
 	// Detached are the session's detached calls (Detach), running or
 	// ended and kept.
 	Detached []CallInfo `json:"detached,omitempty"`
+	// Lost says what a session resumed by a later run of the daemon, or
+	// taken over from another replica, did not get back of what it had —
+	// its journal's history, its diff since its start, a skill — each
+	// with why; empty when it lost none of them.
+	Lost []string `json:"lost,omitempty"`
 }
 
 // Info returns a snapshot of the session.
@@ -221,6 +247,7 @@ func (s *Session) Info() Info {
 		ID: s.id, Tenant: s.tenant, Backend: s.m.backend.Name(), Root: s.inst.Root, Workspace: s.inst.ID,
 		Settings: s.settings, Created: s.created, LastUsed: s.lastUsed,
 		IdleTimeout: Duration(s.idle), CallsInFlight: s.inflight, Pooled: s.pooled, ForkOf: s.forkOf,
+		Lost: slices.Clone(s.lost),
 	}
 	if s.lifetime > 0 {
 		t := s.created.Add(s.lifetime)
@@ -423,7 +450,13 @@ func (s *Session) close(ctx context.Context, cause error, drain bool) error {
 		if leaving {
 			release = s.inst.Leave
 		}
-		s.closeErr = errors.Join(release(rctx), s.dropJournal(), s.base.close())
+		// The first tree's read and the journal's store are done with
+		// before the workspace is released: Close removes the session's
+		// state directory, where they may be kept, and nothing writes
+		// there after.
+		berr := s.base.close()
+		jerr := s.dropJournal()
+		s.closeErr = errors.Join(release(rctx), jerr, berr)
 		s.eg.close()
 		cancel()
 		s.m.release(s.tenant)

@@ -43,7 +43,7 @@ var loadSkillTool = newTool(spec[loadSkillArgs, *LoadSkillResult]{
 	readOnly: yes,
 })
 
-func (s *Set) loadSkill(_ context.Context, p loadSkillArgs, c *call) (Result, error) {
+func (s *Set) loadSkill(ctx context.Context, p loadSkillArgs, c *call) (Result, error) {
 	sk := skillByName(p.Skill)
 	if sk == nil {
 		return Result{}, invalid("unknown skill %q: the skills are workspace.read, workspace.edit, workspace.shell", p.Skill)
@@ -55,6 +55,14 @@ func (s *Set) loadSkill(_ context.Context, p loadSkillArgs, c *call) (Result, er
 	changed := !s.active[sk.name]
 	s.active[sk.name] = true
 	s.mu.Unlock()
+	if changed && s.env.SkillsChanged != nil {
+		if err := s.env.SkillsChanged(ctx); err != nil {
+			s.mu.Lock()
+			s.active[sk.name] = false
+			s.mu.Unlock()
+			return Result{}, fmt.Errorf("%s was not loaded: %w", sk.name, err)
+		}
+	}
 	tools := s.registered(sk)
 	if changed && c.opts.ToolsChanged != nil {
 		c.opts.ToolsChanged()

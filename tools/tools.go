@@ -89,6 +89,12 @@ type Env struct {
 	// is read (its diff's baseline), and lets that read give way to a call
 	// that only reads. An error fails the call, which then changes nothing.
 	Gate func(ctx context.Context, readOnly bool) (done func(), err error)
+	// SkillsChanged, when set, is called once load_skill made a skill
+	// active, before the call answers: the daemon keeps the session's
+	// active skills (ActiveSkills) with its record, for the run that
+	// resumes it. An error fails the call, and the skill is made inactive
+	// again.
+	SkillsChanged func(ctx context.Context) error
 }
 
 // Tool describes one tool of the catalogue; it marshals to the shape of
@@ -436,6 +442,38 @@ func (s *Set) Skills() []Skill {
 		})
 	}
 	return out
+}
+
+// ActiveSkills returns the names of the catalogue's skills (those
+// load_skill activates) active now, in its order.
+func (s *Set) ActiveSkills() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for _, sk := range skillDefs {
+		if s.active[sk.name] {
+			out = append(out, sk.name)
+		}
+	}
+	return out
+}
+
+// Activate makes skill active as load_skill does, without a call and
+// without Env.SkillsChanged: a host gives a session back the skills it had
+// (ActiveSkills). It fails, activating nothing, for a skill that is
+// unknown or whose grant the set does not have.
+func (s *Set) Activate(skill string) error {
+	sk := skillByName(skill)
+	if sk == nil {
+		return fmt.Errorf("tools: unknown skill %q", skill)
+	}
+	if !s.granted(sk) {
+		return fmt.Errorf("tools: the skill %s needs the grant %s, which this session does not have", sk.name, sk.grant)
+	}
+	s.mu.Lock()
+	s.active[sk.name] = true
+	s.mu.Unlock()
+	return nil
 }
 
 func (s *Set) granted(sk *skillDef) bool {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"image"
 	"image/gif"
@@ -442,6 +443,58 @@ func TestEditTool(t *testing.T) {
 	}
 	if f.file("crlf.txt") != before || f.file("latin1.txt") != "caf\xe9\n" {
 		t.Error("a failed edit changed the file")
+	}
+}
+
+// TestSkillsKept: load_skill calls Env.SkillsChanged before it answers,
+// and a failure there fails the call with the skill left off;
+// ActiveSkills lists what is active, and Activate makes a skill active
+// again on another set (a resumed session's) — but one not granted.
+func TestSkillsKept(t *testing.T) {
+	ctx := context.Background()
+	cfg := tools.DefaultConfig()
+	cfg.Grants = []string{"fs.write"}
+	var fail error
+	kept := 0
+	set, err := tools.New(tools.Env{FS: memfs.New(), SkillsChanged: func(context.Context) error { kept++; return fail }}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fail = errors.New("the record cannot be written")
+	if r := set.Call(ctx, "load_skill", json.RawMessage(`{"skill":"workspace.edit"}`), tools.CallOptions{}); !r.IsError || !strings.Contains(r.Text, "the record cannot be written") {
+		t.Fatalf("load_skill whose skills cannot be kept: %s", r.Text)
+	}
+	if got := set.ActiveSkills(); !reflect.DeepEqual(got, []string{"workspace.read"}) {
+		t.Fatalf("active after the failed load_skill: %q", got)
+	}
+	fail = nil
+	if r := set.Call(ctx, "load_skill", json.RawMessage(`{"skill":"workspace.edit"}`), tools.CallOptions{}); r.IsError || kept != 2 {
+		t.Fatalf("load_skill: %s (kept %d times)", r.Text, kept)
+	}
+	if r := set.Call(ctx, "load_skill", json.RawMessage(`{"skill":"workspace.edit"}`), tools.CallOptions{}); r.IsError || kept != 2 {
+		t.Fatalf("load_skill of an active skill: %s (kept %d times, want no change)", r.Text, kept)
+	}
+	skills := set.ActiveSkills()
+	if !reflect.DeepEqual(skills, []string{"workspace.read", "workspace.edit"}) {
+		t.Fatalf("active skills: %q", skills)
+	}
+	again, err := tools.New(tools.Env{FS: memfs.New()}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sk := range skills {
+		if err := again.Activate(sk); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if r := again.Call(ctx, "write", json.RawMessage(`{"path":"a","content":"x"}`), tools.CallOptions{}); r.IsError {
+		t.Fatalf("write once the skills are activated again: %s", r.Text)
+	}
+	if err := again.Activate("workspace.shell"); err == nil || !strings.Contains(err.Error(), "shell.exec") {
+		t.Fatalf("Activate of a skill not granted: %v", err)
+	}
+	if err := again.Activate("nope"); err == nil {
+		t.Fatal("Activate of an unknown skill succeeded")
 	}
 }
 

@@ -157,7 +157,7 @@ func (d *Backend) instance(c *Container, r *recorder) *backend.Instance {
 		Export: c.Export, Import: c.Import,
 	}
 	if r.dir != "" {
-		inst.Publish, inst.Leave = r.publish, c.leave
+		inst.Publish, inst.Leave, inst.StateDir = r.publish, c.leave, r.stateDir
 		inst.Close = func(ctx context.Context) error { return errors.Join(closeOrQueue(ctx), r.drop()) }
 	}
 	return inst

@@ -23,7 +23,10 @@ import (
 // session's record is a file of the daemon's own,
 // STATEDIR/docker/daemon-NAME/SESSION.json (mode 0600, its directories
 // 0700), written whole (a temporary file synced, then renamed) before the
-// session is handed out and removed once the session's container is.
+// session is handed out and removed once the session's container is; what
+// the session host keeps beside it (Instance.StateDir: its journal, its
+// diff's first tree) is the directory SESSION.state there, removed with
+// it.
 // A daemon's run that stops leaves its sessions' containers running
 // (Instance.Leave); its next run reconnects to them (Resume). While a run
 // lives it touches the directory's heartbeat file every heartbeatEvery,
@@ -75,7 +78,31 @@ func recordName(dir, session string) (string, error) {
 	if session == "" || nameUnsafe.MatchString(session) || strings.Trim(session, ".") == "" {
 		return "", fmt.Errorf("docker backend: session ID %q cannot name a record", session)
 	}
-	return filepath.Join(dir, session+".json"), nil
+	return filepath.Join(dir, session+recordExt), nil
+}
+
+// Names in a daemon's directory: a session's record, and the directory
+// of what its host keeps beside it (Instance.StateDir).
+const (
+	recordExt = ".json"
+	stateExt  = ".state"
+)
+
+// stateName is the state directory of the session whose record is the
+// file record.
+func stateName(record string) string {
+	return strings.TrimSuffix(record, recordExt) + stateExt
+}
+
+// dropRecord removes the record file name and its session's state
+// directory, the record first: a state directory without a record is
+// removed by the next Resume.
+func dropRecord(name string) error {
+	err := os.Remove(name)
+	if errors.Is(err, fs.ErrNotExist) {
+		err = nil
+	}
+	return errors.Join(err, os.RemoveAll(stateName(name)))
 }
 
 // recorder keeps one container's record: written by publish, removed by
@@ -88,6 +115,28 @@ type recorder struct {
 	mu   sync.Mutex
 	path string // the record's file once published
 	kept bool   // the uid is kept (policy.KeepUID)
+	// state is the session's state directory once made (stateDir).
+	state string
+}
+
+// stateDir makes the state directory of the container's session
+// (Instance.StateDir).
+func (r *recorder) stateDir(session string) (string, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	name, err := recordName(r.dir, session)
+	if err != nil {
+		return "", err
+	}
+	dir := stateName(name)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", fmt.Errorf("docker backend: the session's state directory: %w", err)
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return "", fmt.Errorf("docker backend: the session's state directory: %w", err)
+	}
+	r.state = dir
+	return dir, nil
 }
 
 // publish writes the record of the container's session (Instance.Publish).
@@ -118,18 +167,19 @@ func (r *recorder) publish(_ context.Context, rec backend.Record) error {
 	return nil
 }
 
-// drop removes the record, once the container is removed.
+// drop removes the record and the session's state directory, once the
+// container is removed.
 func (r *recorder) drop() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.path == "" {
-		return nil
+	var err error
+	if r.path != "" {
+		err = dropRecord(r.path)
 	}
-	err := os.Remove(r.path)
-	if errors.Is(err, fs.ErrNotExist) {
-		err = nil
+	if r.state != "" {
+		err = errors.Join(err, os.RemoveAll(r.state))
 	}
-	r.path = ""
+	r.path, r.state = "", ""
 	return err
 }
 
@@ -176,7 +226,7 @@ func records(dir string) (recs map[string]sessionRecord, errs []error) {
 	if dir == "" {
 		return recs, nil
 	}
-	names, err := filepath.Glob(filepath.Join(dir, "*.json"))
+	names, err := filepath.Glob(filepath.Join(dir, "*"+recordExt))
 	if err != nil {
 		return recs, []error{err}
 	}
@@ -275,7 +325,9 @@ var _ backend.Resumer = (*Backend)(nil)
 // and with its record. It removes, container, volume and record, every
 // session whose container no longer runs, does not carry labels, or whose
 // uid another session holds, and drops the records of containers that are
-// gone. What it returns is the caller's, as from Open.
+// gone, with their state directories (Instance.StateDir), and the state
+// directories no record names. What it returns is the caller's, as from
+// Open.
 func (d *Backend) Resume(ctx context.Context, labels map[string]string) ([]backend.Resumed, error) {
 	dir := d.daemonDir(labels[backend.LabelDaemon])
 	recs, errs := records(dir)
@@ -286,15 +338,38 @@ func (d *Backend) Resume(ctx context.Context, labels map[string]string) ([]backe
 			errs = append(errs, err)
 		}
 		if c == nil {
-			if err := os.Remove(name); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			if err := dropRecord(name); err != nil {
 				errs = append(errs, err)
 			}
 			continue
 		}
 		r := &recorder{dir: dir, c: c, label: rec.Label, path: name, kept: c.uid != 0}
+		if _, err := os.Stat(stateName(name)); err == nil {
+			r.state = stateName(name)
+		}
 		out = append(out, backend.Resumed{Instance: d.instance(c, r), Record: rec.Record, Seen: lastSeen(dir, name)})
 	}
-	return out, errors.Join(errs...)
+	return out, errors.Join(append(errs, dropStrayStates(dir))...)
+}
+
+// dropStrayStates removes the state directories of dir that no record
+// names (a run that died between a record's removal and its state's).
+func dropStrayStates(dir string) error {
+	if dir == "" {
+		return nil
+	}
+	names, err := filepath.Glob(filepath.Join(dir, "*"+stateExt))
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, name := range names {
+		record := strings.TrimSuffix(name, stateExt) + recordExt
+		if _, err := os.Lstat(record); errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, os.RemoveAll(name))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // resume takes back the container of rec, or removes it and returns nil.

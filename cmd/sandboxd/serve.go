@@ -79,7 +79,8 @@ type serveConfig struct {
 	// (--build-missing sets it too).
 	BuildMissing bool `json:"buildMissing"`
 	// StateDir is the daemon's own state: the records of Docker sessions
-	// that outlive it (docker/daemon-NAME), and the defaults of dataDir
+	// that outlive it, with their journals and first trees
+	// (docker/daemon-NAME), and the defaults of dataDir
 	// (sessions) and snapshots.dir (snapshots/NAME) (default
 	// $XDG_STATE_HOME/sandboxd or ~/.local/state/sandboxd).
 	StateDir string `json:"stateDir"`
@@ -595,22 +596,35 @@ func printWelcome(sio stdio, url, backend, image, devToken string) {
 }
 
 // journalStore makes the store of a session's journal (runner.JournalStores):
-// a private directory of the daemon's (mode 0700 in the host's temporary
-// directory), outside every backend's workspace — a container's processes
-// cannot reach it — so a session's commands cannot choose what the journal
-// restores. drop removes it; a crashed daemon's stores stay behind as
-// sandboxd-journal-*. Nothing reads a store but the session that made it,
-// which does not outlive the daemon, so its writes are not flushed to
-// stable storage (fsync cost a journaled write three flushes, most of its
-// time).
-func journalStore() (store workspace.FileSystem, drop func() error, err error) {
-	dir, err := os.MkdirTemp("", "sandboxd-journal-")
-	if err != nil {
+// a private directory of the daemon's (mode 0700), outside every backend's
+// workspace — a container's processes cannot reach it — so a session's
+// commands cannot choose what the journal restores. For a session that
+// outlives the daemon's run (req.Dir: Docker with a state directory) it
+// is that directory, which drop leaves and the backend removes with the
+// session; for any other, a new one in the host's temporary directory,
+// which drop removes (a crashed daemon's stay behind as
+// sandboxd-journal-*). Its writes are not flushed to stable storage
+// (fsync cost a journaled write three flushes, most of its time): the
+// store outlives the daemon's death, not the host's — and a host's
+// restart ends the sessions, whose containers do not run again.
+func journalStore(req runner.JournalStoreRequest) (store workspace.FileSystem, drop func() error, err error) {
+	dir, keep := req.Dir, req.Dir != ""
+	if keep {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, nil, fmt.Errorf("the session's journal store: %w (check the state directory, stateDir)", err)
+		}
+	} else if dir, err = os.MkdirTemp("", "sandboxd-journal-"); err != nil {
 		return nil, nil, fmt.Errorf("the session's journal store: %w (set TMPDIR to a writable directory)", err)
 	}
 	fsys, err := localfs.New(dir, localfs.WithSync(false))
 	if err != nil {
-		return nil, nil, errors.Join(err, os.RemoveAll(dir))
+		if !keep {
+			err = errors.Join(err, os.RemoveAll(dir))
+		}
+		return nil, nil, err
+	}
+	if keep {
+		return fsys, fsys.Close, nil
 	}
 	return fsys, func() error { return errors.Join(fsys.Close(), os.RemoveAll(dir)) }, nil
 }

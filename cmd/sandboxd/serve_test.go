@@ -286,7 +286,7 @@ func TestSessionCallExitStatus(t *testing.T) {
 func TestJournalStore(t *testing.T) {
 	tmp := t.TempDir()
 	t.Setenv("TMPDIR", tmp)
-	store, drop, err := journalStore()
+	store, drop, err := journalStore(runner.JournalStoreRequest{Session: "s-1"})
 	if err != nil {
 		t.Fatal(err)
 	}

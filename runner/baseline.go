@@ -59,6 +59,14 @@ const baselineReaders = 1
 func (m *Manager) takeBaseline(s *Session) *baseline {
 	bg := &backgroundRead{ready: make(chan struct{}), start: make(chan struct{}), changed: make(chan struct{})}
 	b := &baseline{bg: bg}
+	if dir := s.baselineDir(); dir != "" {
+		// There from the start: a run that resumes the session before
+		// the read has kept a tree reads it again (keptBaseline), which
+		// is exact, as nothing changes the workspace before the read.
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			m.o.logger.Warn("the session's first tree has no place in its state directory", "session", s.id, "err", err)
+		}
+	}
 	go func() {
 		defer close(bg.ready)
 		select {

@@ -34,6 +34,9 @@ type baseline struct {
 	// started in the background; nil when tree, store and err were set as
 	// the baseline was made.
 	bg *backgroundRead
+	// keeping is the copy of pack into the session's state directory
+	// (keepPack), which close waits for.
+	keeping sync.WaitGroup
 }
 
 // contents are a baseline's files, by object name: a delivery.Store, or a
@@ -60,7 +63,15 @@ func (m *Manager) baselineOf(s *Session, o origin) *baseline {
 		m.o.logger.Warn("the snapshot the session started from cannot be read again: its first tree is read from the workspace", "session", s.id, "err", err)
 		return m.takeBaseline(s)
 	}
-	return &baseline{pack: r}
+	b := &baseline{pack: r}
+	if dir := s.baselineDir(); dir != "" {
+		b.keeping.Go(func() {
+			if err := keepPack(s.ctx, dir, b); err != nil && s.ctx.Err() == nil {
+				m.o.logger.Warn("the session's first tree, its snapshot's, was not kept: after a restart of the daemon it has no diff since its start", "session", s.id, "err", err)
+			}
+		})
+	}
+	return b
 }
 
 // get returns the tree and its contents, made from the pack on first use.
@@ -137,6 +148,7 @@ func (b *baseline) close() error {
 	if b.bg != nil {
 		<-b.bg.ready
 	}
+	b.keeping.Wait()
 	switch {
 	case b.pack != nil:
 		return b.pack.Close()

@@ -246,3 +246,54 @@ func TestDockerDamagedSessionStateIsRefused(t *testing.T) {
 		})
 	}
 }
+
+// TestDockerForkDiffSurvivesRestart: a fork's first tree is its snapshot's,
+// which goes once the forks have it; the fork keeps a copy beside its
+// record, so its diff since its start is the same patch after the daemon
+// leaves it and another run resumes it, and nothing is reported lost.
+func TestDockerForkDiffSurvivesRestart(t *testing.T) {
+	state := t.TempDir()
+	snaps := snapshotStore(t)
+	opts := []runner.Option{runner.WithJournalStores(privateJournals), runner.WithSnapshots(snaps)}
+	m, _ := durableManager(t, state, opts...)
+	defer m.Shutdown(context.Background())
+	src, _ := startedSession(t, m)
+	forks, err := m.Fork(context.Background(), "acme", src.ID(), runner.ForkRequest{Count: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fork := forks[0]
+	callOK(t, fork, tools.LoadSkill, map[string]any{"skill": "workspace.edit"})
+	callOK(t, fork, "write", map[string]any{"path": "fork.txt", "content": "forked\n"})
+	callOK(t, fork, "edit", map[string]any{"path": "a.txt", "edits": []map[string]string{{"oldText": "one", "newText": "uno"}}})
+	kept := filepath.Join(stateOf(t, state, fork.ID()), "baseline", "tree.json")
+	waitFor(t, func() bool { _, err := os.Stat(kept); return err == nil })
+	patch, err := diffOf(context.Background(), fork)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"b/fork.txt", "-one\n", "+uno\n"} {
+		if !strings.Contains(patch, want) {
+			t.Fatalf("the fork's diff lacks %q:\n%s", want, patch)
+		}
+	}
+	if strings.Contains(patch, "base.txt") {
+		t.Fatalf("the fork's diff shows what its source changed before the fork:\n%s", patch)
+	}
+	if err := m.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+
+	again, _ := durableManager(t, state, opts...)
+	defer again.Shutdown(context.Background())
+	back, err := again.Get("acme", fork.ID())
+	if err != nil {
+		t.Fatalf("the fork after the restart: %v", err)
+	}
+	if lost := back.Info().Lost; len(lost) != 0 {
+		t.Fatalf("the fork lost %q", lost)
+	}
+	if got, err := diffOf(context.Background(), back); err != nil || got != patch {
+		t.Fatalf("the fork's diff since its start after the restart: %v\n%s\nwant\n%s", err, got, patch)
+	}
+}

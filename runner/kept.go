@@ -45,6 +45,53 @@ func (s *Session) baselineDir() string {
 	return filepath.Join(s.state, baselineDir)
 }
 
+// keepPack keeps the first tree b holds as a snapshot's pack in dir, as
+// readBaseline keeps one read from the workspace, so that the session's
+// diff since its start outlives the pack (a fork's snapshot goes once the
+// forks have it; a tenant may delete its own) and the daemon. The copy is
+// made in a directory beside dir and renamed to dir once whole: the
+// workspace may change while it is made (nothing waits for a pack), so a
+// copy cut short must leave no dir at all, which a resuming run reports
+// as lost rather than reading the changed workspace as the first tree.
+func keepPack(ctx context.Context, dir string, b *baseline) error {
+	t, c, err := b.get()
+	if err != nil {
+		return err
+	}
+	part := dir + ".part"
+	if err := os.RemoveAll(part); err != nil {
+		return err
+	}
+	err = func() error {
+		st, err := delivery.OpenStore(filepath.Join(part, objectsDir))
+		if err != nil {
+			return err
+		}
+		for name, e := range t.Files {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			data, err := c.Get(e.OID)
+			if err != nil {
+				return fmt.Errorf("%s: %w", name, err)
+			}
+			if oid, err := st.Put(data); err != nil {
+				return err
+			} else if oid != e.OID {
+				return fmt.Errorf("%s: the snapshot's content is not the one its tree names", name)
+			}
+		}
+		if err := delivery.KeepTree(part, t); err != nil {
+			return err
+		}
+		return os.Rename(part, dir)
+	}()
+	if err != nil {
+		os.RemoveAll(part)
+	}
+	return err
+}
+
 // keptContents are a kept first tree's contents, each checked against its
 // object name as it is read.
 type keptContents struct{ st *delivery.Store }
@@ -71,7 +118,7 @@ func (m *Manager) keptBaseline(s *Session, from string) (b *baseline, lost strin
 		return &baseline{err: errors.New(why)}, why
 	}
 	if _, err := os.Stat(dir); err != nil {
-		why := "the daemon kept no first tree of the session (one that starts from a snapshot, a template or a fork keeps it only while the run that made it lives; one whose read failed keeps none)"
+		why := "the daemon kept no first tree of the session (one whose read failed keeps none; one that starts from a snapshot, a template or a fork keeps it once it is copied from the snapshot, in the background)"
 		return &baseline{err: errors.New(why)}, why
 	}
 	t, err := delivery.ReadKeptTree(dir)

@@ -49,6 +49,19 @@ func (m *Manager) publish(ctx context.Context, s *Session, tenantEgress []string
 	}
 	s.publishing.Lock() // one record at a time, the newest last
 	defer s.publishing.Unlock()
+	rec, err := s.record(tenantEgress)
+	if err != nil {
+		return err
+	}
+	if err := s.inst.Publish(ctx, rec); err != nil {
+		return fmt.Errorf("runner: keeping the session's record with its workspace: %w", err)
+	}
+	return nil
+}
+
+// record is what another run of the daemon needs to take s back
+// (revive), the tenant's egress rules it was made with among it.
+func (s *Session) record(tenantEgress []string) (backend.Record, error) {
 	r := record{TenantEgress: tenantEgress, Lifetime: Duration(s.lifetime), Idle: Duration(s.idle), Created: s.created, Pooled: s.pooled}
 	s.mu.Lock()
 	r.Settings = s.settings
@@ -62,13 +75,9 @@ func (m *Manager) publish(ctx context.Context, s *Session, tenantEgress []string
 	}
 	data, err := json.Marshal(r)
 	if err != nil {
-		return err
+		return backend.Record{}, err
 	}
-	rec := backend.Record{Session: s.id, Tenant: s.tenant, Data: data, Created: s.created, Lifetime: s.lifetime, Idle: s.idle}
-	if err := s.inst.Publish(ctx, rec); err != nil {
-		return fmt.Errorf("runner: keeping the session's record with its workspace: %w", err)
-	}
-	return nil
+	return backend.Record{Session: s.id, Tenant: s.tenant, Data: data, Created: s.created, Lifetime: s.lifetime, Idle: s.idle}, nil
 }
 
 // adopt takes over the tenant's session id from another replica of the
@@ -103,7 +112,7 @@ func (m *Manager) adopt(ad backend.Adopter, tenant, id string, notFound error) (
 		inst.Close(ctx)
 		return nil, fmt.Errorf("runner: the record of session %s names another (%s of %s): %w", id, rec.Session, rec.Tenant, workspace.ErrUnavailable)
 	}
-	s, err := m.revive(ctx, inst, rec, "the session was taken over from another replica, which kept its first tree")
+	s, err := m.revive(ctx, inst, rec, revival{noBase: "the session was taken over from another replica, which kept its first tree"})
 	if err != nil {
 		return nil, err
 	}
@@ -115,8 +124,8 @@ func (m *Manager) adopt(ad backend.Adopter, tenant, id string, notFound error) (
 // opened, from the record it published (adopted from a replica, resumed
 // after a restart): its settings, tenant, creation time and expiry, judged
 // again under this run's configuration, which must allow them. Its diff
-// has no baseline (noBase says why). On failure inst is closed.
-func (m *Manager) revive(ctx context.Context, inst *backend.Instance, rec backend.Record, noBase string) (*Session, error) {
+// has no baseline (rv.noBase says why). On failure inst is closed.
+func (m *Manager) revive(ctx context.Context, inst *backend.Instance, rec backend.Record, rv revival) (*Session, error) {
 	tenant, id := rec.Tenant, rec.Session
 	var r record
 	if err := json.Unmarshal(rec.Data, &r); err != nil {
@@ -142,14 +151,18 @@ func (m *Manager) revive(ctx context.Context, inst *backend.Instance, rec backen
 	if err := m.reserve(tenant, 0); err != nil {
 		return nil, errors.Join(err, inst.Close(ctx))
 	}
-	s, err := m.newSession(id, tenant, r.Settings, cfg, inst, time.Duration(r.Lifetime), time.Duration(r.Idle), sessionOut{out, r.TenantEgress, secrets})
+	var past *tools.PastBackground
+	if len(rv.background) > 0 {
+		past = &tools.PastBackground{Commands: rv.background, Cause: pausedCause(rv.pausedAt), At: rv.pausedAt}
+	}
+	s, err := m.newSession(id, tenant, r.Settings, cfg, inst, time.Duration(r.Lifetime), time.Duration(r.Idle), sessionOut{out, r.TenantEgress, secrets}, past)
 	if err != nil {
 		m.release(tenant)
 		return nil, errors.Join(err, inst.Close(ctx))
 	}
 	s.created, s.pooled, s.tenantEgress = r.Created, r.Pooled, r.TenantEgress
 	s.interrupted = r.Detached
-	s.base = &baseline{err: errors.New(noBase)}
+	s.base = &baseline{err: errors.New(rv.noBase)}
 	if err := m.track(ctx, s); err != nil {
 		return nil, err
 	}

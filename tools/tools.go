@@ -89,6 +89,11 @@ type Env struct {
 	// is read (its diff's baseline), and lets that read give way to a call
 	// that only reads. An error fails the call, which then changes nothing.
 	Gate func(ctx context.Context, readOnly bool) (done func(), err error)
+	// PastBackground, when set, are the background commands of the
+	// session's earlier workspace, which ended with it (a pause):
+	// bash_output and bash_kill answer them as they ended, saying why, and
+	// the workspace's own are numbered after them.
+	PastBackground *PastBackground
 }
 
 // Tool describes one tool of the catalogue; it marshals to the shape of
@@ -306,6 +311,9 @@ func New(env Env, cfg Config) (*Set, error) {
 	s.bg = &backgrounds{}
 	if env.Bash != nil {
 		s.bg.BackgroundBash, s.bg.durable = workspace.Background(env.Bash)
+		if p := env.PastBackground; p != nil && len(p.Commands) > 0 {
+			s.bg.BackgroundBash, s.bg.cause = pastBackground(s.bg.BackgroundBash, p), p.Cause
+		}
 	}
 	for _, r := range []scope.Rules{cfg.Rules(), env.Scope} {
 		if !r.IsZero() {

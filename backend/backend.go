@@ -105,9 +105,11 @@ type Adopter interface {
 type Resumer interface {
 	Backend
 	// Resume reconnects to every workspace of labels' daemon that has a
-	// record and runs, and returns each with its record. It removes, with
-	// their records, the workspaces that no longer run (a container that
-	// stopped or was removed) and those that cannot be taken back (their
+	// record and runs, and returns each with its record; one whose record
+	// says it is paused (Instance.Pause) is returned paused (Resumed.Paused),
+	// not started. It removes, with their records, the workspaces that no
+	// longer run (a container that stopped or was removed; a paused one
+	// whose container is gone) and those that cannot be taken back (their
 	// uid held by another session); what it returns the caller holds, to
 	// Close or Leave. It runs once, after Reap, before the first Open.
 	Resume(ctx context.Context, labels map[string]string) ([]Resumed, error)
@@ -115,7 +117,11 @@ type Resumer interface {
 
 // Resumed is a workspace Resume took back.
 type Resumed struct {
+	// Instance is the running workspace; nil when it is paused.
 	Instance *Instance
+	// Paused is the workspace when it was paused (Instance.Pause), and
+	// stays so until Paused.Resume; nil when it runs.
+	Paused *Paused
 	// Record is what the session host last published for it.
 	Record Record
 	// Seen is when the run that held the workspace was last known to be
@@ -241,6 +247,32 @@ type Instance struct {
 	// session back ([Resumer]): it releases what this run holds and leaves
 	// the workspace, and the session in it, for another run to adopt or
 	// resume. It is called once, instead of Close.
+	Leave func(ctx context.Context) error
+	// Pause, when not nil, stops the workspace to give back its CPU and
+	// memory, keeping its files: every process in it ends (what was in
+	// flight is cut, background commands end with it) and what Publish
+	// kept says it is paused, so that the daemon's next run finds it
+	// paused (Resumer). On success the instance is over, as after Leave
+	// (neither Close nor Leave is called), and the Paused it returns
+	// brings the workspace back. On failure the instance is still the
+	// caller's, to Close.
+	Pause func(ctx context.Context) (*Paused, error)
+}
+
+// Paused is a workspace that Instance.Pause stopped: its files are kept,
+// nothing runs in it and it holds no CPU or memory. Exactly one of a
+// Resume that succeeds, Close and Leave ends the caller's hold of it.
+type Paused struct {
+	// ID and Root are the workspace's, as Instance's.
+	ID, Root string
+	// Resume starts the workspace again and returns it running, with the
+	// files it had, as a new Instance whose Publish keeps the same record.
+	// On failure the workspace stays paused: Resume may be tried again.
+	Resume func(ctx context.Context) (*Instance, error)
+	// Close removes the workspace, its files and its record.
+	Close func(ctx context.Context) error
+	// Leave, when not nil, releases what this run holds of the workspace
+	// and keeps it, paused, for the daemon's next run (Resumer).
 	Leave func(ctx context.Context) error
 }
 

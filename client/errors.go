@@ -57,6 +57,12 @@ var (
 	// ErrSnapshotsOff: the daemon keeps no snapshots (501):
 	// runner.ErrNoSnapshots.
 	ErrSnapshotsOff = runner.ErrNoSnapshots
+	// ErrPaused: the session is paused; SessionResume brings it back
+	// (409): runner.ErrPaused.
+	ErrPaused = runner.ErrPaused
+	// ErrPauseOff: the daemon's backend cannot pause sessions (501):
+	// runner.ErrNoPause.
+	ErrPauseOff = runner.ErrNoPause
 )
 
 // The workspace kinds callers test most, for convenience: an *Error of
@@ -76,6 +82,8 @@ var kinds = map[string]error{
 	"SessionEnded":    ErrSessionEnded,
 	"TooManySessions": ErrTooManySessions,
 	"Busy":            ErrBusy,
+	"Paused":          ErrPaused,
+	"PauseOff":        ErrPauseOff,
 	"Overloaded":      ErrOverloaded,
 	"ShuttingDown":    ErrShuttingDown,
 	"ResultNotKept":   ErrResultNotKept,

@@ -109,3 +109,39 @@ func (c *Client) SessionFork(ctx context.Context, id string, opts SessionForkOpt
 	err := c.sendJSON(ctx, http.MethodPost, sessionPath(id, "fork"), httpapi.ForkRequest{Count: opts.Count, Settings: opts.Settings}, &out)
 	return SessionForkResult{Sessions: out.Sessions}, err
 }
+
+// SessionPauseOptions is for SessionPause; it has no fields yet.
+type SessionPauseOptions struct{}
+
+// SessionPauseResult is the session, paused.
+type SessionPauseResult struct {
+	Session runner.Info
+}
+
+// SessionPause pauses the session (POST /v1/sessions/ID/pause): its
+// workspace stops, giving back its CPU and memory and keeping its files;
+// its processes and background commands end. Until SessionResume its
+// calls fail with ErrPaused (unless the daemon resumes it on its own,
+// autoResume). A backend that cannot pause is ErrPauseOff.
+func (c *Client) SessionPause(ctx context.Context, id string, _ SessionPauseOptions) (SessionPauseResult, error) {
+	var res SessionPauseResult
+	err := c.sendJSON(ctx, http.MethodPost, sessionPath(id, "pause"), nil, &res.Session)
+	return res, err
+}
+
+// SessionResumeOptions is for SessionResume; it has no fields yet.
+type SessionResumeOptions struct{}
+
+// SessionResumeResult is the session, running.
+type SessionResumeResult struct {
+	Session runner.Info
+}
+
+// SessionResume brings a paused session back (POST
+// /v1/sessions/ID/resume): the same ID, settings and files; a session
+// that runs is answered as it is.
+func (c *Client) SessionResume(ctx context.Context, id string, _ SessionResumeOptions) (SessionResumeResult, error) {
+	var res SessionResumeResult
+	err := c.sendJSON(ctx, http.MethodPost, sessionPath(id, "resume"), nil, &res.Session)
+	return res, err
+}

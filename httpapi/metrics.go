@@ -18,6 +18,7 @@ import (
 //
 //	sandboxd_sessions                        live sessions
 //	sandboxd_sessions_lost_total             sessions ended because their workspace died
+//	sandboxd_sessions_paused                 paused sessions (no CPU, no memory)
 //	sandboxd_removals_pending                workspace removals the engine refused, waiting for a retry
 //	sandboxd_removals_failed_total           failed attempts to remove a workspace (each is retried)
 //	sandboxd_pool_ready{image[,template]}    ready workspaces of each warm pool
@@ -94,6 +95,8 @@ func (m *Metrics) write(w io.Writer, st runner.Stats) {
 	fmt.Fprintf(&b, "sandboxd_sessions %d\n", total)
 	family("sandboxd_sessions_lost_total", "counter", "Sessions ended because their workspace died (a container killed or removed from outside).")
 	fmt.Fprintf(&b, "sandboxd_sessions_lost_total %d\n", st.Lost)
+	family("sandboxd_sessions_paused", "gauge", "Paused sessions: their files kept, no CPU or memory held (POST /v1/sessions/ID/pause).")
+	fmt.Fprintf(&b, "sandboxd_sessions_paused %d\n", st.Paused)
 	family("sandboxd_removals_pending", "gauge", "Removals of closed workspaces (containers, volumes) the engine refused, retried in the background until they succeed.")
 	fmt.Fprintf(&b, "sandboxd_removals_pending %d\n", st.Removals.Pending)
 	family("sandboxd_removals_failed_total", "counter", "Failed attempts to remove a closed workspace; each is retried.")

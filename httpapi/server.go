@@ -231,6 +231,8 @@ func (s *Server) routes() []route {
 		{"GET", "/v1/sessions/{id}/diff", true, f(s.diff)},
 		{"POST", "/v1/sessions/{id}/snapshots", true, f(s.createSnapshot)},
 		{"POST", "/v1/sessions/{id}/fork", true, f(s.forkSession)},
+		{"POST", "/v1/sessions/{id}/pause", true, f(s.pauseSession)},
+		{"POST", "/v1/sessions/{id}/resume", true, f(s.resumeSession)},
 		{"GET", "/v1/snapshots", true, f(s.listSnapshots)},
 		{"GET", "/v1/snapshots/{id}", true, f(s.getSnapshot)},
 		{"DELETE", "/v1/snapshots/{id}", true, f(s.deleteSnapshot)},
@@ -517,17 +519,20 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) listSessions(w http.ResponseWriter, r *http.Request) {
-	out := sessionList{Sessions: []runner.Info{}}
-	for _, sess := range s.m.List(tenantOf(r).Name) {
-		out.Sessions = append(out.Sessions, sess.Info())
+	out := sessionList{Sessions: s.m.Sessions(tenantOf(r).Name)}
+	if out.Sessions == nil {
+		out.Sessions = []runner.Info{}
 	}
 	writeJSON(w, http.StatusOK, out)
 }
 
 func (s *Server) getSession(w http.ResponseWriter, r *http.Request) {
-	if sess, ok := s.session(w, r); ok {
-		writeJSON(w, http.StatusOK, sess.Info())
+	info, err := s.m.Describe(tenantOf(r).Name, r.PathValue("id"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
 	}
+	writeJSON(w, http.StatusOK, info)
 }
 
 func (s *Server) deleteSession(w http.ResponseWriter, r *http.Request) {
@@ -622,6 +627,10 @@ func classify(err error) (int, string) {
 		return http.StatusServiceUnavailable, workspace.ErrUnavailable.Name()
 	case errors.Is(err, errMemory):
 		return http.StatusServiceUnavailable, "Overloaded"
+	case errors.Is(err, runner.ErrPaused):
+		return http.StatusConflict, "Paused"
+	case errors.Is(err, runner.ErrNoPause):
+		return http.StatusNotImplemented, "PauseOff"
 	case errors.Is(err, runner.ErrClosed):
 		return http.StatusGone, "SessionEnded"
 	case errors.Is(err, runner.ErrResultNotKept):

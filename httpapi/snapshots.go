@@ -109,3 +109,25 @@ func (s *Server) forkSession(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, http.StatusCreated, out)
 }
+
+// pauseSession stops the session's workspace, keeping its files
+// (runner.Manager.Pause), and answers it paused.
+func (s *Server) pauseSession(w http.ResponseWriter, r *http.Request) {
+	info, err := s.m.Pause(r.Context(), tenantOf(r).Name, r.PathValue("id"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, info)
+}
+
+// resumeSession brings a paused session back (runner.Manager.Resume) and
+// answers it running.
+func (s *Server) resumeSession(w http.ResponseWriter, r *http.Request) {
+	sess, err := s.m.Resume(r.Context(), tenantOf(r).Name, r.PathValue("id"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, sess.Info())
+}

@@ -116,3 +116,22 @@ func TestSnapshotsOff(t *testing.T) {
 		}
 	}
 }
+
+// TestPauseOff: a backend that cannot pause (memory) answers 501 PauseOff
+// to a pause, and the session runs on; a resume of a running session
+// answers it as it is; another tenant's session is 404.
+func TestPauseOff(t *testing.T) {
+	e := start(t, config{})
+	s := e.create(acmeToken, runner.Settings{})
+	status, body, _ := e.do(acmeToken, "POST", "/v1/sessions/"+s.ID+"/pause", nil)
+	if status != http.StatusNotImplemented || !strings.Contains(string(body), `"PauseOff"`) {
+		t.Fatalf("pause on memory: %d %s", status, body)
+	}
+	status, body, _ = e.do(acmeToken, "POST", "/v1/sessions/"+s.ID+"/resume", nil)
+	if status != http.StatusOK || !strings.Contains(string(body), `"state":"running"`) {
+		t.Fatalf("resume of a running session: %d %s", status, body)
+	}
+	if status, body, _ := e.do(boltToken, "POST", "/v1/sessions/"+s.ID+"/pause", nil); status != http.StatusNotFound {
+		t.Fatalf("another tenant's pause: %d %s", status, body)
+	}
+}

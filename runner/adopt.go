@@ -53,6 +53,19 @@ func (m *Manager) publish(ctx context.Context, s *Session, tenantEgress []string
 	}
 	s.publishing.Lock() // one record at a time, the newest last
 	defer s.publishing.Unlock()
+	rec, err := s.record(tenantEgress)
+	if err != nil {
+		return err
+	}
+	if err := s.inst.Publish(ctx, rec); err != nil {
+		return fmt.Errorf("runner: keeping the session's record with its workspace: %w", err)
+	}
+	return nil
+}
+
+// record is what another run of the daemon needs to take s back
+// (revive), the tenant's egress rules it was made with among it.
+func (s *Session) record(tenantEgress []string) (backend.Record, error) {
 	r := record{TenantEgress: tenantEgress, Lifetime: Duration(s.lifetime), Idle: Duration(s.idle), Created: s.created, Pooled: s.pooled}
 	s.mu.Lock()
 	r.Settings = s.settings
@@ -69,13 +82,9 @@ func (m *Manager) publish(ctx context.Context, s *Session, tenantEgress []string
 	}
 	data, err := json.Marshal(r)
 	if err != nil {
-		return err
+		return backend.Record{}, err
 	}
-	rec := backend.Record{Session: s.id, Tenant: s.tenant, Data: data, Created: s.created, Lifetime: s.lifetime, Idle: s.idle}
-	if err := s.inst.Publish(ctx, rec); err != nil {
-		return fmt.Errorf("runner: keeping the session's record with its workspace: %w", err)
-	}
-	return nil
+	return backend.Record{Session: s.id, Tenant: s.tenant, Data: data, Created: s.created, Lifetime: s.lifetime, Idle: s.idle}, nil
 }
 
 // adopt takes over the tenant's session id from another replica of the
@@ -110,7 +119,7 @@ func (m *Manager) adopt(ad backend.Adopter, tenant, id string, notFound error) (
 		inst.Close(ctx)
 		return nil, fmt.Errorf("runner: the record of session %s names another (%s of %s): %w", id, rec.Session, rec.Tenant, workspace.ErrUnavailable)
 	}
-	s, err := m.revive(ctx, inst, rec, "the replica that held it before")
+	s, err := m.revive(ctx, inst, rec, revival{from: "the replica that held it before"})
 	if err != nil {
 		return nil, err
 	}
@@ -123,10 +132,10 @@ func (m *Manager) adopt(ad backend.Adopter, tenant, id string, notFound error) (
 // after a restart): its settings, tenant, creation time and expiry, judged
 // again under this run's configuration, which must allow them; and what
 // it kept beside its record (kept.go) — its journal, its first tree, its
-// skills — or, where that is missing or damaged, Info.Lost says so. from
-// names the run that held it before ("the replica that held it before").
-// On failure inst is closed.
-func (m *Manager) revive(ctx context.Context, inst *backend.Instance, rec backend.Record, from string) (*Session, error) {
+// skills — or, where that is missing or damaged, Info.Lost says so
+// (rv.from names the run that held it before). On failure inst is
+// closed.
+func (m *Manager) revive(ctx context.Context, inst *backend.Instance, rec backend.Record, rv revival) (*Session, error) {
 	tenant, id := rec.Tenant, rec.Session
 	var r record
 	if err := json.Unmarshal(rec.Data, &r); err != nil {
@@ -152,7 +161,11 @@ func (m *Manager) revive(ctx context.Context, inst *backend.Instance, rec backen
 	if err := m.reserve(tenant, 0); err != nil {
 		return nil, errors.Join(err, inst.Close(ctx))
 	}
-	s, err := m.newSession(id, tenant, r.Settings, cfg, inst, time.Duration(r.Lifetime), time.Duration(r.Idle), sessionOut{out, r.TenantEgress, secrets})
+	var past *tools.PastBackground
+	if len(rv.background) > 0 {
+		past = &tools.PastBackground{Commands: rv.background, Cause: pausedCause(rv.pausedAt), At: rv.pausedAt}
+	}
+	s, err := m.newSession(id, tenant, r.Settings, cfg, inst, time.Duration(r.Lifetime), time.Duration(r.Idle), sessionOut{out, r.TenantEgress, secrets}, past)
 	if err != nil {
 		m.release(tenant)
 		return nil, errors.Join(err, inst.Close(ctx))
@@ -160,11 +173,11 @@ func (m *Manager) revive(ctx context.Context, inst *backend.Instance, rec backen
 	s.created, s.pooled, s.tenantEgress = r.Created, r.Pooled, r.TenantEgress
 	s.interrupted = r.Detached
 	var lost []string
-	if why := m.keptJournal(ctx, s, from); why != "" {
+	if why := m.keptJournal(ctx, s, rv.from); why != "" {
 		lost = append(lost, why)
 	}
 	var why string
-	if s.base, why = m.keptBaseline(s, from); why != "" {
+	if s.base, why = m.keptBaseline(s, rv.from); why != "" {
 		lost = append(lost, "the diff since its start: "+why)
 	}
 	lost = append(lost, keptSkills(s, r.Skills)...)

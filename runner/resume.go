@@ -39,15 +39,27 @@ func (m *Manager) resume(ctx context.Context, r backend.Resumer) {
 		switch {
 		case rec.Lifetime > 0 && now.Sub(rec.Created) >= rec.Lifetime:
 			why = "its lifetime of " + rec.Lifetime.String() + " is over"
-		case rec.Idle > 0 && now.Sub(rs.Seen) >= rec.Idle:
+		case rec.Idle > 0 && now.Sub(rs.Seen) >= rec.Idle && rs.Paused == nil: // a paused one's idle time is not counted
 			why = "idle for " + rec.Idle.String() + " since the daemon stopped"
 		}
 		if why != "" {
-			err := rs.Instance.Close(context.WithoutCancel(ctx))
+			closeWS := rs.Instance.Close
+			if rs.Paused != nil {
+				closeWS = rs.Paused.Close
+			}
+			err := closeWS(context.WithoutCancel(ctx))
 			m.o.logger.Info("session of an earlier run ended", "tenant", rec.Tenant, "session", rec.Session, "reason", why, "error", err)
 			continue
 		}
-		s, err := m.revive(ctx, rs.Instance, rec, "the run of the daemon that made it")
+		if rs.Paused != nil {
+			if err := m.keepPaused(rs); err != nil {
+				m.o.logger.Warn("paused session of an earlier run not kept", "tenant", rec.Tenant, "session", rec.Session, "error", err, "removed", rs.Paused.Close(context.WithoutCancel(ctx)))
+				continue
+			}
+			m.o.logger.Info("paused session of an earlier run kept, paused", "tenant", rec.Tenant, "session", rec.Session, "workspace", rs.Paused.ID)
+			continue
+		}
+		s, err := m.revive(ctx, rs.Instance, rec, revival{from: "the run of the daemon that made it"})
 		if err != nil {
 			m.o.logger.Warn("session of an earlier run not resumed", "tenant", rec.Tenant, "session", rec.Session, "error", err)
 			continue

@@ -83,6 +83,12 @@ var (
 	// fetched: the call may have ended, or been cut short, and its result
 	// is lost (the session itself was resumed). Retry what it did.
 	ErrInterrupted = errors.New("the detached call was interrupted by a restart of the daemon; its result is lost")
+	// ErrPaused: the session is paused (Manager.Pause); Manager.Resume
+	// brings it back. It is also why a paused session's calls that were
+	// in flight ended.
+	ErrPaused = errors.New("the session is paused")
+	// ErrNoPause: the backend cannot pause sessions (Instance.Pause).
+	ErrNoPause = errors.New("this backend cannot pause sessions")
 )
 
 // DefaultImage is the image sessions get when the policy names none.
@@ -137,6 +143,7 @@ type options struct {
 	snapshots      *snapshot.Store
 	templates      []Template
 	endOnShutdown  bool
+	autoResume     bool
 }
 
 // WithPolicy sets the operator's policy sessions are judged by (default:
@@ -321,6 +328,9 @@ type Manager struct {
 	adopting sync.Mutex
 	// snapOps counts snapshot operations by op and outcome (snapOp).
 	snapOps map[[2]string]uint64
+	// paused are the paused sessions (Pause), by ID; each counts in
+	// perTenant.
+	paused map[string]*pausedSession
 }
 
 // lostSession is a session whose workspace ended by itself.
@@ -415,6 +425,7 @@ func New(ctx context.Context, b backend.Backend, opts ...Option) (*Manager, erro
 		labels:    labels,
 		sessions:  map[string]*Session{},
 		ended:     map[string]lostSession{},
+		paused:    map[string]*pausedSession{},
 		perTenant: map[string]int{},
 		stopSweep: make(chan struct{}),
 		swept:     make(chan struct{}),
@@ -529,7 +540,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Session, erro
 			return nil, err
 		}
 	}
-	s, err := m.newSession(id, req.Tenant, st, r.tools, inst, r.lifetime, r.idle, r.out)
+	s, err := m.newSession(id, req.Tenant, st, r.tools, inst, r.lifetime, r.idle, r.out, nil)
 	if err != nil {
 		inst.Close(context.WithoutCancel(ctx))
 		m.release(req.Tenant)
@@ -695,7 +706,9 @@ func (m *Manager) release(tenant string) {
 	}
 }
 
-// Get returns the tenant's session id. It fails with the cause, wrapping
+// Get returns the tenant's session id. For a paused one (Pause) it fails
+// with ErrPaused, naming how to resume it — or, WithAutoResume, resumes it
+// first (bounded by a minute). It fails with the cause, wrapping
 // ErrWorkspaceEnded, for a session whose workspace ended by itself (up to
 // 1024 such are remembered), and with ErrNotFound for any other it does not
 // have. On a backend that replicas of the daemon share
@@ -717,6 +730,10 @@ func (m *Manager) Get(tenant, id string) (*Session, error) {
 		m.lose(s)
 		m.mu.Lock()
 		s = nil
+	}
+	if p := m.paused[id]; s == nil && p != nil && p.tenant == tenant {
+		m.mu.Unlock()
+		return m.getPaused(p)
 	}
 	err := m.gone(tenant, id)
 	_, lost := m.ended[id]
@@ -808,7 +825,7 @@ func (m *Manager) List(tenant string) []*Session {
 }
 
 // Delete ends the tenant's session id: calls in flight are cancelled (their
-// commands killed), and the workspace is removed. It fails as Get does for
+// commands killed), and the workspace is removed (a paused one's too). It fails as Get does for
 // a session the tenant does not have; for one whose workspace ended by
 // itself it returns once that workspace is removed — or, on a backend that
 // retries a removal the engine refused (backend.Remover), once that
@@ -819,6 +836,9 @@ func (m *Manager) Delete(ctx context.Context, tenant, id string) error {
 		if _, err := m.Get(tenant, id); err != nil && !errors.Is(err, ErrClosed) {
 			return err
 		}
+	}
+	if p := m.pausedFor(tenant, id); p != nil {
+		return m.deletePaused(ctx, p)
 	}
 	m.mu.Lock()
 	s := m.sessions[id]
@@ -847,8 +867,10 @@ func (m *Manager) Delete(ctx context.Context, tenant, id string) error {
 
 // Stats is a snapshot of the manager, for metrics.
 type Stats struct {
-	// Sessions counts the live sessions by tenant.
+	// Sessions counts the live sessions by tenant; Paused the paused ones
+	// (Pause), which Sessions does not count.
 	Sessions map[string]int
+	Paused   int
 	// Pools describes each warm pool.
 	Pools []PoolStats
 	// Lost counts the sessions that ended because their workspace did (a
@@ -866,7 +888,7 @@ type Stats struct {
 // Stats returns a snapshot of the sessions and pools.
 func (m *Manager) Stats() Stats {
 	m.mu.Lock()
-	st := Stats{Sessions: map[string]int{}, Lost: m.lost, Egress: m.egress.stats()}
+	st := Stats{Sessions: map[string]int{}, Lost: m.lost, Egress: m.egress.stats(), Paused: len(m.paused)}
 	for _, s := range m.sessions {
 		st.Sessions[s.tenant]++
 	}
@@ -935,6 +957,9 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 	errs[len(all)] = m.closePools(ctx)
 	wg.Wait()
 	m.deleting.Wait()
+	paused, err := m.shutdownPaused(ctx)
+	errs = append(errs, err)
+	left += paused
 	// Removals the engine refused are retried, a minute at most.
 	wctx, cancel := context.WithTimeout(ctx, removalWait)
 	errs = append(errs, m.WaitRemovals(wctx))
@@ -976,6 +1001,7 @@ func (m *Manager) expire(now time.Time) {
 	}
 	m.mu.Unlock()
 	giveBack(freed)
+	m.expirePaused(now)
 	for _, e := range due {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		if err := e.s.close(ctx, fmt.Errorf("%w: %s", ErrClosed, e.why), false); err != nil {

@@ -74,6 +74,13 @@ type Session struct {
 	// — a replica, or its next run (Instance.Leave) — rather than remove
 	// it: set as the daemon stops.
 	leave atomic.Bool
+	// pausing makes close pause the workspace (Instance.Pause) rather
+	// than remove it; pausedWS is then the paused workspace, nil when the
+	// pause failed, and pausedBackground the background commands as the
+	// pause ended them.
+	pausing          atomic.Bool
+	pausedWS         *backend.Paused
+	pausedBackground []tools.Background
 }
 
 // toolsError is a failed tools.Config.Check as a *SettingError: the bad
@@ -119,7 +126,7 @@ type sessionOut struct {
 // newSession makes the session of a workspace started (or taken over) for
 // it, with the tool configuration its request was judged to have (Create's
 // resolve, adopt's record): it judges nothing again.
-func (m *Manager) newSession(id, tenant string, st Settings, cfg tools.Config, inst *backend.Instance, lifetime, idle time.Duration, out sessionOut) (*Session, error) {
+func (m *Manager) newSession(id, tenant string, st Settings, cfg tools.Config, inst *backend.Instance, lifetime, idle time.Duration, out sessionOut, past *tools.PastBackground) (*Session, error) {
 	var state string
 	if inst.StateDir != nil {
 		var err error
@@ -145,7 +152,8 @@ func (m *Manager) newSession(id, tenant string, st Settings, cfg tools.Config, i
 		JournalStore: store,
 		Gate:         func(ctx context.Context, readOnly bool) (func(), error) { return s.base.gate(ctx, readOnly) },
 		// An activated skill is in the record before load_skill answers.
-		SkillsChanged: func(ctx context.Context) error { return m.publish(ctx, s, s.tenantEgress) },
+		SkillsChanged:  func(ctx context.Context) error { return m.publish(ctx, s, s.tenantEgress) },
+		PastBackground: past,
 	}
 	if s.eg != nil {
 		env.Egress = s.eg
@@ -207,7 +215,8 @@ func (s *Session) Root() string { return s.inst.Root }
 func (s *Session) Done() <-chan struct{} { return s.ctx.Done() }
 
 // Err is nil while the session lives, and then why it ended (wrapping
-// ErrClosed or ErrShuttingDown).
+// ErrClosed, ErrShuttingDown, or ErrPaused when it was paused: Resume
+// makes it again, a new *Session).
 func (s *Session) Err() error { return context.Cause(s.ctx) }
 
 // Info describes a session, as the HTTP API shows it.
@@ -237,6 +246,10 @@ type Info struct {
 	// its journal's history, its diff since its start, a skill — each
 	// with why; empty when it lost none of them.
 	Lost []string `json:"lost,omitempty"`
+	// State is StateRunning or StatePaused (Manager.Pause); PausedAt is
+	// when it was paused.
+	State    string     `json:"state"`
+	PausedAt *time.Time `json:"pausedAt,omitempty"`
 }
 
 // Info returns a snapshot of the session.
@@ -247,7 +260,7 @@ func (s *Session) Info() Info {
 		ID: s.id, Tenant: s.tenant, Backend: s.m.backend.Name(), Root: s.inst.Root, Workspace: s.inst.ID,
 		Settings: s.settings, Created: s.created, LastUsed: s.lastUsed,
 		IdleTimeout: Duration(s.idle), CallsInFlight: s.inflight, Pooled: s.pooled, ForkOf: s.forkOf,
-		Lost: slices.Clone(s.lost),
+		Lost: slices.Clone(s.lost), State: StateRunning,
 	}
 	if s.lifetime > 0 {
 		t := s.created.Add(s.lifetime)
@@ -437,6 +450,7 @@ func (s *Session) close(ctx context.Context, cause error, drain bool) error {
 		s.dropResults()
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), removeTimeout)
 		leaving := s.leave.Load() && s.inst.Leave != nil
+		pausing := s.pausing.Load() && s.inst.Pause != nil
 		// A session left for another run keeps the background commands
 		// its workspace holds (tools.Set.Release).
 		stop := s.set.Close
@@ -447,8 +461,19 @@ func (s *Session) close(ctx context.Context, cause error, drain bool) error {
 			s.m.o.logger.Warn("the session's background commands did not end in time", "session", s.id, "err", err)
 		}
 		release := s.inst.Close
-		if leaving {
+		switch {
+		case leaving:
 			release = s.inst.Leave
+		case pausing:
+			s.pausedBackground = s.set.Background()
+			release = func(ctx context.Context) error {
+				ws, err := s.inst.Pause(ctx)
+				if err != nil {
+					return errors.Join(err, s.inst.Close(ctx))
+				}
+				s.pausedWS = ws
+				return nil
+			}
 		}
 		// The first tree's read and the journal's store are done with
 		// before the workspace is released: Close removes the session's
@@ -460,9 +485,11 @@ func (s *Session) close(ctx context.Context, cause error, drain bool) error {
 		s.eg.close()
 		cancel()
 		s.m.release(s.tenant)
-		if leaving {
+		switch {
+		case leaving:
 			s.m.o.logger.Info("session left running, for another run of the daemon", "tenant", s.tenant, "session", s.id, "workspace", s.inst.ID)
-		} else {
+		case pausing:
+		default:
 			s.m.o.logger.Info("session ended", "tenant", s.tenant, "session", s.id, "reason", cause.Error())
 		}
 	})

@@ -100,6 +100,9 @@ type backgrounds struct {
 	// final is how the commands stood once Close had stopped them (the
 	// workspace that kept them may be gone since).
 	final []workspace.BackgroundStatus
+	// cause is why the past commands ended (PastBackground), when there
+	// are any.
+	cause string
 }
 
 // keptJob is what this process holds of a background command: its egress
@@ -312,6 +315,8 @@ func (s *Set) backgroundResult(ctx context.Context, rd workspace.BackgroundRead)
 	switch {
 	case !ended:
 		notes = append(notes, fmt.Sprintf("[%s is still running (%s so far, %s of output in all).]", rd.ID, time.Duration(r.DurationMs)*time.Millisecond, kb(r.OutputBytes)))
+	case s.bg.pastCause(rd.ID) != "":
+		notes = append(notes, fmt.Sprintf("[%s ended: %s; what it wrote after the last read is lost.]", rd.ID, s.bg.pastCause(rd.ID)))
 	case rd.RunErr() != nil:
 		return Result{}, rd.RunErr()
 	case r.Killed:

@@ -95,6 +95,11 @@ type Env struct {
 	// resumes it. An error fails the call, and the skill is made inactive
 	// again.
 	SkillsChanged func(ctx context.Context) error
+	// PastBackground, when set, are the background commands of the
+	// session's earlier workspace, which ended with it (a pause):
+	// bash_output and bash_kill answer them as they ended, saying why, and
+	// the workspace's own are numbered after them.
+	PastBackground *PastBackground
 }
 
 // Tool describes one tool of the catalogue; it marshals to the shape of
@@ -312,6 +317,9 @@ func New(env Env, cfg Config) (*Set, error) {
 	s.bg = &backgrounds{}
 	if env.Bash != nil {
 		s.bg.BackgroundBash, s.bg.durable = workspace.Background(env.Bash)
+		if p := env.PastBackground; p != nil && len(p.Commands) > 0 {
+			s.bg.BackgroundBash, s.bg.cause = pastBackground(s.bg.BackgroundBash, p), p.Cause
+		}
 	}
 	for _, r := range []scope.Rules{cfg.Rules(), env.Scope} {
 		if !r.IsZero() {

@@ -62,6 +62,9 @@ type sessionRecord struct {
 	// HandoffDir is the host's side of its handoff mount, or "".
 	HandoffDir string `json:"handoffDir,omitempty"`
 	MaxBytes   int64  `json:"maxBytes,omitempty"`
+	// Paused says the session is paused (Instance.Pause): its container
+	// stopped on purpose, which Resume keeps, stopped, rather than remove.
+	Paused bool `json:"paused,omitempty"`
 }
 
 // daemonDir is the directory of the records of daemon's sessions, or ""
@@ -112,9 +115,11 @@ type recorder struct {
 	c     *Container
 	label string
 
-	mu   sync.Mutex
-	path string // the record's file once published
-	kept bool   // the uid is kept (policy.KeepUID)
+	mu     sync.Mutex
+	path   string // the record's file once published
+	kept   bool   // the uid is kept (policy.KeepUID)
+	rec    backend.Record
+	paused bool // the record says the session is paused
 	// state is the session's state directory once made (stateDir).
 	state string
 }
@@ -143,6 +148,24 @@ func (r *recorder) stateDir(session string) (string, error) {
 func (r *recorder) publish(_ context.Context, rec backend.Record) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	return r.write(rec, r.paused)
+}
+
+// setPaused writes the record again, saying whether the session is
+// paused; it does nothing before the record is published, or without a
+// StateDir.
+func (r *recorder) setPaused(paused bool) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.dir == "" || r.path == "" {
+		r.paused = paused
+		return nil
+	}
+	return r.write(r.rec, paused)
+}
+
+// write writes rec as the record of the container's session; r.mu is held.
+func (r *recorder) write(rec backend.Record, paused bool) error {
 	path, err := recordName(r.dir, rec.Session)
 	if err != nil {
 		return err
@@ -155,7 +178,7 @@ func (r *recorder) publish(_ context.Context, rec backend.Record) error {
 	}
 	data, err := json.Marshal(sessionRecord{
 		Record: rec, Container: r.c.id, Name: r.c.name, Volume: r.c.volume, Label: r.label,
-		UID: r.c.uid, Owner: r.c.owner, HandoffDir: r.c.handoffDir, MaxBytes: r.c.maxBytes,
+		UID: r.c.uid, Owner: r.c.owner, HandoffDir: r.c.handoffDir, MaxBytes: r.c.maxBytes, Paused: paused,
 	})
 	if err != nil {
 		return err
@@ -163,7 +186,7 @@ func (r *recorder) publish(_ context.Context, rec backend.Record) error {
 	if err := writePrivate(path, data); err != nil {
 		return fmt.Errorf("docker backend: the session's record: %w", err)
 	}
-	r.path = path
+	r.path, r.rec, r.paused = path, rec, paused
 	return nil
 }
 
@@ -343,11 +366,17 @@ func (d *Backend) Resume(ctx context.Context, labels map[string]string) ([]backe
 			}
 			continue
 		}
-		r := &recorder{dir: dir, c: c, label: rec.Label, path: name, kept: c.uid != 0}
+		r := &recorder{dir: dir, c: c, label: rec.Label, path: name, kept: c.uid != 0, rec: rec.Record, paused: rec.Paused}
 		if _, err := os.Stat(stateName(name)); err == nil {
 			r.state = stateName(name)
 		}
-		out = append(out, backend.Resumed{Instance: d.instance(c, r), Record: rec.Record, Seen: lastSeen(dir, name)})
+		got := backend.Resumed{Record: rec.Record, Seen: lastSeen(dir, name)}
+		if rec.Paused {
+			got.Paused = d.paused(c, r)
+		} else {
+			got.Instance = d.instance(c, r)
+		}
+		out = append(out, got)
 	}
 	return out, errors.Join(append(errs, dropStrayStates(dir))...)
 }
@@ -401,6 +430,16 @@ func (d *Backend) resume(ctx context.Context, rec sessionRecord, labels map[stri
 		}
 		c.uid = rec.UID
 	}
+	if rec.Paused {
+		// Kept stopped, for its session's resume; one started from outside
+		// meanwhile is stopped again.
+		if st := res.Container.State; st != nil && (st.Running || st.Paused) {
+			if err := c.stop(ctx); err != nil {
+				return nil, errors.Join(fmt.Errorf("docker backend: paused session %s is not resumed: %w", rec.Record.Session, err), c.removeCtx(ctx))
+			}
+		}
+		return c, nil
+	}
 	if st := res.Container.State; st == nil || !st.Running || st.Paused {
 		return nil, c.removeCtx(ctx)
 	}
@@ -415,6 +454,16 @@ func (d *Backend) resume(ctx context.Context, rec sessionRecord, labels map[stri
 // cut, background commands run on — its handoff listener closed and its
 // uid left kept (policy.LeaveUID).
 func (c *Container) leave(context.Context) error {
+	c.dropStream()
+	if c.uid != 0 {
+		c.release.Do(func() { policy.LeaveUID(c.uid) })
+	}
+	return nil
+}
+
+// dropStream closes this process's stream to the container's agent and its
+// handoff listener.
+func (c *Container) dropStream() {
 	c.agent.Close()
 	c.conn.Close()
 	c.hmu.Lock()
@@ -422,8 +471,4 @@ func (c *Container) leave(context.Context) error {
 		c.handoff.Close()
 	}
 	c.hmu.Unlock()
-	if c.uid != 0 {
-		c.release.Do(func() { policy.LeaveUID(c.uid) })
-	}
-	return nil
 }

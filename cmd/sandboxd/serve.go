@@ -142,6 +142,10 @@ type serveConfig struct {
 		IdleTimeout runner.Duration `json:"idleTimeout"`
 		// MaxIdleTimeout is the longest idle timeout a session may ask for.
 		MaxIdleTimeout runner.Duration `json:"maxIdleTimeout"`
+		// AutoResume makes a request for a paused session (POST
+		// /v1/sessions/ID/pause) resume it first, rather than answer 409
+		// Paused (default false).
+		AutoResume bool `json:"autoResume"`
 	} `json:"sessions"`
 	// Grants lists the grants sessions may ask for (default: any).
 	Grants []string `json:"grants"`
@@ -423,6 +427,7 @@ func serve(ctx context.Context, sio stdio, cfg serveConfig, dev bool) error {
 		runner.WithWorkspaceBytes(cmp.Or(cfg.Limits.WorkspaceBytes, 1<<30)),
 		runner.WithDaemonName(cmp.Or(cfg.Daemon, "sandboxd")),
 		runner.WithEndOnShutdown(cfg.EndSessionsOnExit),
+		runner.WithAutoResume(cfg.Sessions.AutoResume),
 		runner.WithDetachedResults(cfg.Limits.DetachedResultBytes, time.Duration(cfg.Limits.DetachedResultTTL)),
 	}
 	if cfg.Limits.CallsInFlight != nil {

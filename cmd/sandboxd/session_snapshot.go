@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/client"
+	"github.com/sandboxd/sandboxd/runner"
 	"github.com/sandboxd/sandboxd/snapshot"
 )
 
@@ -78,6 +79,50 @@ var cmdSessionFork = &command{
 			return nil
 		}
 	},
+}
+
+var cmdSessionPause = sessionStateCommand("session pause",
+	"pause a session on a running daemon: its container stops, its files are kept (resume it with session resume)",
+	func(ctx context.Context, cl *client.Client, id string) (runner.Info, error) {
+		res, err := cl.SessionPause(ctx, id, client.SessionPauseOptions{})
+		return res.Session, err
+	})
+
+var cmdSessionResume = sessionStateCommand("session resume",
+	"resume a paused session on a running daemon: the same ID, settings and files",
+	func(ctx context.Context, cl *client.Client, id string) (runner.Info, error) {
+		res, err := cl.SessionResume(ctx, id, client.SessionResumeOptions{})
+		return res.Session, err
+	})
+
+// sessionStateCommand is a command that changes one session's state with
+// do and prints the session's ID and state (or, with --json, the session).
+func sessionStateCommand(name, summary string, do func(context.Context, *client.Client, string) (runner.Info, error)) *command {
+	return &command{
+		name: name, args: "[--json] ID", summary: summary,
+		setup: func(fs *flag.FlagSet) runFunc {
+			c := daemonFlags(fs)
+			asJSON := fs.Bool("json", false, "print the session as JSON")
+			return func(ctx context.Context, sio stdio, args []string) error {
+				if len(args) != 1 {
+					return usagef("name one session")
+				}
+				cl, err := c.open()
+				if err != nil {
+					return err
+				}
+				in, err := do(ctx, cl, args[0])
+				if err != nil {
+					return err
+				}
+				if *asJSON {
+					return printJSON(sio.out, in)
+				}
+				fmt.Fprintln(sio.out, in.ID, in.State)
+				return nil
+			}
+		},
+	}
 }
 
 var cmdSnapshotList = &command{

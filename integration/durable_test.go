@@ -41,6 +41,38 @@ func fileDiff(patch, name string) string {
 	return ""
 }
 
+// countingSession creates a session of the acme tenant with a file,
+// kept.txt ("kept\n"), and command (one that counts, as
+// dockertest.Counting) running in the background, and returns the
+// session and the command's ID.
+func countingSession(t *testing.T, d *daemon, command string) (runner.Info, string) {
+	t.Helper()
+	var s runner.Info
+	d.do(acmeToken, "POST", "/v1/sessions", everything, http.StatusCreated, &s)
+	if r := d.call(acmeToken, s.ID, "write", map[string]any{"path": "kept.txt", "content": "kept\n"}); r.IsError {
+		t.Fatal(r.Content)
+	}
+	bg := d.call(acmeToken, s.ID, "bash", map[string]any{"command": command, "background": true})
+	id, _ := bg.StructuredContent["id"].(string)
+	if bg.IsError || id == "" {
+		t.Fatalf("the background command: %+v", bg)
+	}
+	return s, id
+}
+
+// bgOutput is the output of the background command id of session since
+// the last bash_output, waiting up to wait seconds for some; the command
+// must be running.
+func bgOutput(t *testing.T, d *daemon, session, id string, wait float64) string {
+	t.Helper()
+	r := d.call(acmeToken, session, "bash_output", map[string]any{"id": id, "wait": wait})
+	out, _ := r.StructuredContent["output"].(string)
+	if r.IsError || r.StructuredContent["running"] != true {
+		t.Fatalf("bash_output: %+v", r)
+	}
+	return out
+}
+
 // TestServeRestartKeepsSessions: a Docker session outlives `sandboxd
 // serve` killed with SIGKILL and, then, stopped with SIGTERM: each time the
 // restarted daemon answers for the same session ID, with its file; its

@@ -40,7 +40,7 @@ func fail(t *testing.T, file string, env []string, args ...string) string {
 }
 
 // withListen rewrites the configuration file's listening address.
-func withListen(t *testing.T, file, addr string) string {
+func withListen(t testing.TB, file, addr string) string {
 	t.Helper()
 	data, err := os.ReadFile(file)
 	if err != nil {

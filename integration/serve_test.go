@@ -75,11 +75,12 @@ func TestMain(m *testing.M) {
 
 // daemon is a running `sandboxd serve`.
 type daemon struct {
-	t      *testing.T
-	url    string
-	cmd    *exec.Cmd
-	stderr *syncBuffer
-	done   chan error
+	t       testing.TB
+	url     string
+	cmd     *exec.Cmd
+	stderr  *syncBuffer
+	done    chan error
+	started time.Time // when its process was started
 }
 
 type syncBuffer struct {
@@ -102,7 +103,7 @@ func (s *syncBuffer) String() string {
 // config writes a configuration of two tenants for backend, with a daemon
 // name of the test's own, changed by each of set in turn, and returns its
 // path.
-func config(t *testing.T, backend, name string, set ...func(cfg map[string]any)) string {
+func config(t testing.TB, backend, name string, set ...func(cfg map[string]any)) string {
 	t.Helper()
 	cfg := map[string]any{
 		"listen":  "127.0.0.1:0",
@@ -150,9 +151,15 @@ var listening = regexp.MustCompile(`listening on (http://\S+)`)
 
 // start runs `sandboxd serve --config file` until the test ends (SIGTERM,
 // then a check that it exited cleanly), with env added to its environment.
-func start(t *testing.T, file string, env ...string) *daemon {
+func start(t testing.TB, file string, env ...string) *daemon {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(binDir, "sandboxd"), "serve", "--config", file)
+	return startBinary(t, filepath.Join(binDir, "sandboxd"), file, env...)
+}
+
+// startBinary is start with the sandboxd binary exe.
+func startBinary(t testing.TB, exe, file string, env ...string) *daemon {
+	t.Helper()
+	cmd := exec.Command(exe, "serve", "--config", file)
 	cmd.Env = append(append(os.Environ(), "SANDBOXD_AGENT="+filepath.Join(binDir, "sandboxd-agent")), env...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -160,6 +167,7 @@ func start(t *testing.T, file string, env ...string) *daemon {
 	}
 	d := &daemon{t: t, cmd: cmd, stderr: &syncBuffer{}, done: make(chan error, 1)}
 	cmd.Stderr = d.stderr
+	d.started = time.Now()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -284,7 +292,7 @@ func backends(t *testing.T) []string {
 	return out
 }
 
-func daemonName(t *testing.T) string {
+func daemonName(t testing.TB) string {
 	return "itest-" + strings.ToLower(strings.NewReplacer("/", "-", "_", "-").Replace(t.Name())) + fmt.Sprint(time.Now().UnixNano()%1e6)
 }
 

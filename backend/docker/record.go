@@ -14,6 +14,7 @@ import (
 
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/moby/moby/client"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/sandboxd/sandboxd/backend"
 	"github.com/sandboxd/sandboxd/policy"
@@ -343,41 +344,57 @@ func lastSeen(dir, record string) time.Time {
 
 var _ backend.Resumer = (*Backend)(nil)
 
+// resumeParallel is how many sessions Resume reconnects to at once: each
+// is a few round trips to the engine (inspect, attach, the agent's
+// hello), so a restart's wait grows with the sessions divided by it, not
+// with the sessions (BENCHMARKS.md, *Recovery*).
+const resumeParallel = 8
+
 // Resume reconnects to the running containers of the sessions labels'
 // daemon recorded ([backend.Resumer]), each on its own uid (policy.HoldUID)
-// and with its record. It removes, container, volume and record, every
-// session whose container no longer runs, does not carry labels, or whose
-// uid another session holds, and drops the records of containers that are
-// gone, with their state directories (Instance.StateDir), and the state
-// directories no record names. What it returns is the caller's, as from
-// Open.
+// and with its record, resumeParallel at a time. It removes, container,
+// volume and record, every session whose container no longer runs, does
+// not carry labels, or whose uid another session holds, and drops the
+// records of containers that are gone, with their state directories
+// (Instance.StateDir), and the state directories no record names. What it
+// returns is the caller's, as from Open.
 func (d *Backend) Resume(ctx context.Context, labels map[string]string) ([]backend.Resumed, error) {
 	dir := d.daemonDir(labels[backend.LabelDaemon])
 	recs, errs := records(dir)
-	var out []backend.Resumed
+	var (
+		mu  sync.Mutex
+		out []backend.Resumed
+		g   errgroup.Group
+	)
+	g.SetLimit(resumeParallel)
 	for name, rec := range recs {
-		c, err := d.resume(ctx, rec, labels)
-		if err != nil {
-			errs = append(errs, err)
-		}
-		if c == nil {
-			if err := dropRecord(name); err != nil {
-				errs = append(errs, err)
+		g.Go(func() error {
+			c, err := d.resume(ctx, rec, labels)
+			var rerr error
+			if c == nil {
+				rerr = dropRecord(name)
 			}
-			continue
-		}
-		r := &recorder{dir: dir, c: c, label: rec.Label, path: name, kept: c.uid != 0, rec: rec.Record, paused: rec.Paused}
-		if _, err := os.Stat(stateName(name)); err == nil {
-			r.state = stateName(name)
-		}
-		got := backend.Resumed{Record: rec.Record, Seen: lastSeen(dir, name)}
-		if rec.Paused {
-			got.Paused = d.paused(c, r)
-		} else {
-			got.Instance = d.instance(c, r)
-		}
-		out = append(out, got)
+			mu.Lock()
+			defer mu.Unlock()
+			errs = append(errs, err, rerr) // nils are dropped by Join
+			if c == nil {
+				return nil
+			}
+			r := &recorder{dir: dir, c: c, label: rec.Label, path: name, kept: c.uid != 0, rec: rec.Record, paused: rec.Paused}
+			if _, err := os.Stat(stateName(name)); err == nil {
+				r.state = stateName(name)
+			}
+			got := backend.Resumed{Record: rec.Record, Seen: lastSeen(dir, name)}
+			if rec.Paused {
+				got.Paused = d.paused(c, r)
+			} else {
+				got.Instance = d.instance(c, r)
+			}
+			out = append(out, got)
+			return nil
+		})
 	}
+	g.Wait() // each returns nil: its errors are in errs
 	return out, errors.Join(append(errs, dropStrayStates(dir))...)
 }
 

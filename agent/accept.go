@@ -51,19 +51,25 @@ type acceptHeader struct {
 // as untrusted here as anywhere: what it sends is bounded by the window,
 // and nothing it sends is taken for more than the program's bytes.
 func (c *Client) Accept(ctx context.Context, addr string) (net.Conn, error) {
+	return c.open(ctx, opAccept, addr)
+}
+
+// open starts a call of op (accept or dial) on addr and returns its
+// connection once the agent's first Data frame says it has one.
+func (c *Client) open(ctx context.Context, op, addr string) (net.Conn, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	call := newCall(opAccept, addr, 0)
+	call := newCall(op, addr, 0)
 	connCtx, end := context.WithCancel(context.Background())
-	t := &Conn{c: c, call: call, addr: addr, end: end, done: connCtx.Done(), accepted: make(chan struct{})}
+	t := &Conn{c: c, call: call, op: op, addr: addr, end: end, done: connCtx.Done(), accepted: make(chan struct{})}
 	t.cond = sync.NewCond(&t.mu)
 	t.rdl.init(&t.mu, t.cond)
 	t.wdl.init(&t.mu, t.cond)
 	call.onData = t.push
 	call.onEnd = t.ended
 	call.stdin = newCreditGate(connCtx, window)
-	if err := c.start(call, request{Op: opAccept, Name: addr, Addr: addr}, nil); err != nil {
+	if err := c.start(call, request{Op: op, Name: addr, Addr: addr}, nil); err != nil {
 		end()
 		return nil, err
 	}
@@ -80,20 +86,22 @@ func (c *Client) Accept(ctx context.Context, addr string) (net.Conn, error) {
 		case r.err != nil:
 			return nil, r.err
 		case r.header.Err != nil:
-			return nil, r.header.Err.decode(opAccept, addr)
+			return nil, r.header.Err.decode(op, addr)
 		}
-		return nil, badReply(opAccept, addr, errors.New("accept ended before a connection came"))
+		return nil, badReply(op, addr, fmt.Errorf("%s ended before a connection came", op))
 	case <-ctx.Done():
 		c.abandon(call, ctx.Err())
 		return nil, ctx.Err()
 	}
 }
 
-// Conn is a connection accepted in the agent (Client.Accept). It is safe
-// for concurrent use, as a net.Conn is.
+// Conn is a connection accepted (Client.Accept) or dialled
+// (Client.Dial) in the agent. It is safe for concurrent use, as a net.Conn
+// is.
 type Conn struct {
 	c        *Client
 	call     *call
+	op       string // accept or dial
 	addr     string
 	remote   string
 	end      context.CancelFunc // ends the write credit: the call is over
@@ -123,7 +131,7 @@ func (t *Conn) push(f frame) error {
 	default:
 		var h acceptHeader
 		if len(f.payload) > 0 || len(f.header) > 0 && json.Unmarshal(f.header, &h) != nil {
-			return fmt.Errorf("%w: accept %s: a bad first frame", errFrame, t.addr)
+			return fmt.Errorf("%w: %s %s: a bad first frame", errFrame, t.op, t.addr)
 		}
 		t.remote = clip(h.Remote)
 		close(t.accepted)
@@ -131,9 +139,9 @@ func (t *Conn) push(f frame) error {
 	}
 	switch {
 	case t.eof:
-		return fmt.Errorf("%w: accept %s: data after its end", errFrame, t.addr)
+		return fmt.Errorf("%w: %s %s: data after its end", errFrame, t.op, t.addr)
 	case t.queued+t.unacked+len(f.payload) > window:
-		return fmt.Errorf("%w: accept %s: data over the window", errFrame, t.addr)
+		return fmt.Errorf("%w: %s %s: data over the window", errFrame, t.op, t.addr)
 	}
 	if len(f.payload) > 0 {
 		t.chunks = append(t.chunks, f.payload)
@@ -301,11 +309,23 @@ func (t *Conn) opError(op string, err error) error {
 	return &net.OpError{Op: op, Net: "agent", Source: t.LocalAddr(), Addr: t.RemoteAddr(), Err: err}
 }
 
-// LocalAddr is the address the agent accepted the connection on.
-func (t *Conn) LocalAddr() net.Addr { return agentAddr(t.addr) }
+// LocalAddr is the address the agent accepted the connection on; of a
+// dialled connection, the agent's end, as the agent reported it.
+func (t *Conn) LocalAddr() net.Addr {
+	if t.op == opDial {
+		return agentAddr(t.remote)
+	}
+	return agentAddr(t.addr)
+}
 
-// RemoteAddr is the connecting program's address, as the agent reported it.
-func (t *Conn) RemoteAddr() net.Addr { return agentAddr(t.remote) }
+// RemoteAddr is the connecting program's address, as the agent reported
+// it; of a dialled connection, the address dialled.
+func (t *Conn) RemoteAddr() net.Addr {
+	if t.op == opDial {
+		return agentAddr(t.addr)
+	}
+	return agentAddr(t.remote)
+}
 
 // agentAddr is an address in the agent's world.
 type agentAddr string
@@ -383,11 +403,12 @@ func (d *connDeadline) context() context.Context {
 	return d.ctx
 }
 
-// loopbackAddr checks that addr is a loopback IP address and a port.
-func loopbackAddr(addr string) error {
+// loopbackAddr checks that addr is a loopback IP address and a port; op
+// names the call in its error.
+func loopbackAddr(op, addr string) error {
 	ap, err := netip.ParseAddrPort(addr)
 	if err != nil || !ap.Addr().IsLoopback() || ap.Port() == 0 {
-		return &RemoteError{Kind: workspace.ErrInvalidArgument, Msg: fmt.Sprintf("accept: %q is not a loopback address and port", addr)}
+		return &RemoteError{Kind: workspace.ErrInvalidArgument, Msg: fmt.Sprintf("%s: %q is not a loopback address and port", op, addr)}
 	}
 	return nil
 }
@@ -404,7 +425,7 @@ type acceptor struct {
 // acceptorFor returns the stream's listener on addr, listening from the
 // first call on until the stream ends; a stream listens on one address.
 func (c *serverConn) acceptorFor(addr string) (*acceptor, error) {
-	if err := loopbackAddr(addr); err != nil {
+	if err := loopbackAddr(opAccept, addr); err != nil {
 		return nil, err
 	}
 	c.mu.Lock()
@@ -469,10 +490,18 @@ func (c *serverConn) accept(call *serverCall) error {
 	case <-call.ctx.Done():
 		return call.ctx.Err()
 	}
+	return c.carry(call, conn, conn.RemoteAddr().String())
+}
+
+// carry serves a connection of an accept or dial call until both
+// directions have ended, or the call is cancelled: its first Data frame
+// names the other end (end), then what the program sends goes out in Data
+// frames and what the client sends comes in, each under the window.
+func (c *serverConn) carry(call *serverCall, conn net.Conn, end string) error {
 	defer conn.Close()
 	stop := context.AfterFunc(call.ctx, func() { conn.Close() })
 	defer stop()
-	h, _ := json.Marshal(acceptHeader{Remote: conn.RemoteAddr().String()})
+	h, _ := json.Marshal(acceptHeader{Remote: end})
 	if err := c.send(frameData, 0, call.id, h, nil); err != nil {
 		return err
 	}

@@ -633,7 +633,7 @@ func (c *Client) start(call *call, req request, input *[]byte) error {
 			flags = 0
 		}
 	}
-	if (req.Op == opRun || req.Op == opPty) && req.Run.Stdin || req.Op == opAccept {
+	if (req.Op == opRun || req.Op == opPty) && req.Run.Stdin || req.Op == opAccept || req.Op == opDial {
 		flags = 0
 	}
 	if err := c.send(frameCall, flags, call.id, header, first); err != nil {

@@ -51,7 +51,7 @@ func (c *serverConn) handoff(call *serverCall) error {
 	if !filepath.IsAbs(socket) {
 		return &RemoteError{Kind: workspace.ErrInvalidArgument, Msg: fmt.Sprintf("handoff: %q is not an absolute path", socket)}
 	}
-	if err := loopbackAddr(call.req.Addr); err != nil {
+	if err := loopbackAddr(opHandoff, call.req.Addr); err != nil {
 		return err
 	}
 	// The socket is reached before anything listens: a daemon whose

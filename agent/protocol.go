@@ -37,6 +37,9 @@
 // both ways — the agent's Data frames are what the program sent, the
 // client's what it receives, each side flagging End when its direction is
 // over — under the same Window credit as a command's input and output.
+// Dial is its mirror, the way in: the agent connects to the loopback
+// address it names (a server a program started there) and carries that
+// connection the same way.
 //
 // Errors cross the stream as kind names (workspace.Kind.Name) and are restored
 // with workspace.KindByName, so errors.Is works on the client as it would
@@ -301,7 +304,7 @@ type request struct {
 	Walk    *workspace.WalkRequest `json:"walk,omitempty"`
 	Grep    *workspace.GrepRequest `json:"grep,omitempty"`
 	Run     *runRequest            `json:"run,omitempty"`
-	Addr    string                 `json:"addr,omitempty"`   // accept, handoff: the loopback address to listen on
+	Addr    string                 `json:"addr,omitempty"`   // accept, handoff: the loopback address to listen on; dial: to connect to
 	Socket  string                 `json:"socket,omitempty"` // handoff: the Unix socket to pass connections to
 	Token   []byte                 `json:"token,omitempty"`  // handoff: what each message to the socket carries
 	Bg      *bgRequest             `json:"bg,omitempty"`     // bgstart, bgread, bgkill
@@ -329,6 +332,7 @@ const (
 	opRun       = "run"
 	opPty       = "pty" // run on a pseudo-terminal (workspace.TerminalBash)
 	opAccept    = "accept"
+	opDial      = "dial" // connect to a loopback port in the agent's world and carry the connection
 	opHandoff   = "handoff"
 	opListen    = "listen"
 	// The agent's background commands (workspace.BackgroundBash), kept

@@ -350,13 +350,13 @@ func (c *serverConn) start(f frame) error {
 	case req.Op == opWriteFile || req.Op == opSwap:
 		cancel()
 		return c.reply(f.id, nil, workspace.PathError("write", req.Name, workspace.ErrFileTooLarge))
-	case (req.Op == opRun || req.Op == opPty) && req.Run != nil && req.Run.Stdin, req.Op == opAccept:
+	case (req.Op == opRun || req.Op == opPty) && req.Run != nil && req.Run.Stdin, req.Op == opAccept, req.Op == opDial:
 		call.in = newInbox(ctx, window, func(n int) { c.sendWindow(f.id, n) })
 	}
 	if req.Op == opPty {
 		call.resize = &workspace.Resizer{}
 	}
-	if req.Op == opRun || req.Op == opAccept || req.Op == opPty {
+	if req.Op == opRun || req.Op == opAccept || req.Op == opDial || req.Op == opPty {
 		// A cancelled command's output up to its kill is still delivered,
 		// as long as the client grants credit: the gate closes when the
 		// call ends, or the connection.
@@ -573,6 +573,8 @@ func (c *serverConn) serve(call *serverCall) ([]byte, error) {
 		return c.runTerminal(call)
 	case opAccept:
 		return nil, c.accept(call)
+	case opDial:
+		return nil, c.dial(call)
 	case opHandoff:
 		return nil, c.handoff(call)
 	case opListen:

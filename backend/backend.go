@@ -211,6 +211,13 @@ type Instance struct {
 	// proxy. It is nil where commands use the host's network (local,
 	// memory), and egress is not served.
 	Accept func(ctx context.Context, addr string) (net.Conn, error)
+	// Dial, when not nil, connects to addr, a loopback address and port
+	// of the workspace where a program listens, and returns that
+	// connection (agent.Client.Dial): the way in to a server a command
+	// started, carried by the workspace's agent, so the workspace needs
+	// no network of its own. Nothing listening is workspace.ErrNotFound.
+	// It is nil where the backend has no agent (local, memory).
+	Dial func(ctx context.Context, addr string) (net.Conn, error)
 	// Listen, when not nil, makes programs' connections to addr wait for
 	// Accept from its return on (agent.Client.Listen); before it, or
 	// before the first Accept where there is no Listen, they may be

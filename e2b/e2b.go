@@ -20,9 +20,13 @@
 // a relative path is taken from it, and an absolute path outside it is
 // refused as outside the workspace.
 //
+// A sandbox's ports are served by Ports, on the hosts E2B's SDK builds
+// (PORT-SANDBOXID.DOMAIN), for the tenants the operator allows.
+//
 // What E2B has and this server does not (pause and resume, metrics, logs,
-// template builds, a PTY, ports) is answered with E2B's error shape and
-// 501, "not supported by this server", never accepted and ignored.
+// template builds, egress rules by CIDR) is answered with E2B's error
+// shape and 501, "not supported by this server", never accepted and
+// ignored.
 package e2b
 
 import (
@@ -35,6 +39,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/http/httputil"
 	"strings"
 	"sync"
 	"time"
@@ -86,6 +91,7 @@ type options struct {
 	domain     string
 	maxMessage int
 	grants     []string
+	ports      func(tenant string) bool
 }
 
 // WithAuth sets how API keys are judged. Without it every control-plane
@@ -109,10 +115,11 @@ func WithMaxMessageBytes(n int) Option { return func(o *options) { o.maxMessage 
 
 // Server serves E2B's API. It is safe for concurrent use.
 type Server struct {
-	m    *runner.Manager
-	o    options
-	ctl  *http.ServeMux
-	envd *http.ServeMux
+	m     *runner.Manager
+	o     options
+	ctl   *http.ServeMux
+	envd  *http.ServeMux
+	proxy *httputil.ReverseProxy // of Ports
 
 	mu     sync.Mutex
 	boxes  map[string]*sandbox
@@ -131,6 +138,7 @@ func New(m *runner.Manager, opts ...Option) (*Server, error) {
 	}
 	s := &Server{m: m, o: o, ctl: http.NewServeMux(), envd: http.NewServeMux(), boxes: map[string]*sandbox{}, tokens: map[[sha256.Size]byte]string{}}
 	s.controlRoutes()
+	s.proxy = s.newPortProxy()
 	copts := []connect.HandlerOption{connect.WithReadMaxBytes(o.maxMessage), connect.WithSendMaxBytes(o.maxMessage)}
 	s.envd.Handle(processconnect.NewProcessHandler(&processService{s}, copts...))
 	s.envd.Handle(filesystemconnect.NewFilesystemHandler(&filesystemService{s}, copts...))
@@ -247,6 +255,7 @@ type sandbox struct {
 	metadata map[string]string
 	envs     map[string]string
 	token    string // the envd access token; "" when not secure
+	traffic  string // the traffic access token of its ports; "" when its traffic is public
 	started  time.Time
 	procs    *procTable
 	watchers watchers

@@ -43,21 +43,33 @@ func start(t *testing.T, opts ...e2b.Option) *env {
 // startOn is start over the backend b.
 func startOn(t *testing.T, b backend.Backend, opts ...e2b.Option) *env {
 	t.Helper()
+	m, srv := newServer(t, b, opts...)
+	return &env{t: t, url: serveHTTP(t, srv), m: m}
+}
+
+// newServer is E2B's API over a manager on b, for the tenants acme and
+// bolt; the manager is shut down when the test ends.
+func newServer(t *testing.T, b backend.Backend, opts ...e2b.Option) (*runner.Manager, *e2b.Server) {
+	t.Helper()
 	m, err := runner.New(context.Background(), b, runner.WithLifetime(time.Hour, 24*time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { m.Shutdown(context.Background()) })
 	auth := func(key string) (e2b.Tenant, bool) { tn, ok := keys[key]; return tn, ok }
 	srv, err := e2b.New(m, append([]e2b.Option{e2b.WithAuth(auth), e2b.WithTemplates(map[string]e2b.Template{"base": {}})}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ts := httptest.NewServer(srv)
-	t.Cleanup(func() {
-		ts.Close()
-		m.Shutdown(context.Background())
-	})
-	return &env{t: t, url: ts.URL, m: m}
+	return m, srv
+}
+
+// serveHTTP serves h until the test ends and returns its URL.
+func serveHTTP(t *testing.T, h http.Handler) string {
+	t.Helper()
+	ts := httptest.NewServer(h)
+	t.Cleanup(ts.Close)
+	return ts.URL
 }
 
 // api sends a control-plane request and decodes its JSON answer into out.
@@ -85,6 +97,7 @@ type created struct {
 	SandboxID       string `json:"sandboxID"`
 	EnvdVersion     string `json:"envdVersion"`
 	EnvdAccessToken string `json:"envdAccessToken"`
+	TrafficToken    string `json:"trafficAccessToken"`
 	Code            int    `json:"code"`
 	Message         string `json:"message"`
 }

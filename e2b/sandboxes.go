@@ -77,6 +77,15 @@ type newSandbox struct {
 	MCP                 json.RawMessage   `json:"mcp"`
 }
 
+// networkConfig is E2B's SandboxNetworkConfig: allowPublicTraffic is
+// served (Ports); the rest is refused.
+type networkConfig struct {
+	AllowPublicTraffic *bool    `json:"allowPublicTraffic"`
+	AllowOut           []string `json:"allowOut"`
+	DenyOut            []string `json:"denyOut"`
+	MaskRequestHost    string   `json:"maskRequestHost"`
+}
+
 // sandboxJSON is E2B's Sandbox, SandboxDetail and ListedSandbox in one.
 type sandboxJSON struct {
 	TemplateID      string            `json:"templateID"`
@@ -85,6 +94,7 @@ type sandboxJSON struct {
 	ClientID        string            `json:"clientID"`
 	EnvdVersion     string            `json:"envdVersion"`
 	EnvdAccessToken string            `json:"envdAccessToken,omitempty"`
+	TrafficToken    string            `json:"trafficAccessToken,omitempty"`
 	Domain          *string           `json:"domain"`
 	StartedAt       *time.Time        `json:"startedAt,omitempty"`
 	EndAt           *time.Time        `json:"endAt,omitempty"`
@@ -135,8 +145,17 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, t Tenant) {
 	if len(req.MCP) > 0 && string(req.MCP) != "null" {
 		refuse = append(refuse, "mcp (the MCP gateway)")
 	}
-	if len(req.Network) > 0 && string(req.Network) != "null" && string(req.Network) != "{}" {
-		refuse = append(refuse, "network (egress rules by CIDR and public traffic: the operator's egress configuration decides what a sandbox reaches)")
+	var network networkConfig
+	if len(req.Network) > 0 && string(req.Network) != "null" {
+		dec := json.NewDecoder(bytes.NewReader(req.Network))
+		dec.DisallowUnknownFields() // nothing accepted and ignored
+		if err := dec.Decode(&network); err != nil {
+			writeError(w, http.StatusBadRequest, "network: "+strings.TrimPrefix(err.Error(), "json: "))
+			return
+		}
+		if len(network.AllowOut) > 0 || len(network.DenyOut) > 0 || network.MaskRequestHost != "" {
+			refuse = append(refuse, "network.allowOut, denyOut and maskRequestHost (egress rules by CIDR, a masked host: the operator's egress configuration decides what a sandbox reaches)")
+		}
 	}
 	if len(refuse) > 0 {
 		writeError(w, http.StatusNotImplemented, fmt.Sprintf("%s: %v", strings.Join(refuse, "; "), errNotSupported))
@@ -170,6 +189,9 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, t Tenant) {
 	if req.Secure {
 		b.token = newToken()
 	}
+	if network.AllowPublicTraffic != nil && !*network.AllowPublicTraffic {
+		b.traffic = newToken()
+	}
 	s.track(b)
 	writeJSON(w, http.StatusCreated, s.describe(b, false))
 }
@@ -177,7 +199,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, t Tenant) {
 // describe is b as E2B shows it; detail adds what get and list show.
 func (s *Server) describe(b *sandbox, detail bool) sandboxJSON {
 	out := sandboxJSON{TemplateID: b.template, SandboxID: b.sess.ID(), Alias: b.template, ClientID: "sandboxd",
-		EnvdVersion: EnvdVersion, EnvdAccessToken: b.token}
+		EnvdVersion: EnvdVersion, EnvdAccessToken: b.token, TrafficToken: b.traffic}
 	if s.o.domain != "" {
 		out.Domain = &s.o.domain
 	}

@@ -3,11 +3,18 @@ package e2b_test
 import (
 	"bufio"
 	"cmp"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/json"
+	"encoding/pem"
 	"encoding/xml"
 	"fmt"
 	"io"
 	"maps"
+	"math/big"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -123,17 +130,26 @@ func TestSDK(t *testing.T) {
 		}
 		t.Skip(msg)
 	}
+	if out, err := exec.Command("getent", "hosts", "8001-probe."+sdkDomain).CombinedOutput(); err != nil {
+		msg := fmt.Sprintf("*.localhost does not resolve here (getent hosts: %v %s): the suite's sandbox ports need libnss-myhostname (.ci/run installs it with apt-get)", err, out)
+		if os.Getenv("CI") != "" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
 	dockertest.Client(t)
 	dockertest.NamedImage(t, "dev") // the template base
 	want := readExpected(t)
 
-	url, key := serveE2B(t)
+	url, key, caFile := serveE2B(t)
 	dir := t.TempDir()
 	report := filepath.Join(dir, "junit.xml")
 	args := append([]string{"-m", "pytest", "-p", "no:cacheprovider", "-q", "-o", "timeout=120", "--junitxml=" + report}, sdkSuites...)
 	cmd := exec.CommandContext(t.Context(), sdkPython, args...)
 	cmd.Dir = sdkDir
-	cmd.Env = sdkEnv(map[string]string{"E2B_API_KEY": key, "E2B_API_URL": url + "/e2b", "E2B_SANDBOX_URL": url})
+	// The sandboxes' ports are reached as E2B's SDK builds their hosts,
+	// over HTTPS with a certificate of the test's own authority.
+	cmd.Env = sdkEnv(map[string]string{"E2B_API_KEY": key, "E2B_API_URL": url + "/e2b", "E2B_SANDBOX_URL": url, "SSL_CERT_FILE": caFile})
 	log, _ := os.Create(filepath.Join(dir, "pytest.log"))
 	cmd.Stdout, cmd.Stderr = log, log
 	start := time.Now()
@@ -218,10 +234,16 @@ func sdkEnv(set map[string]string) []string {
 	return env
 }
 
+// sdkDomain is the domain of the suite's sandbox ports: a name under
+// .localhost, which libnss-myhostname resolves to loopback.
+const sdkDomain = "sbx.localhost"
+
 // serveE2B builds sandboxd and runs `sandboxd serve --e2b` on the Docker
-// backend until the test ends, with one tenant; it returns the daemon's
-// URL and the tenant's key.
-func serveE2B(t *testing.T) (url, key string) {
+// backend until the test ends, with one tenant, whose sandboxes' ports it
+// serves over HTTPS on PORT-ID.sdkDomain; it returns the daemon's URL, the
+// tenant's key and the PEM file of the authority of the ports'
+// certificate.
+func serveE2B(t *testing.T) (url, key, caFile string) {
 	t.Helper()
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "sandboxd")
@@ -235,6 +257,7 @@ func serveE2B(t *testing.T) (url, key string) {
 		t.Fatal(err)
 	}
 	key = "e2b_sdk_test_key"
+	caFile, certFile, keyFile := testCA(t, dir, "*."+sdkDomain)
 	cfg, _ := json.Marshal(map[string]any{
 		"listen":  "127.0.0.1:0",
 		"backend": "docker",
@@ -242,7 +265,8 @@ func serveE2B(t *testing.T) (url, key string) {
 		"tenants": []map[string]any{{"name": "sdk", "tokens": []string{httpapi.HashToken(key)}, "maxSessions": 50}},
 		"limits":  map[string]any{"sessionsPerTenant": 50},
 		"policy":  dockertest.Policy(policy.Policy{Images: []string{"sandboxd/*"}}),
-		"e2b":     map[string]any{"enabled": true},
+		"e2b": map[string]any{"enabled": true, "domain": sdkDomain, "ports": map[string]any{
+			"listen": "127.0.0.1:0", "certFile": certFile, "keyFile": keyFile, "tenants": []string{"sdk"}}},
 	})
 	cfgFile := filepath.Join(dir, "config.json")
 	if err := os.WriteFile(cfgFile, cfg, 0o600); err != nil {
@@ -273,10 +297,41 @@ func serveE2B(t *testing.T) (url, key string) {
 	for lines.Scan() {
 		if m := listening.FindStringSubmatch(lines.Text()); m != nil {
 			go io.Copy(io.Discard, stdout)
-			return m[1], key
+			return m[1], key, caFile
 		}
 	}
 	out, _ := os.ReadFile(errLog.Name())
 	t.Fatalf("serve ended before it listened:\n%s", out)
-	return "", ""
+	return "", "", ""
+}
+
+// testCA makes a certificate authority and a certificate of name signed
+// by it, in dir: the authority's PEM, the certificate's and its key's.
+func testCA(t *testing.T, dir, name string) (caFile, certFile, keyFile string) {
+	t.Helper()
+	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	ca := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "sandboxd e2b test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	caDER, err := x509.CreateCertificate(rand.Reader, ca, ca, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leafKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	leaf := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: name}, DNSNames: []string{name},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	caCert, _ := x509.ParseCertificate(caDER)
+	leafDER, err := x509.CreateCertificate(rand.Reader, leaf, caCert, &leafKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, _ := x509.MarshalPKCS8PrivateKey(leafKey)
+	caFile, certFile, keyFile = filepath.Join(dir, "ca.pem"), filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	for f, b := range map[string]*pem.Block{caFile: {Type: "CERTIFICATE", Bytes: caDER}, certFile: {Type: "CERTIFICATE", Bytes: leafDER}, keyFile: {Type: "PRIVATE KEY", Bytes: keyDER}} {
+		if err := os.WriteFile(f, pem.EncodeToMemory(b), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return caFile, certFile, keyFile
 }

@@ -154,7 +154,7 @@ func (d *Backend) instance(c *Container, r *recorder) *backend.Instance {
 	inst := &backend.Instance{
 		FS: c.Agent(), Bash: c.Bash(), Root: policy.WorkspaceDir, ID: c.Name(), Close: closeOrQueue,
 		Done: c.Agent().Done(), Err: c.Agent().Err, Accept: c.Accept, Listen: c.Listen,
-		Export: c.Export, Import: c.Import, Pause: d.pause(c, r),
+		Dial: c.agent.Dial, Export: c.Export, Import: c.Import, Pause: d.pause(c, r),
 	}
 	if r.dir != "" {
 		inst.Publish, inst.Leave, inst.StateDir = r.publish, c.leave, r.stateDir

@@ -57,6 +57,7 @@ func (p *Pod) Instance() *backend.Instance {
 	inst := &backend.Instance{
 		FS: p.agent, Bash: p.agent, Root: policy.WorkspaceDir, ID: p.b.o.namespace + "/" + p.name, Close: p.Close,
 		Done: p.agent.Done(), Err: p.agentErr, Accept: p.agent.Accept, Listen: p.agent.Listen,
+		Dial: p.agent.Dial,
 	}
 	if p.b.o.replica != "" {
 		inst.Publish, inst.Leave = p.publish, p.leave

@@ -309,7 +309,7 @@ func (c *serveConfig) parse(data []byte) error {
 			return err
 		}
 	}
-	return nil
+	return c.E2B.Ports.validate(c.E2B.Domain, names)
 }
 
 // isTokenHash reports whether h is a token as the configuration holds it:
@@ -483,8 +483,9 @@ func serve(ctx context.Context, sio stdio, cfg serveConfig, dev bool) error {
 		return err
 	}
 	var handler http.Handler = api
+	var ports *portsServer
 	if cfg.E2B.Enabled {
-		if handler, err = e2bHandler(m, api, cfg.E2B, logger); err != nil {
+		if handler, ports, err = e2bHandler(m, api, cfg.E2B, logger); err != nil {
 			m.Shutdown(context.Background())
 			return err
 		}
@@ -495,8 +496,13 @@ func serve(ctx context.Context, sio stdio, cfg serveConfig, dev bool) error {
 		IdleTimeout:       time.Duration(cmp.Or(cfg.HTTP.IdleTimeout, runner.Duration(2*time.Minute))),
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 	}
-	served := make(chan error, 1)
+	served := make(chan error, 2)
 	go func() { served <- srv.Serve(ln) }()
+	go func() {
+		if err := ports.serve(); err != nil {
+			served <- fmt.Errorf("e2b.ports: %w", err)
+		}
+	}()
 
 	url := "http://" + ln.Addr().String()
 	printWelcome(sio, url, backend.Name(), cfg.Policy.DefaultImage, devToken)
@@ -505,6 +511,7 @@ func serve(ctx context.Context, sio stdio, cfg serveConfig, dev bool) error {
 	select {
 	case <-ctx.Done():
 	case err := <-served:
+		ports.shutdown()
 		m.Shutdown(context.Background())
 		return err
 	}
@@ -513,6 +520,7 @@ func serve(ctx context.Context, sio stdio, cfg serveConfig, dev bool) error {
 	// and the requests in flight finish, until the shutdown timeout.
 	logger.Info("shutting down: draining requests in flight")
 	api.Drain()
+	ports.shutdown()
 	sctx, cancel := context.WithTimeout(context.Background(), time.Duration(cmp.Or(cfg.ShutdownTimeout, runner.Duration(30*time.Second))))
 	defer cancel()
 	if err := api.WaitIdle(sctx); err != nil {

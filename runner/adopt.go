@@ -172,6 +172,9 @@ func (m *Manager) revive(ctx context.Context, inst *backend.Instance, rec backen
 	}
 	s.created, s.pooled, s.tenantEgress = r.Created, r.Pooled, r.TenantEgress
 	s.interrupted = r.Detached
+	if !rv.pausedAt.IsZero() {
+		s.interruptedBy = "the session was paused, at " + rv.pausedAt.UTC().Format(time.RFC3339)
+	}
 	var lost []string
 	if why := m.keptJournal(ctx, s, rv.from); why != "" {
 		lost = append(lost, why)

@@ -1,6 +1,7 @@
 package runner
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/json"
@@ -347,7 +348,7 @@ func (s *Session) Detached(id string) (*Detached, error) {
 		}
 	}
 	if slices.Contains(s.interrupted, id) {
-		return nil, fmt.Errorf("%w: call %s of session %s was accepted before the daemon restarted", ErrInterrupted, id, s.id)
+		return nil, fmt.Errorf("%w: call %s of session %s was accepted before %s", ErrInterrupted, id, s.id, cmp.Or(s.interruptedBy, "the daemon restarted"))
 	}
 	return nil, fmt.Errorf("%w: no detached call %s in session %s (a session remembers its last %d)", ErrNotFound, id, s.id, MaxDetached+maxGone)
 }

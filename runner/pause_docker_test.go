@@ -48,6 +48,10 @@ func TestDockerPauseResume(t *testing.T) {
 	if err != nil || bg.IsError {
 		t.Fatalf("background: %v %s", err, bg.Text)
 	}
+	running, err := s.Detach(runner.DetachRequest{Tool: "bash", Args: json.RawMessage(`{"command":"sleep 120","timeout":200}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
 	was := s.Info()
 
 	in, err := m.Pause(context.Background(), "acme", s.ID())
@@ -95,6 +99,10 @@ func TestDockerPauseResume(t *testing.T) {
 	}
 	if patch, err := diffOf(context.Background(), back); err != nil || !strings.Contains(patch, "+++ b/f\n") {
 		t.Fatalf("the diff since its start after the resume: %v\n%s", err, patch)
+	}
+	// The detached call the pause cut short says so, naming the pause.
+	if _, err := back.Detached(running.ID); !errors.Is(err, runner.ErrInterrupted) || !strings.Contains(err.Error(), "paused") {
+		t.Fatalf("the detached call after the resume: %v, want ErrInterrupted naming the pause", err)
 	}
 	if br, res := bash(t, back, "echo again"); br == nil || br.ExitCode != 0 || !strings.Contains(res.Text, "again") {
 		t.Fatalf("a command after the resume: %s", res.Text)

@@ -82,7 +82,7 @@ var (
 	// the daemon, which stopped or died before its result could be
 	// fetched: the call may have ended, or been cut short, and its result
 	// is lost (the session itself was resumed). Retry what it did.
-	ErrInterrupted = errors.New("the detached call was interrupted by a restart of the daemon; its result is lost")
+	ErrInterrupted = errors.New("the detached call was interrupted by a restart of the daemon or a pause of its session; its result is lost")
 	// ErrPaused: the session is paused (Manager.Pause); Manager.Resume
 	// brings it back. It is also why a paused session's calls that were
 	// in flight ended.

@@ -59,8 +59,10 @@ type Session struct {
 	detached []*Detached // Detach's calls running or with their results kept, oldest first
 	gone     []*Detached // ended calls whose results are no longer kept, oldest first
 	// interrupted are the IDs of the detached calls an earlier run of the
-	// daemon accepted (ErrInterrupted), oldest first.
-	interrupted []string
+	// daemon, or the session before its pause, accepted (ErrInterrupted),
+	// oldest first; interruptedBy says which ("the session was paused").
+	interrupted   []string
+	interruptedBy string
 	// publishing serialises the writes of the session's record (publish).
 	publishing sync.Mutex
 	// keptBytes is what the kept results of detached hold; resultsDropped

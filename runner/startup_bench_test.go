@@ -45,7 +45,7 @@ const maxStartupRatio = 3
 const startupRounds = 21
 
 // BenchmarkStartup measures, on the local and memory backends, the time
-// from a new manager to the answer of a session's first call (ls) — what
+// from a new manager to the answer of a session's first call (a read of one small file) — what
 // `sandboxd mcp` does before its first answer — on an empty workspace and
 // on a 10,000-file one, interleaved in one run (after one pair not
 // counted, which warms what every start shares), and fails when the ratio
@@ -60,6 +60,13 @@ const startupRounds = 21
 //	go test ./runner -run '^$' -bench '^BenchmarkStartup$' -benchtime 1x
 func BenchmarkStartup(b *testing.B) {
 	empty, big := b.TempDir(), bigTree(b, 10_000)
+	// The first call's own work is the same in both: a read of the one
+	// file both have.
+	for _, dir := range []string{empty, big} {
+		if err := os.WriteFile(filepath.Join(dir, firstFile), []byte("first\n"), 0o644); err != nil {
+			b.Fatal(err)
+		}
+	}
 	var copying time.Duration
 	for _, tc := range []struct {
 		name string
@@ -147,6 +154,12 @@ func (o opened) Open(context.Context, backend.Spec) (*backend.Instance, error) {
 
 func (opened) Reap(context.Context, map[string]string) (int, error) { return 0, nil }
 
+// firstFile is the file, in the empty workspace and the 10,000-file one,
+// whose read is the first call: a call whose own work does not grow with
+// the tree (an ls of the root would list 50 directories in one and none
+// in the other, which on a loaded disk is milliseconds apart).
+const firstFile = "first.txt"
+
 // startToFirstCall is the time from a new manager over bk to the answer
 // of the first call of its first session; the session's end is not
 // counted.
@@ -167,8 +180,8 @@ func startToFirstCall(b *testing.B, bk backend.Backend) time.Duration {
 	if err != nil {
 		b.Fatal(err)
 	}
-	if r, err := s.Call(ctx, "ls", json.RawMessage(`{"path":"."}`), tools.CallOptions{}); err != nil || r.IsError {
-		b.Fatalf("ls: %+v, %v", r, err)
+	if r, err := s.Call(ctx, "read", json.RawMessage(`{"path":"`+firstFile+`"}`), tools.CallOptions{}); err != nil || r.IsError {
+		b.Fatalf("read: %+v, %v", r, err)
 	}
 	return time.Since(start)
 }

@@ -260,7 +260,10 @@ func workspaceOwned(ctx context.Context, cli Engine, image string, uid, gid int)
 // it extracts over, but never of the destination itself).
 func chownVolume(ctx context.Context, cli Engine, q *removals, image, volume string, uid, gid int, labels map[string]string) error {
 	const at = "/.sandboxd-workspace"
-	return withLoader(ctx, cli, q, image, labels, mount.Mount{Type: mount.TypeVolume, Source: volume, Target: at},
+	// The mount carries the volume's labels: a loader created after a
+	// failed start removed the volume makes it anew, and then it is one
+	// Reap finds, not an unlabelled leftover.
+	return withLoader(ctx, cli, q, image, labels, mount.Mount{Type: mount.TypeVolume, Source: volume, Target: at, VolumeOptions: &mount.VolumeOptions{Labels: labels}},
 		func(loader string) error {
 			var buf bytes.Buffer
 			tw := tar.NewWriter(&buf)

@@ -165,7 +165,8 @@ func TestGroupKill(t *testing.T) {
 		sleep 600 & echo $! > bg
 		`+untilSleep+`
 		setsid bash -c 'echo $$ > escaped.tmp; mv escaped.tmp escaped; exec sleep 600' &
-		until [ -e escaped ]; do sleep 0.01; done # it has left the group
+		# it has left the group, and is sleep (alive knows it by that)
+		until [ -e escaped ] && { [ ! -e /proc/self ] || [ "$(cat /proc/$(cat escaped)/comm 2>/dev/null)" = sleep ]; }; do sleep 0.01; done
 		exit 0`)
 	escaped := readPid(t, filepath.Join(dir, "escaped"))
 	defer syscall.Kill(escaped, syscall.SIGKILL)
@@ -199,13 +200,20 @@ func readPid(t *testing.T, name string) int {
 }
 
 // alive reports whether pid is still a "sleep 600" (so that a reused pid is
-// not mistaken for the process).
+// not mistaken for the process). A zombie has no command line: it is gone.
+// Where there is /proc, a command line that cannot be read is a process
+// gone too: the process ended (and was reaped) between the kill(pid, 0) and
+// the read; taking it for alive made a process that ended during the check
+// a survivor. Where there is none, only kill(pid, 0) tells.
 func alive(pid int) bool {
 	if syscall.Kill(pid, 0) != nil {
 		return false
 	}
+	if _, err := os.Stat("/proc/self"); err != nil {
+		return true
+	}
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
-	return err != nil || string(b) == "sleep\x00600\x00"
+	return err == nil && string(b) == "sleep\x00600\x00"
 }
 
 // untilSleep, after "sleep 600 &", waits until the background job is sleep:
@@ -235,20 +243,26 @@ func pidsGone(t *testing.T, dir string, promised bool, names ...string) {
 			early = append(early, describePid(name, pids[i]))
 		}
 	}
-	deadline := time.Now().Add(goneTimeout)
+	began := time.Now()
+	deadline := began.Add(goneTimeout)
 	var survivors []string
 	for i, pid := range pids {
-		for alive(pid) && time.Now().Before(deadline) {
+		// One answer decides: asking again after the loop could see a
+		// process the loop saw end (alive is not monotonic in what it can
+		// read of a process being reaped).
+		live := alive(pid)
+		for live && time.Now().Before(deadline) {
 			time.Sleep(10 * time.Millisecond)
+			live = alive(pid)
 		}
-		if alive(pid) {
+		if live {
 			survivors = append(survivors, describePid(names[i], pid))
 			syscall.Kill(pid, syscall.SIGKILL)
 		}
 	}
 	switch {
 	case len(survivors) > 0:
-		t.Errorf("the tree survived: still running %v after the check began: %s", goneTimeout, strings.Join(survivors, ", "))
+		t.Errorf("the tree survived: still running %v after the check began: %s", time.Since(began).Round(time.Millisecond), strings.Join(survivors, ", "))
 	case promised && len(early) > 0:
 		t.Errorf("Wait returned before the kill completed: still running when it returned, gone later: %s", strings.Join(early, ", "))
 	case len(early) > 0:

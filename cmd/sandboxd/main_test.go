@@ -97,6 +97,8 @@ func TestUsage(t *testing.T) {
 		{args: []string{"tools", "--workspace", ws, "--image", "alpine"}, code: 2, err: "--image applies to --backend docker only"},
 		{args: []string{"tools", "--workspace", ws, "--egress", "go"}, code: 2, err: "--egress applies to --backend docker only: local and memory commands use the host's network"},
 		{args: []string{"tools", "--backend", "docker", "--workspace", ws, "--egress", "proxy.golang.org"}, code: 2, err: `--egress: egress rule "proxy.golang.org": want HOST:PORT`},
+		{args: []string{"tools", "--backend", "docker", "--workspace", ws, "--ca-cert", filepath.Join(ws, "missing.pem")}, code: 2, err: "--ca-cert: caCerts: open " + filepath.Join(ws, "missing.pem")},
+		{args: []string{"tools", "--backend", "docker", "--workspace", ws, "--ca-cert", badConfig}, code: 2, err: "--ca-cert: caCerts: " + badConfig + ": "},
 		{args: []string{"tools", "--workspace", filepath.Join(ws, "missing")}, code: 1, err: "workspace"},
 		{args: []string{"tools", "--workspace", ws, "--config", badConfig}, code: 1, err: badConfig + ": maxLines: must be positive, got -1"},
 		{args: []string{"tools", "--workspace", ws, "--config", caseConfig}, code: 1, err: caseConfig + `: workspaceShell.Mode: unknown key; did you mean "workspaceShell.mode"?`},

@@ -2,11 +2,14 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/sandboxd/sandboxd/sessionca"
 	"github.com/sandboxd/sandboxd/testharness/dockertest"
 )
 
@@ -114,3 +117,77 @@ cat <&3`
 }
 
 func strconvQuote(s string) string { b, _ := json.Marshal(s); return string(b) }
+
+// TestMCPCACert: sandboxd mcp --ca-cert gives the session's commands the
+// named authorities beside their image's and the session's own: in
+// extra-ca.crt (NODE_EXTRA_CA_CERTS) and in the bundle SSL_CERT_FILE names.
+// Without the flag they are the host's added ones; --ca-cert ” is none.
+func TestMCPCACert(t *testing.T) {
+	dockertest.Client(t)
+	dockertest.Image(t)
+	dir, _ := newWorkspace(t)
+	ca, err := sessionca.New("mcp-ca-cert-test", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ca.Close()
+	caFile := filepath.Join(t.TempDir(), "test-ca.pem")
+	if err := os.WriteFile(caFile, ca.CertPEM(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, hostPEM, err := sessionCAs(nil) // what this host's administrator added
+	if err != nil {
+		t.Fatal(err)
+	}
+	testPEM := strings.TrimSpace(string(ca.CertPEM()))
+	script := `test "$SSL_CERT_FILE" = /tmp/.sandboxd/ca-certificates.crt || echo "SSL_CERT_FILE=$SSL_CERT_FILE"
+test "$NODE_EXTRA_CA_CERTS" = /tmp/.sandboxd/extra-ca.crt || echo "NODE_EXTRA_CA_CERTS=$NODE_EXTRA_CA_CERTS"
+echo "extra $(grep -c 'BEGIN CERTIFICATE' /tmp/.sandboxd/extra-ca.crt)"
+cat /tmp/.sandboxd/extra-ca.crt; echo; echo ==; cat "$SSL_CERT_FILE"`
+	call := `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"bash","arguments":{"command":` + strconvQuote(script) + `,"timeout":60}}}`
+	hostCerts := strings.Count(string(hostPEM), "BEGIN CERTIFICATE")
+	for _, tc := range []struct {
+		name       string
+		flags      []string
+		extra      int  // certificates in extra-ca.crt: the session's own and the added ones
+		test, host bool // whether the test's and the host's authorities are trusted
+	}{
+		{"file", []string{"--ca-cert", caFile}, 2, true, false},
+		{"none", []string{"--ca-cert", ""}, 1, false, false},
+		{"default", nil, 1 + hostCerts, false, hostCerts > 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// An egress rule, so that the session has its proxy and its
+			// own authority; nothing is dialled.
+			args := []string{"--backend", "docker", "--workspace", dir, "--deliver", "none", "--grant", "shell.exec", "--always", "shell", "--egress", "allowed.invalid:443"}
+			c := startRawTo(t, testTimeout, os.Stderr, append(args, tc.flags...)...)
+			c.send(call)
+			r := c.next("2")["result"].(map[string]any)
+			out, _ := r["structuredContent"].(map[string]any)["output"].(string)
+			extra, bundle, _ := strings.Cut(out, "\n==\n")
+			if want := fmt.Sprintf("extra %d\n", tc.extra); !strings.HasPrefix(extra, want) {
+				t.Errorf("output %q: want it to begin %q", out, want)
+			}
+			for _, f := range []struct {
+				what, text string
+			}{{"extra-ca.crt", extra}, {"the bundle", bundle}} {
+				if got := strings.Contains(f.text, testPEM); got != tc.test {
+					t.Errorf("%s holds the --ca-cert authority: %v, want %v", f.what, got, tc.test)
+				}
+				if hostCerts > 0 {
+					if got := strings.Contains(f.text, strings.TrimSpace(string(hostPEM))); got != tc.host {
+						t.Errorf("%s holds the host's added authorities: %v, want %v", f.what, got, tc.host)
+					}
+				}
+			}
+			// The image's own authorities come first (minimal has none).
+			if n := strings.Count(bundle, "BEGIN CERTIFICATE"); n < tc.extra {
+				t.Errorf("the bundle holds %d certificates, fewer than extra-ca.crt's %d", n, tc.extra)
+			}
+			c.stdin.Close()
+			if err := c.cmd.Wait(); err != nil {
+				t.Errorf("sandboxd mcp: %v", err)
+			}
+		})
+	}
+}

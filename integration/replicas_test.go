@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 	"github.com/sandboxd/sandboxd/backend"
 	"github.com/sandboxd/sandboxd/backend/kubernetes"
 	"github.com/sandboxd/sandboxd/runner"
+	"github.com/sandboxd/sandboxd/testharness/dockertest"
 	"github.com/sandboxd/sandboxd/testharness/k8stest"
 )
 
@@ -87,6 +89,27 @@ func TestReplicas(t *testing.T) {
 		t.Fatal(r.Content)
 	}
 	a.bash(idle.ID, "echo kept > kept.txt")
+	// A background command started through a runs on in the pod's agent
+	// whichever replica serves the session: each replica's bash_output
+	// goes on from the last count it was given.
+	bg := a.call(acmeToken, s.ID, "bash", map[string]any{"command": dockertest.Counting, "background": true})
+	bgID, _ := bg.StructuredContent["id"].(string)
+	if bg.IsError || bgID == "" {
+		t.Fatalf("the background command: %+v", bg)
+	}
+	ticks := 0
+	countedOn := func(d *daemon, when string) {
+		t.Helper()
+		for deadline, before := time.Now().Add(time.Minute), ticks; ticks <= before; {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: the background command's output did not go on past tick %d", when, before)
+			}
+			if n := dockertest.LastTick(bgOutput(t, d, s.ID, bgID, 1)); n > ticks {
+				ticks = n
+			}
+		}
+	}
+	countedOn(a, "started through a")
 
 	// Alternately: b takes the session over, then a takes it back.
 	for i, d := range []*daemon{b, a, b} {
@@ -96,6 +119,7 @@ func TestReplicas(t *testing.T) {
 		// The replica it moved from lets go before it is asked again.
 		other := map[*daemon]*daemon{a: b, b: a}[d]
 		other.waitLog(`"msg":"session taken over by another replica"`, i/2+1)
+		countedOn(d, fmt.Sprintf("turn %d", i))
 	}
 	var info runner.Info
 	b.do(acmeToken, "GET", "/v1/sessions/"+s.ID, nil, http.StatusOK, &info)
@@ -108,6 +132,23 @@ func TestReplicas(t *testing.T) {
 	a.kill()
 	if got := b.bash(s.ID, "cat notes.txt"); got != "from a\nturn 0\nturn 1\nturn 2\n" {
 		t.Fatalf("after a's SIGKILL: %q", got)
+	}
+	countedOn(b, "after a's SIGKILL")
+	// bash_kill through b reaches the command a started, and its end is kept.
+	if r := b.call(acmeToken, s.ID, "bash_kill", map[string]any{"id": bgID}); r.IsError {
+		t.Fatalf("bash_kill: %+v", r)
+	}
+	for deadline := time.Now().Add(time.Minute); ; {
+		r := b.call(acmeToken, s.ID, "bash_output", map[string]any{"id": bgID, "wait": 1})
+		if r.IsError {
+			t.Fatalf("bash_output after bash_kill: %+v", r)
+		}
+		if r.StructuredContent["running"] == false {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the background command still runs a minute after bash_kill: %+v", r)
+		}
 	}
 
 	// Once a's Lease has expired, a new replica reaps at start: it leaves

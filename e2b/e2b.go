@@ -92,6 +92,7 @@ type options struct {
 	maxMessage int
 	grants     []string
 	ports      func(tenant string) bool
+	portConns  int // WithPortConnections
 }
 
 // WithAuth sets how API keys are judged. Without it every control-plane
@@ -121,22 +122,23 @@ type Server struct {
 	envd  *http.ServeMux
 	proxy *httputil.ReverseProxy // of Ports
 
-	mu     sync.Mutex
-	boxes  map[string]*sandbox
-	tokens map[[sha256.Size]byte]string // a secure sandbox's ID by its token's hash
+	mu        sync.Mutex
+	boxes     map[string]*sandbox
+	tokens    map[[sha256.Size]byte]string // a secure sandbox's ID by its token's hash
+	portConns map[string]int               // open requests to each tenant's ports
 }
 
 // New returns the server of m's sessions.
 func New(m *runner.Manager, opts ...Option) (*Server, error) {
 	o := options{templates: map[string]Template{"base": {Image: "dev"}}, maxMessage: 8 << 20,
-		grants: []string{"fs.write", "shell.exec"}}
+		grants: []string{"fs.write", "shell.exec"}, portConns: DefaultPortConnections}
 	for _, opt := range opts {
 		opt(&o)
 	}
 	if o.logger == nil {
 		o.logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{m: m, o: o, ctl: http.NewServeMux(), envd: http.NewServeMux(), boxes: map[string]*sandbox{}, tokens: map[[sha256.Size]byte]string{}}
+	s := &Server{m: m, o: o, ctl: http.NewServeMux(), envd: http.NewServeMux(), boxes: map[string]*sandbox{}, tokens: map[[sha256.Size]byte]string{}, portConns: map[string]int{}}
 	s.controlRoutes()
 	s.proxy = s.newPortProxy()
 	copts := []connect.HandlerOption{connect.WithReadMaxBytes(o.maxMessage), connect.WithSendMaxBytes(o.maxMessage)}

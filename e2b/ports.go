@@ -36,6 +36,22 @@ func WithPorts(allowed func(tenant string) bool) Option {
 	return func(o *options) { o.ports = allowed }
 }
 
+// DefaultPortConnections is how many requests to its sandboxes' ports
+// (each upgraded connection one, for as long as it is open) a tenant may
+// have open at once, unless WithPortConnections says otherwise.
+const DefaultPortConnections = 256
+
+// WithPortConnections caps the requests to its sandboxes' ports that one
+// tenant has open at once, an upgraded connection (WebSocket) counting as
+// one until it closes (default DefaultPortConnections; 0 or less is no
+// cap). A request past it is refused at once with 429 in E2B's shape,
+// with Retry-After: each open request holds a connection through the
+// sandbox's agent and the daemon's buffers, so one tenant's clients cannot
+// take them all from the others'.
+func WithPortConnections(n int) Option {
+	return func(o *options) { o.portConns = n }
+}
+
 // Ports serves E2B's sandbox hosts: a request whose host is
 // PORT-SANDBOXID.DOMAIN (the domain of WithDomain, its port aside), as
 // E2B's SDK builds it (Sandbox.get_host), is carried to PORT on the
@@ -114,7 +130,36 @@ func (s *Server) servePort(w http.ResponseWriter, r *http.Request) {
 		refuse("this sandbox's traffic is not public: its traffic access token (" + TrafficTokenHeader + ") is required")
 		return
 	}
+	if !s.takePortConn(box.tenant) {
+		s.o.logger.Info("e2b port refused", "tenant", box.tenant, "sandbox", id, "port", port, "client", r.RemoteAddr, "reason", "too many open")
+		w.Header().Set("Retry-After", "1")
+		writeJSON(w, http.StatusTooManyRequests, portError{Code: http.StatusTooManyRequests, SandboxID: id, Port: port,
+			Message: fmt.Sprintf("tenant %q has %d requests to its sandboxes' ports open, as many as it may (e2b.ports.maxConnections): retry once one has ended", box.tenant, s.o.portConns)})
+		return
+	}
+	defer s.dropPortConn(box.tenant)
 	s.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), portKey{}, portTarget{box: box, port: port, client: r.RemoteAddr})))
+}
+
+// takePortConn counts one more open request to tenant's ports, unless it
+// has as many as WithPortConnections allows.
+func (s *Server) takePortConn(tenant string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.o.portConns > 0 && s.portConns[tenant] >= s.o.portConns {
+		return false
+	}
+	s.portConns[tenant]++
+	return true
+}
+
+// dropPortConn counts one request to tenant's ports fewer.
+func (s *Server) dropPortConn(tenant string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.portConns[tenant]--; s.portConns[tenant] <= 0 {
+		delete(s.portConns, tenant)
+	}
 }
 
 type portKey struct{}

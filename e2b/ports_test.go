@@ -237,6 +237,65 @@ func TestPorts(t *testing.T) {
 	}
 }
 
+// TestPortConnections: a tenant's open requests to its ports are capped
+// (WithPortConnections), an upgraded connection counting until it closes:
+// one past the cap is 429 in E2B's shape, with Retry-After, while another
+// tenant is served; once the connection closes the tenant is served again.
+func TestPortConnections(t *testing.T) {
+	_, srv := newServer(t, newDialBackend(t), e2b.WithPorts(func(string) bool { return true }), e2b.WithPortConnections(1), e2b.WithDomain(testDomain))
+	e := &env{t: t, url: serveHTTP(t, srv)}
+	acme, bolt := e.create("acme-key", `{"templateID":"base"}`), e.create("bolt-key", `{"templateID":"base"}`)
+	ports := httptest.NewServer(srv.Ports())
+	t.Cleanup(ports.Close)
+	port := program(t)
+	host := func(id string) string { return fmt.Sprintf("%d-%s.%s", port, id, testDomain) }
+	get := func(id string) (*http.Response, string) {
+		t.Helper()
+		req, _ := http.NewRequest("GET", ports.URL+"/x", nil)
+		req.Host = host(id)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		data, _ := io.ReadAll(res.Body)
+		return res, string(data)
+	}
+
+	conn, err := net.Dial("tcp", strings.TrimPrefix(ports.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn.SetDeadline(time.Now().Add(time.Minute))
+	fmt.Fprintf(conn, "GET /ws HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n", host(acme.SandboxID))
+	if res, err := http.ReadResponse(bufio.NewReader(conn), nil); err != nil || res.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("upgrade: %v %v", res, err)
+	}
+	res, body := get(acme.SandboxID)
+	var pe struct {
+		Code    int    `json:"code"`
+		Message string `json:"message"`
+	}
+	if json.Unmarshal([]byte(body), &pe); res.StatusCode != http.StatusTooManyRequests || pe.Code != 429 ||
+		!strings.Contains(pe.Message, "e2b.ports.maxConnections") || res.Header.Get("Retry-After") == "" {
+		t.Errorf("a request past the cap, its connection upgraded: %d %s (Retry-After %q); want 429 naming e2b.ports.maxConnections", res.StatusCode, body, res.Header.Get("Retry-After"))
+	}
+	if res, body := get(bolt.SandboxID); res.StatusCode != http.StatusOK {
+		t.Errorf("another tenant at acme's cap: %d %s; want 200", res.StatusCode, body)
+	}
+	conn.Close()
+	for deadline := time.Now().Add(time.Minute); ; {
+		res, body := get(acme.SandboxID)
+		if res.StatusCode == http.StatusOK {
+			break
+		}
+		if res.StatusCode != http.StatusTooManyRequests || time.Now().After(deadline) {
+			t.Fatalf("after the upgraded connection closed: %d %s; want 200", res.StatusCode, body)
+		}
+		time.Sleep(10 * time.Millisecond) // until the proxy has seen the close
+	}
+}
+
 func TestPortsOffByDefault(t *testing.T) {
 	_, srv := newServer(t, newDialBackend(t), e2b.WithDomain(testDomain))
 	e := &env{t: t, url: serveHTTP(t, srv)}

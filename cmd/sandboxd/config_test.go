@@ -41,6 +41,8 @@ func TestConfigErrorsNameThePath(t *testing.T) {
 			`e2b.ports.tenants[0]: "b" is no tenant of the configuration ("*" names every tenant)`},
 		{"ports with a certificate and no key", `{"tenants": [{"name": "a"}], "e2b": {"domain": "d", "ports": {"listen": ":443", "certFile": "c.pem"}}}`,
 			`e2b.ports.certFile: give both certFile and keyFile (HTTPS), or neither (plain HTTP)`},
+		{"ports capped below one", `{"tenants": [{"name": "a"}], "e2b": {"domain": "d", "ports": {"listen": ":443", "maxConnections": -2}}}`,
+			`e2b.ports.maxConnections: -2: want the requests a tenant may have open at once, at least 1 (-1 for no cap, 0 or left out for 256)`},
 		{"tenant without a name", `{"tenants": [{"tokens": ["` + hash0 + `"]}]}`,
 			"tenants[0].name: every tenant needs a name"},
 		{"tenant named twice", `{"tenants": [{"name": "a"}, {"name": "a"}]}`,

@@ -49,6 +49,10 @@ type e2bPorts struct {
 	// Tenants may reach their sandboxes' ports ("*": every tenant); a
 	// tenant it does not name is refused (403).
 	Tenants []string `json:"tenants"`
+	// MaxConnections caps the requests to its sandboxes' ports one tenant
+	// has open at once, an upgraded connection (WebSocket) counting until
+	// it closes (default 256, -1 no cap); one past it is 429.
+	MaxConnections int `json:"maxConnections"`
 }
 
 // validate checks the ports' keys against the tenants there are.
@@ -56,6 +60,8 @@ func (p e2bPorts) validate(domain string, tenants map[string]int) error {
 	switch {
 	case p.Listen == "" && (p.CertFile != "" || p.KeyFile != "" || len(p.Tenants) > 0):
 		return &configError{Path: "e2b.ports.listen", Reason: "ports has no listener: give it an address (\"listen\": \":443\")"}
+	case p.MaxConnections < -1:
+		return &configError{Path: "e2b.ports.maxConnections", Reason: fmt.Sprintf("%d: want the requests a tenant may have open at once, at least 1 (-1 for no cap, 0 or left out for 256)", p.MaxConnections)}
 	case p.Listen == "":
 		return nil
 	case domain == "":
@@ -96,6 +102,17 @@ func (p e2bPorts) listen(domain string) (net.Listener, string, error) {
 	return tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"h2", "http/1.1"}, MinVersion: tls.VersionTLS12}), domain, nil
 }
 
+// maxConnections is MaxConnections as e2b.WithPortConnections takes it.
+func (p e2bPorts) maxConnections() int {
+	switch p.MaxConnections {
+	case 0:
+		return e2b.DefaultPortConnections
+	case -1:
+		return 0
+	}
+	return p.MaxConnections
+}
+
 // allows says whether tenant may reach its sandboxes' ports.
 func (p e2bPorts) allows(tenant string) bool {
 	return slices.Contains(p.Tenants, "*") || slices.Contains(p.Tenants, tenant)
@@ -128,7 +145,7 @@ func e2bHandler(m *runner.Manager, api *httpapi.Server, cfg e2bConfig, logger *s
 		}
 		domain, ports = d, &portsServer{ln: ln}
 	}
-	opts := []e2b.Option{e2b.WithLogger(logger), e2b.WithDomain(domain), e2b.WithPorts(cfg.Ports.allows), e2b.WithAuth(func(key string) (e2b.Tenant, bool) {
+	opts := []e2b.Option{e2b.WithLogger(logger), e2b.WithDomain(domain), e2b.WithPorts(cfg.Ports.allows), e2b.WithPortConnections(cfg.Ports.maxConnections()), e2b.WithAuth(func(key string) (e2b.Tenant, bool) {
 		t, ok := api.Tenant(key)
 		return e2b.Tenant{Name: t.Name, MaxSessions: t.MaxSessions, Egress: t.Egress}, ok
 	})}

@@ -314,9 +314,6 @@ func TestTenants(t *testing.T) {
 	if st := e.api("acme-key", "POST", "/sandboxes", `{"templateID":"base","autoPause":true}`, &bad); st != http.StatusNotImplemented || !strings.Contains(bad.Message, "not supported") {
 		t.Fatalf("autoPause: %d %+v", st, bad)
 	}
-	if st := e.api("acme-key", "POST", "/sandboxes/x/pause", ``, &bad); st != http.StatusNotImplemented {
-		t.Fatalf("pause: %d %+v", st, bad)
-	}
 	c := e.create("acme-key", `{"templateID":"base","secure":true,"metadata":{"app":"one"}}`)
 	if c.EnvdAccessToken == "" {
 		t.Fatal("a secure sandbox without an access token")

@@ -93,8 +93,11 @@ func (s *Server) servePort(w http.ResponseWriter, r *http.Request) {
 	}
 	box, err := s.box(id)
 	if err != nil {
-		writeJSON(w, http.StatusBadGateway, portError{Code: http.StatusBadGateway, SandboxID: id, Port: port,
-			Message: "The sandbox was not found: it was killed, timed out or never existed"})
+		msg := "The sandbox was not found: it was killed, timed out or never existed"
+		if errors.Is(err, runner.ErrPaused) {
+			msg = err.Error()
+		}
+		writeJSON(w, http.StatusBadGateway, portError{Code: http.StatusBadGateway, SandboxID: id, Port: port, Message: msg})
 		return
 	}
 	if port == EnvdPort {

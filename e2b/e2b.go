@@ -1,10 +1,10 @@
 // Package e2b serves E2B's sandbox API over a runner.Manager's sessions, so
 // that E2B's SDKs, and the agent frameworks built on them, run unchanged
 // against sandboxd: the control plane (POST /sandboxes, list, get, kill,
-// timeout, connect) under a path prefix, and the in-sandbox daemon's API
-// (envd: the Process and Filesystem Connect services, /files, /health) on
-// every request that names its sandbox in the E2b-Sandbox-Id header, as the
-// SDK sends them when E2B_SANDBOX_URL is set.
+// timeout, connect, pause, resume) under a path prefix, and the in-sandbox
+// daemon's API (envd: the Process and Filesystem Connect services, /files,
+// /health) on every request that names its sandbox in the E2b-Sandbox-Id
+// header, as the SDK sends them when E2B_SANDBOX_URL is set.
 //
 //	srv, _ := e2b.New(m, e2b.WithAuth(keys), e2b.WithTemplates(map[string]e2b.Template{"base": {Image: "dev"}}))
 //	mux.Handle("/e2b/", http.StripPrefix("/e2b", srv.Control())) // E2B_API_URL=http://HOST/e2b
@@ -23,10 +23,14 @@
 // A sandbox's ports are served by Ports, on the hosts E2B's SDK builds
 // (PORT-SANDBOXID.DOMAIN), for the tenants the operator allows.
 //
-// What E2B has and this server does not (pause and resume, metrics, logs,
-// template builds, egress rules by CIDR) is answered with E2B's error
-// shape and 501, "not supported by this server", never accepted and
-// ignored.
+// A sandbox pauses and resumes where the runner's backend can
+// (Manager.Pause, Resume; see pause.go): its record, kept here, outlives
+// its pauses.
+//
+// What E2B has and this server does not (pause on a backend that cannot,
+// metrics, logs, template builds, egress rules by CIDR) is answered with
+// E2B's error shape and 501, "not supported by this server", never
+// accepted and ignored.
 package e2b
 
 import (

@@ -276,6 +276,7 @@ type record struct {
 	// autoPause makes the sandbox's timeout pause it rather than end it
 	// (autoPause.go): end is then its timeout, which timer keeps.
 	autoPause bool
+	runs      atomic.Int64 // how many runs it has had
 	mu        sync.Mutex
 	end       time.Time
 	timer     *time.Timer
@@ -287,6 +288,7 @@ type record struct {
 type sandbox struct {
 	*record
 	sess     *runner.Session
+	run      int64 // its number among the record's runs, from 1
 	procs    *procTable
 	watchers watchers
 
@@ -299,7 +301,7 @@ type sandbox struct {
 
 // newRun is a run of rec as sess.
 func newRun(rec *record, sess *runner.Session) *sandbox {
-	b := &sandbox{record: rec, sess: sess}
+	b := &sandbox{record: rec, sess: sess, run: rec.runs.Add(1)}
 	b.procs = newProcTable(b)
 	return b
 }

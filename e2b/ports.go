@@ -180,8 +180,12 @@ func (s *Server) newPortProxy() *httputil.ReverseProxy {
 	}
 }
 
-// poolKey names a sandbox's port as the transport's host.
-func poolKey(pt portTarget) string { return strconv.Itoa(pt.port) + "-" + pt.box.sess.ID() }
+// poolKey names a sandbox's port as the transport's host, in the
+// sandbox's run: a connection dialled before a pause is never reused after
+// its resume.
+func poolKey(pt portTarget) string {
+	return strconv.Itoa(pt.port) + "-" + pt.box.id + "-r" + strconv.FormatInt(pt.box.run, 10)
+}
 
 // auditedConn is a connection to a sandbox's port, logged when it ends.
 type auditedConn struct {

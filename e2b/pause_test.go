@@ -140,6 +140,10 @@ func TestPauseResume(t *testing.T) {
 			t.Errorf("list %s: %v, want %v", tc.query, got, tc.want)
 		}
 	}
+	var v1 []described // GET /sandboxes lists the running ones, as E2B's
+	if e.api("acme-key", "GET", "/sandboxes?metadata=app%3Done", "", &v1); len(v1) != 1 || v1[0].SandboxID != running.SandboxID {
+		t.Errorf("GET /sandboxes: %+v, want %s alone", v1, running.SandboxID)
+	}
 	if got := e.listIDs("bolt-key", "state=paused"); len(got) != 0 {
 		t.Errorf("bolt lists acme's paused sandbox: %v", got)
 	}

@@ -50,8 +50,8 @@ func (s *Server) controlRoutes() {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	s.ctl.HandleFunc("POST /sandboxes", auth(s.create))
-	s.ctl.HandleFunc("GET /sandboxes", auth(s.list))
-	s.ctl.HandleFunc("GET /v2/sandboxes", auth(s.list))
+	s.ctl.HandleFunc("GET /sandboxes", auth(s.list(runner.StateRunning)))
+	s.ctl.HandleFunc("GET /v2/sandboxes", auth(s.list(runner.StateRunning, runner.StatePaused)))
 	s.ctl.HandleFunc("GET /sandboxes/{id}", auth(s.get))
 	s.ctl.HandleFunc("DELETE /sandboxes/{id}", auth(s.kill))
 	s.ctl.HandleFunc("POST /sandboxes/{id}/timeout", auth(s.setTimeout))
@@ -250,18 +250,26 @@ func (s *Server) describe(b *sandbox, detail bool, paused *runner.Info) sandboxJ
 	return out
 }
 
-// list answers GET /sandboxes and /v2/sandboxes: the tenant's sandboxes,
-// running and paused, or those of the states the state query names,
-// whose metadata holds every pair of the metadata query, newest first as
-// E2B lists them, a page of limit at a time (x-next-token names the next).
-func (s *Server) list(w http.ResponseWriter, r *http.Request, t Tenant) {
+// list answers GET /sandboxes (the running ones by default) and
+// /v2/sandboxes (running and paused): the tenant's sandboxes of those
+// states, or of the states the state query names, whose metadata holds
+// every pair of the metadata query, newest first as E2B lists them, a page
+// of limit at a time (x-next-token names the next).
+func (s *Server) list(byDefault ...string) func(http.ResponseWriter, *http.Request, Tenant) {
+	return func(w http.ResponseWriter, r *http.Request, t Tenant) { s.listStates(w, r, t, byDefault) }
+}
+
+func (s *Server) listStates(w http.ResponseWriter, r *http.Request, t Tenant, byDefault []string) {
 	q := r.URL.Query()
 	want, err := url.ParseQuery(q.Get("metadata"))
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "metadata: want key=value pairs joined by &, each URL-encoded: "+err.Error())
 		return
 	}
-	states := map[string]bool{runner.StateRunning: true, runner.StatePaused: true}
+	states := map[string]bool{}
+	for _, st := range byDefault {
+		states[st] = true
+	}
 	if q.Has("state") {
 		clear(states)
 		for _, v := range q["state"] {

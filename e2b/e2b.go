@@ -274,7 +274,7 @@ type record struct {
 	started  time.Time
 
 	// autoPause makes the sandbox's timeout pause it rather than end it
-	// (autoPause.go): end is then its timeout, which timer keeps.
+	// (pause.go: setEnd): end is then its timeout, which timer keeps.
 	autoPause bool
 	runs      atomic.Int64 // how many runs it has had
 	mu        sync.Mutex

@@ -2,8 +2,10 @@ package e2b_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/backend"
 	"github.com/sandboxd/sandboxd/backend/memory"
+	"github.com/sandboxd/sandboxd/e2b"
 	"github.com/sandboxd/sandboxd/e2b/envdpb/process/processconnect"
 )
 
@@ -30,22 +33,73 @@ func newPauseBackend(t *testing.T) pauseBackend {
 func (b pauseBackend) Open(ctx context.Context, spec backend.Spec) (*backend.Instance, error) {
 	inst, err := b.Backend.Open(ctx, spec)
 	if err == nil {
-		b.pausable(inst)
+		pausable(inst, b.pauses, b.resumes)
 	}
 	return inst, err
 }
 
-func (b pauseBackend) pausable(inst *backend.Instance) {
+// pausable makes inst pause as pauseBackend's do, counting its pauses
+// and resumes.
+func pausable(inst *backend.Instance, pauses, resumes *atomic.Int32) {
 	ws := *inst
 	inst.Pause = func(context.Context) (*backend.Paused, error) {
-		b.pauses.Add(1)
+		pauses.Add(1)
 		return &backend.Paused{ID: ws.ID, Root: ws.Root, Close: ws.Close,
 			Resume: func(context.Context) (*backend.Instance, error) {
-				b.resumes.Add(1)
+				resumes.Add(1)
 				next := ws
-				b.pausable(&next)
+				pausable(&next, pauses, resumes)
 				return &next, nil
 			}}, nil
+	}
+}
+
+// pauseDialBackend is dialBackend with workspaces that pause.
+type pauseDialBackend struct {
+	dialBackend
+	pauses, resumes *atomic.Int32
+}
+
+func (b pauseDialBackend) Open(ctx context.Context, spec backend.Spec) (*backend.Instance, error) {
+	inst, err := b.dialBackend.Open(ctx, spec)
+	if err == nil {
+		pausable(inst, b.pauses, b.resumes)
+	}
+	return inst, err
+}
+
+// TestPortsAcrossPause: a paused sandbox's ports answer 502 naming the
+// pause; resumed, they are served again, with the same traffic token.
+func TestPortsAcrossPause(t *testing.T) {
+	b := pauseDialBackend{dialBackend: newDialBackend(t), pauses: new(atomic.Int32), resumes: new(atomic.Int32)}
+	m, srv := newServer(t, b, e2b.WithPorts(func(string) bool { return true }), e2b.WithDomain(testDomain+":443"))
+	e := &env{t: t, url: serveHTTP(t, srv), m: m}
+	ports := httptest.NewServer(srv.Ports())
+	t.Cleanup(ports.Close)
+	c := e.create("acme-key", `{"templateID":"base","timeout":300,"network":{"allowPublicTraffic":false}}`)
+	port := program(t)
+	get := func() (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest("GET", ports.URL+"/x", nil)
+		req.Host = fmt.Sprintf("%d-%s.%s:443", port, c.SandboxID, testDomain)
+		req.Header.Set(e2b.TrafficTokenHeader, c.TrafficToken)
+		return send(t, req)
+	}
+	if st, body := get(); st != http.StatusOK {
+		t.Fatalf("before the pause: %d %s", st, body)
+	}
+	if st := e.api("acme-key", "POST", "/sandboxes/"+c.SandboxID+"/pause", "", nil); st != http.StatusNoContent {
+		t.Fatalf("pause: %d", st)
+	}
+	if st, body := get(); st != http.StatusBadGateway || !strings.Contains(body, "paused") {
+		t.Fatalf("while paused: %d %s", st, body)
+	}
+	var back created
+	if st := e.api("acme-key", "POST", "/sandboxes/"+c.SandboxID+"/connect", `{"timeout":60}`, &back); st != http.StatusCreated || back.TrafficToken != c.TrafficToken {
+		t.Fatalf("connect: %d %+v", st, back)
+	}
+	if st, body := get(); st != http.StatusOK || !strings.Contains(body, "hello from /x") {
+		t.Fatalf("after the resume: %d %s", st, body)
 	}
 }
 

@@ -1,10 +1,10 @@
 // Package e2b serves E2B's sandbox API over a runner.Manager's sessions, so
 // that E2B's SDKs, and the agent frameworks built on them, run unchanged
 // against sandboxd: the control plane (POST /sandboxes, list, get, kill,
-// timeout, connect) under a path prefix, and the in-sandbox daemon's API
-// (envd: the Process and Filesystem Connect services, /files, /health) on
-// every request that names its sandbox in the E2b-Sandbox-Id header, as the
-// SDK sends them when E2B_SANDBOX_URL is set.
+// timeout, connect, pause, resume) under a path prefix, and the in-sandbox
+// daemon's API (envd: the Process and Filesystem Connect services, /files,
+// /health) on every request that names its sandbox in the E2b-Sandbox-Id
+// header, as the SDK sends them when E2B_SANDBOX_URL is set.
 //
 //	srv, _ := e2b.New(m, e2b.WithAuth(keys), e2b.WithTemplates(map[string]e2b.Template{"base": {Image: "dev"}}))
 //	mux.Handle("/e2b/", http.StripPrefix("/e2b", srv.Control())) // E2B_API_URL=http://HOST/e2b
@@ -23,10 +23,14 @@
 // A sandbox's ports are served by Ports, on the hosts E2B's SDK builds
 // (PORT-SANDBOXID.DOMAIN), for the tenants the operator allows.
 //
-// What E2B has and this server does not (pause and resume, metrics, logs,
-// template builds, egress rules by CIDR) is answered with E2B's error
-// shape and 501, "not supported by this server", never accepted and
-// ignored.
+// A sandbox pauses and resumes where the runner's backend can
+// (Manager.Pause, Resume; see pause.go): its record, kept here, outlives
+// its pauses.
+//
+// What E2B has and this server does not (pause on a backend that cannot,
+// metrics, logs, template builds, egress rules by CIDR) is answered with
+// E2B's error shape and 501, "not supported by this server", never
+// accepted and ignored.
 package e2b
 
 import (
@@ -42,6 +46,7 @@ import (
 	"net/http/httputil"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -123,9 +128,10 @@ type Server struct {
 	proxy *httputil.ReverseProxy // of Ports
 
 	mu        sync.Mutex
-	boxes     map[string]*sandbox
+	boxes     map[string]*sandbox          // each sandbox's last run, a paused one's too
 	tokens    map[[sha256.Size]byte]string // a secure sandbox's ID by its token's hash
 	portConns map[string]int               // open requests to each tenant's ports
+	sweeping  atomic.Bool
 }
 
 // New returns the server of m's sessions.
@@ -209,8 +215,13 @@ func (s *Server) serveEnvd(w http.ResponseWriter, r *http.Request) {
 	}
 	box, err := s.box(id)
 	if err != nil {
-		// The SDK takes a 502 from envd for a sandbox that is gone.
-		writeError(w, http.StatusBadGateway, fmt.Sprintf("sandbox %q is not running (it was killed, timed out or never existed)", id))
+		// The SDK takes a 502 from envd for a sandbox that is gone or
+		// paused (is_running: false).
+		msg := fmt.Sprintf("sandbox %q is not running (it was killed, timed out or never existed)", id)
+		if errors.Is(err, runner.ErrPaused) {
+			msg = err.Error()
+		}
+		writeError(w, http.StatusBadGateway, msg)
 		return
 	}
 	switch {
@@ -249,9 +260,13 @@ func userOf(r *http.Request) (string, bool) {
 	return "", false
 }
 
-// sandbox is what E2B knows of a session beyond what the runner keeps.
-type sandbox struct {
-	sess     *runner.Session
+// record is what E2B knows of a sandbox beyond what the runner keeps. It
+// outlives the sandbox's pauses: each run of the sandbox — its creation,
+// then each resume, which makes its session again — is a sandbox over the
+// same record, so its access tokens, metadata, env vars and template are
+// those it was created with.
+type record struct {
+	id       string
 	tenant   string
 	template string
 	metadata map[string]string
@@ -259,6 +274,23 @@ type sandbox struct {
 	token    string // the envd access token; "" when not secure
 	traffic  string // the traffic access token of its ports; "" when its traffic is public
 	started  time.Time
+
+	// autoPause makes the sandbox's timeout pause it rather than end it
+	// (pause.go: setEnd): end is then its timeout, which timer keeps.
+	autoPause bool
+	runs      atomic.Int64 // how many runs it has had
+	mu        sync.Mutex
+	end       time.Time
+	timer     *time.Timer
+}
+
+// sandbox is one run of an E2B sandbox: its record, the session it runs
+// as, and what lives as long as that session (its processes, watchers).
+// The session of a paused sandbox's last run is the one its pause ended.
+type sandbox struct {
+	*record
+	sess     *runner.Session
+	run      int64 // its number among the record's runs, from 1
 	procs    *procTable
 	watchers watchers
 
@@ -267,6 +299,13 @@ type sandbox struct {
 	// once, by the first command that starts in the workspace.
 	homeMu sync.Mutex
 	home   *bool
+}
+
+// newRun is a run of rec as sess.
+func newRun(rec *record, sess *runner.Session) *sandbox {
+	b := &sandbox{record: rec, sess: sess, run: rec.runs.Add(1)}
+	b.procs = newProcTable(b)
+	return b
 }
 
 // homeIsRoot reports whether Home and the workspace root are one directory
@@ -287,46 +326,171 @@ func (b *sandbox) homeIsRoot(ctx context.Context) (bool, error) {
 	return same, nil
 }
 
-// box returns the live sandbox id.
+// box returns the running sandbox id: a paused one is ErrPaused, one this
+// server does not have ErrNotFound.
 func (s *Server) box(id string) (*sandbox, error) {
+	b, paused, err := s.lookup(id)
+	if err != nil {
+		return nil, err
+	}
+	if paused != nil {
+		return nil, pausedError(id)
+	}
+	return b, nil
+}
+
+// tenantBox is box of the tenant's sandbox id; another tenant's is
+// ErrNotFound, as if it did not exist.
+func (s *Server) tenantBox(tenant, id string) (*sandbox, error) {
+	b, paused, err := s.tenantLookup(tenant, id)
+	if err != nil {
+		return nil, err
+	}
+	if paused != nil {
+		return nil, pausedError(id)
+	}
+	return b, nil
+}
+
+// tenantLookup is lookup of the tenant's sandbox id; another tenant's is
+// ErrNotFound, as if it did not exist.
+func (s *Server) tenantLookup(tenant, id string) (*sandbox, *runner.Info, error) {
+	b, paused, err := s.lookup(id)
+	if err != nil || b.tenant != tenant {
+		return nil, nil, notFound(id)
+	}
+	return b, paused, nil
+}
+
+func notFound(id string) error { return fmt.Errorf("%w: %s", runner.ErrNotFound, id) }
+
+// pausedError is what a request that needs sandbox id running is told
+// while it is paused.
+func pausedError(id string) error {
+	return fmt.Errorf("%w: sandbox %s: connect to it to resume it (Sandbox.connect, POST /sandboxes/%s/connect)", runner.ErrPaused, id, id)
+}
+
+// lookup returns the sandbox id as it is now: its last run, and the
+// runner's description of it when it is paused (the run's session is then
+// the one the pause ended). A sandbox whose session was resumed by
+// another way (POST /v1/sessions/ID/resume) gets a run of the resumed
+// session; one whose session is gone is forgotten, ErrNotFound.
+func (s *Server) lookup(id string) (*sandbox, *runner.Info, error) {
 	s.mu.Lock()
 	b := s.boxes[id]
 	s.mu.Unlock()
-	if b == nil || b.sess.Err() != nil {
-		return nil, fmt.Errorf("%w: %s", runner.ErrNotFound, id)
+	if b == nil {
+		return nil, nil, notFound(id)
 	}
-	return b, nil
+	if b.sess.Err() == nil {
+		return b, nil, nil
+	}
+	// Its pause ended the session: is it paused still, resumed, or gone
+	// (deleted, or past its lifetime, while paused)? Asked a few times,
+	// for a session paused again meanwhile.
+	for range 3 {
+		if !errors.Is(b.sess.Err(), runner.ErrPaused) {
+			break
+		}
+		info, err := s.m.Describe(b.tenant, id)
+		if err != nil {
+			break
+		}
+		if info.State == runner.StatePaused {
+			return b, &info, nil
+		}
+		sess, err := s.m.Get(b.tenant, id)
+		if errors.Is(err, runner.ErrPaused) {
+			continue
+		}
+		if err != nil {
+			break
+		}
+		if b, err = s.rerun(b, sess); err != nil {
+			return nil, nil, err
+		}
+		return b, nil, nil
+	}
+	s.forget(b)
+	return nil, nil, notFound(id)
 }
 
-// tenantBox returns the tenant's live sandbox id; another tenant's is
-// ErrNotFound, as if it did not exist.
-func (s *Server) tenantBox(tenant, id string) (*sandbox, error) {
-	b, err := s.box(id)
-	if err != nil || b.tenant != tenant {
-		return nil, fmt.Errorf("%w: %s", runner.ErrNotFound, id)
-	}
-	return b, nil
-}
-
-// track keeps b until its session ends, then forgets it and stops its
-// processes.
+// track keeps b, a sandbox's first run.
 func (s *Server) track(b *sandbox) {
 	s.mu.Lock()
-	s.boxes[b.sess.ID()] = b
+	s.boxes[b.id] = b
 	if b.token != "" {
-		s.tokens[sha256.Sum256([]byte(b.token))] = b.sess.ID()
+		s.tokens[sha256.Sum256([]byte(b.token))] = b.id
 	}
 	s.mu.Unlock()
+	s.watch(b)
+}
+
+// rerun makes a run of old's sandbox as sess, its session resumed, and
+// keeps it; when another request made one first, it is that one.
+func (s *Server) rerun(old *sandbox, sess *runner.Session) (*sandbox, error) {
+	s.mu.Lock()
+	cur := s.boxes[old.id]
+	if cur != old {
+		s.mu.Unlock()
+		if cur == nil {
+			return nil, notFound(old.id)
+		}
+		return cur, nil
+	}
+	b := newRun(old.record, sess)
+	s.boxes[b.id] = b
+	s.mu.Unlock()
+	s.watch(b)
+	return b, nil
+}
+
+// watch stops b's processes once its session ends, and forgets the
+// sandbox unless a pause ended it.
+func (s *Server) watch(b *sandbox) {
 	go func() {
 		<-b.sess.Done()
-		s.mu.Lock()
-		delete(s.boxes, b.sess.ID())
-		if b.token != "" {
-			delete(s.tokens, sha256.Sum256([]byte(b.token)))
-		}
-		s.mu.Unlock()
 		b.procs.closeAll()
+		if !errors.Is(b.sess.Err(), runner.ErrPaused) {
+			s.forget(b)
+		}
 	}()
+}
+
+// forget drops b's sandbox, unless a later run of it is kept.
+func (s *Server) forget(b *sandbox) {
+	s.mu.Lock()
+	if s.boxes[b.id] != b {
+		s.mu.Unlock()
+		return
+	}
+	delete(s.boxes, b.id)
+	if b.token != "" {
+		delete(s.tokens, sha256.Sum256([]byte(b.token)))
+	}
+	s.mu.Unlock()
+	b.stopTimer()
+}
+
+// sweep forgets the paused sandboxes whose sessions are gone (deleted or
+// past their lifetime while paused, through the runner), one sweep at a
+// time.
+func (s *Server) sweep() {
+	if !s.sweeping.CompareAndSwap(false, true) {
+		return
+	}
+	defer s.sweeping.Store(false)
+	s.mu.Lock()
+	var ended []string
+	for id, b := range s.boxes {
+		if b.sess.Err() != nil {
+			ended = append(ended, id)
+		}
+	}
+	s.mu.Unlock()
+	for _, id := range ended {
+		s.lookup(id)
+	}
 }
 
 // byToken is the ID of the sandbox whose access token is token, or "". It

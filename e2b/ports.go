@@ -109,8 +109,11 @@ func (s *Server) servePort(w http.ResponseWriter, r *http.Request) {
 	}
 	box, err := s.box(id)
 	if err != nil {
-		writeJSON(w, http.StatusBadGateway, portError{Code: http.StatusBadGateway, SandboxID: id, Port: port,
-			Message: "The sandbox was not found: it was killed, timed out or never existed"})
+		msg := "The sandbox was not found: it was killed, timed out or never existed"
+		if errors.Is(err, runner.ErrPaused) {
+			msg = err.Error()
+		}
+		writeJSON(w, http.StatusBadGateway, portError{Code: http.StatusBadGateway, SandboxID: id, Port: port, Message: msg})
 		return
 	}
 	if port == EnvdPort {
@@ -222,8 +225,12 @@ func (s *Server) newPortProxy() *httputil.ReverseProxy {
 	}
 }
 
-// poolKey names a sandbox's port as the transport's host.
-func poolKey(pt portTarget) string { return strconv.Itoa(pt.port) + "-" + pt.box.sess.ID() }
+// poolKey names a sandbox's port as the transport's host, in the
+// sandbox's run: a connection dialled before a pause is never reused after
+// its resume.
+func poolKey(pt portTarget) string {
+	return strconv.Itoa(pt.port) + "-" + pt.box.id + "-r" + strconv.FormatInt(pt.box.run, 10)
+}
 
 // auditedConn is a connection to a sandbox's port, logged when it ends.
 type auditedConn struct {

@@ -135,13 +135,7 @@ func TestPorts(t *testing.T) {
 		for k, v := range hdr {
 			req.Header.Set(k, v)
 		}
-		res, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer res.Body.Close()
-		data, _ := io.ReadAll(res.Body)
-		return res.StatusCode, string(data)
+		return send(t, req)
 	}
 	host := func(port int, id string) string { return fmt.Sprintf("%d-%s.%s:443", port, id, testDomain) }
 

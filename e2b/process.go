@@ -355,9 +355,21 @@ func follow(ctx context.Context, h http.Header, p *proc, sb *sub, send func(*pb.
 		defer t.Stop()
 		tick = t.C
 	}
+	ended := func() error {
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return connect.NewError(connect.CodeDeadlineExceeded, errors.New("the command ran past its timeout and was killed"))
+		}
+		return connect.NewError(connect.CodeCanceled, ctx.Err())
+	}
 	for {
 		select {
 		case ev, ok := <-sb.ch:
+			// Past the deadline, the process's end (it was killed at it)
+			// and the deadline are both ready: the deadline is the answer,
+			// whichever select took.
+			if ctx.Err() != nil {
+				return ended()
+			}
 			if !ok {
 				return nil
 			}
@@ -372,10 +384,7 @@ func follow(ctx context.Context, h http.Header, p *proc, sb *sub, send func(*pb.
 				return err
 			}
 		case <-ctx.Done():
-			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-				return connect.NewError(connect.CodeDeadlineExceeded, errors.New("the command ran past its timeout and was killed"))
-			}
-			return connect.NewError(connect.CodeCanceled, ctx.Err())
+			return ended()
 		}
 	}
 }

@@ -50,17 +50,19 @@ func (s *Server) controlRoutes() {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	s.ctl.HandleFunc("POST /sandboxes", auth(s.create))
-	s.ctl.HandleFunc("GET /sandboxes", auth(s.list))
-	s.ctl.HandleFunc("GET /v2/sandboxes", auth(s.list))
+	s.ctl.HandleFunc("GET /sandboxes", auth(s.list(runner.StateRunning)))
+	s.ctl.HandleFunc("GET /v2/sandboxes", auth(s.list(runner.StateRunning, runner.StatePaused)))
 	s.ctl.HandleFunc("GET /sandboxes/{id}", auth(s.get))
 	s.ctl.HandleFunc("DELETE /sandboxes/{id}", auth(s.kill))
 	s.ctl.HandleFunc("POST /sandboxes/{id}/timeout", auth(s.setTimeout))
 	s.ctl.HandleFunc("POST /sandboxes/{id}/refreshes", auth(s.refresh))
 	s.ctl.HandleFunc("POST /sandboxes/{id}/connect", auth(s.connect))
-	// Everything else of E2B's control plane: pause and resume, metrics,
-	// logs, snapshots, templates and their builds, teams, keys, nodes.
+	s.ctl.HandleFunc("POST /sandboxes/{id}/pause", auth(s.pause))
+	s.ctl.HandleFunc("POST /sandboxes/{id}/resume", auth(s.resume))
+	// Everything else of E2B's control plane: metrics, logs, snapshots,
+	// templates and their builds, teams, keys, nodes.
 	s.ctl.HandleFunc("/", auth(func(w http.ResponseWriter, r *http.Request, _ Tenant) {
-		writeError(w, http.StatusNotImplemented, fmt.Sprintf("%s %s: %v (sandboxd's E2B API serves sandboxes: create, list, get, kill, timeout, refreshes, connect; see the README's E2B compatibility table)", r.Method, r.URL.Path, errNotSupported))
+		writeError(w, http.StatusNotImplemented, fmt.Sprintf("%s %s: %v (sandboxd's E2B API serves sandboxes: create, list, get, kill, timeout, refreshes, connect, pause, resume; see the README's E2B compatibility table)", r.Method, r.URL.Path, errNotSupported))
 	}))
 }
 
@@ -139,9 +141,6 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, t Tenant) {
 		return
 	}
 	var refuse []string
-	if req.AutoPause {
-		refuse = append(refuse, "autoPause (pausing a sandbox)")
-	}
 	if len(req.MCP) > 0 && string(req.MCP) != "null" {
 		refuse = append(refuse, "mcp (the MCP gateway)")
 	}
@@ -161,13 +160,9 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, t Tenant) {
 		writeError(w, http.StatusNotImplemented, fmt.Sprintf("%s: %v", strings.Join(refuse, "; "), errNotSupported))
 		return
 	}
-	timeout := defaultTimeout
-	if req.Timeout != nil {
-		if *req.Timeout < 0 {
-			writeError(w, http.StatusBadRequest, "timeout must not be negative")
-			return
-		}
-		timeout = time.Duration(*req.Timeout) * time.Second
+	timeout, ok := seconds(w, req.Timeout, defaultTimeout)
+	if !ok {
+		return
 	}
 	st := runner.Settings{
 		Image: tpl.Image, Template: tpl.Template, Grants: s.o.grants, Vars: req.EnvVars,
@@ -184,29 +179,68 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, t Tenant) {
 		s.fail(w, r, err)
 		return
 	}
-	b := &sandbox{sess: sess, tenant: t.Name, template: req.TemplateID, metadata: req.Metadata, envs: req.EnvVars, started: time.Now()}
-	b.procs = newProcTable(b)
+	if req.AutoPause && !sess.CanPause() {
+		s.m.Delete(context.WithoutCancel(r.Context()), t.Name, sess.ID())
+		writeError(w, http.StatusNotImplemented, fmt.Sprintf("autoPause: %v", s.noPause()))
+		return
+	}
+	rec := &record{id: sess.ID(), tenant: t.Name, template: req.TemplateID, metadata: req.Metadata, envs: req.EnvVars, started: time.Now(), autoPause: req.AutoPause}
 	if req.Secure {
-		b.token = newToken()
+		rec.token = newToken()
 	}
 	if network.AllowPublicTraffic != nil && !*network.AllowPublicTraffic {
-		b.traffic = newToken()
+		rec.traffic = newToken()
 	}
+	b := newRun(rec, sess)
 	s.track(b)
-	writeJSON(w, http.StatusCreated, s.describe(b, false))
+	if rec.autoPause {
+		if err := s.setEnd(b, time.Now().Add(timeout), false); err != nil {
+			s.m.Delete(context.WithoutCancel(r.Context()), t.Name, sess.ID())
+			s.forget(b)
+			s.fail(w, r, err)
+			return
+		}
+	}
+	go s.sweep()
+	writeJSON(w, http.StatusCreated, s.describe(b, false, nil))
 }
 
-// describe is b as E2B shows it; detail adds what get and list show.
-func (s *Server) describe(b *sandbox, detail bool) sandboxJSON {
-	out := sandboxJSON{TemplateID: b.template, SandboxID: b.sess.ID(), Alias: b.template, ClientID: "sandboxd",
+// seconds is a request's timeout of n seconds, def when it names none; a
+// negative one it answers 400 itself.
+func seconds(w http.ResponseWriter, n *int, def time.Duration) (time.Duration, bool) {
+	if n == nil {
+		return def, true
+	}
+	if *n < 0 {
+		writeError(w, http.StatusBadRequest, "timeout: want a number of seconds, 0 or more")
+		return 0, false
+	}
+	return time.Duration(*n) * time.Second, true
+}
+
+// describe is b as E2B shows it, paused when paused is not nil (the
+// runner's description of it); detail adds what get and list show. A
+// sandbox's end is its timeout's: when it is paused, the end of the
+// time it is kept paused.
+func (s *Server) describe(b *sandbox, detail bool, paused *runner.Info) sandboxJSON {
+	out := sandboxJSON{TemplateID: b.template, SandboxID: b.id, Alias: b.template, ClientID: "sandboxd",
 		EnvdVersion: EnvdVersion, EnvdAccessToken: b.token, TrafficToken: b.traffic}
 	if s.o.domain != "" {
 		out.Domain = &s.o.domain
 	}
 	if detail {
-		end := b.sess.ExpiresAt()
+		end, state := b.sess.ExpiresAt(), runner.StateRunning
+		switch {
+		case paused != nil:
+			state = runner.StatePaused
+			if paused.ExpiresAt != nil {
+				end = *paused.ExpiresAt
+			}
+		case b.autoPause:
+			end = b.timeout()
+		}
 		zero := 0
-		out.StartedAt, out.EndAt, out.State = &b.started, &end, "running"
+		out.StartedAt, out.EndAt, out.State = &b.started, &end, state
 		out.CPUCount, out.MemoryMB, out.DiskSizeMB = &zero, &zero, &zero
 		out.Metadata = b.metadata
 		if out.Metadata == nil {
@@ -216,32 +250,36 @@ func (s *Server) describe(b *sandbox, detail bool) sandboxJSON {
 	return out
 }
 
-// list answers GET /sandboxes and /v2/sandboxes: the tenant's running
-// sandboxes whose metadata holds every pair of the metadata query, newest
-// first as E2B lists them, a page of limit at a time (x-next-token names
-// the next).
-func (s *Server) list(w http.ResponseWriter, r *http.Request, t Tenant) {
+// list answers GET /sandboxes (the running ones by default) and
+// /v2/sandboxes (running and paused): the tenant's sandboxes of those
+// states, or of the states the state query names, whose metadata holds
+// every pair of the metadata query, newest first as E2B lists them, a page
+// of limit at a time (x-next-token names the next).
+func (s *Server) list(byDefault ...string) func(http.ResponseWriter, *http.Request, Tenant) {
+	return func(w http.ResponseWriter, r *http.Request, t Tenant) { s.listStates(w, r, t, byDefault) }
+}
+
+func (s *Server) listStates(w http.ResponseWriter, r *http.Request, t Tenant, byDefault []string) {
 	q := r.URL.Query()
 	want, err := url.ParseQuery(q.Get("metadata"))
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "metadata: want key=value pairs joined by &, each URL-encoded: "+err.Error())
 		return
 	}
-	if states := q.Get("state"); states != "" {
-		running := false
-		for st := range strings.SplitSeq(states, ",") {
-			switch st {
-			case "running":
-				running = true
-			case "paused":
-			default:
-				writeError(w, http.StatusBadRequest, fmt.Sprintf("state %q: want running or paused", st))
-				return
+	states := map[string]bool{}
+	for _, st := range byDefault {
+		states[st] = true
+	}
+	if q.Has("state") {
+		clear(states)
+		for _, v := range q["state"] {
+			for st := range strings.SplitSeq(v, ",") {
+				if st != runner.StateRunning && st != runner.StatePaused {
+					writeError(w, http.StatusBadRequest, fmt.Sprintf("state %q: want running or paused", st))
+					return
+				}
+				states[st] = true
 			}
-		}
-		if !running { // no sandbox is ever paused here
-			writeJSON(w, http.StatusOK, []sandboxJSON{})
-			return
 		}
 	}
 	limit := 0
@@ -253,13 +291,13 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request, t Tenant) {
 	}
 	out := []sandboxJSON{}
 	after := q.Get("nextToken")
-	for _, sess := range slices.Backward(s.m.List(t.Name)) {
-		b, err := s.tenantBox(t.Name, sess.ID())
-		if err != nil || !matches(b.metadata, want) {
+	for _, info := range slices.Backward(s.m.Sessions(t.Name)) {
+		b, paused, err := s.tenantLookup(t.Name, info.ID)
+		if err != nil || !matches(b.metadata, want) || !states[stateOf(paused)] {
 			continue
 		}
 		if after != "" {
-			if sess.ID() == after {
+			if b.id == after {
 				after = ""
 			}
 			continue
@@ -268,7 +306,7 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request, t Tenant) {
 			w.Header().Set("X-Next-Token", out[len(out)-1].SandboxID)
 			break
 		}
-		out = append(out, s.describe(b, true))
+		out = append(out, s.describe(b, true, paused))
 	}
 	writeJSON(w, http.StatusOK, out)
 }
@@ -284,25 +322,37 @@ func matches(md map[string]string, want url.Values) bool {
 	return true
 }
 
+// stateOf is the state of a sandbox whose runner's description is paused
+// (nil when it runs).
+func stateOf(paused *runner.Info) string {
+	if paused != nil {
+		return runner.StatePaused
+	}
+	return runner.StateRunning
+}
+
 func (s *Server) get(w http.ResponseWriter, r *http.Request, t Tenant) {
-	b, err := s.tenantBox(t.Name, r.PathValue("id"))
+	b, paused, err := s.tenantLookup(t.Name, r.PathValue("id"))
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, s.describe(b, true))
+	writeJSON(w, http.StatusOK, s.describe(b, true, paused))
 }
 
+// kill ends the sandbox, a paused one too.
 func (s *Server) kill(w http.ResponseWriter, r *http.Request, t Tenant) {
 	id := r.PathValue("id")
-	if _, err := s.tenantBox(t.Name, id); err != nil {
+	b, _, err := s.tenantLookup(t.Name, id)
+	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	if err := s.m.Delete(r.Context(), t.Name, id); err != nil && !errors.Is(err, runner.ErrClosed) {
+	if err := s.m.Delete(r.Context(), t.Name, id); err != nil && !errors.Is(err, runner.ErrClosed) && !errors.Is(err, runner.ErrNotFound) {
 		s.fail(w, r, err)
 		return
 	}
+	s.forget(b)
 	w.WriteHeader(http.StatusNoContent)
 }
 
@@ -332,7 +382,8 @@ func (s *Server) refresh(w http.ResponseWriter, r *http.Request, t Tenant) {
 
 // connect answers the sandbox, its end moved to timeout seconds from now
 // when that is later than it was (a running sandbox's end is never
-// brought forward).
+// brought forward); a paused sandbox is resumed first (201), its end then
+// timeout seconds from now.
 func (s *Server) connect(w http.ResponseWriter, r *http.Request, t Tenant) {
 	s.extend(w, r, t, func(b timeoutBody) *int { return b.Timeout }, true, http.StatusOK)
 }
@@ -342,33 +393,41 @@ func (s *Server) extend(w http.ResponseWriter, r *http.Request, t Tenant, secs f
 	if !decode(w, r, &body) {
 		return
 	}
-	b, err := s.tenantBox(t.Name, r.PathValue("id"))
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
 	n := secs(body)
 	if n == nil || *n < 0 {
 		writeError(w, http.StatusBadRequest, "timeout: want a number of seconds, 0 or more")
 		return
 	}
-	end := time.Now().Add(time.Duration(*n) * time.Second)
-	if !onlyLater || end.After(b.sess.ExpiresAt()) {
-		if err := b.sess.SetExpiry(end); err != nil {
-			s.fail(w, r, err)
+	var b *sandbox
+	var err error
+	if onlyLater { // connect: a paused sandbox is resumed
+		var paused *runner.Info
+		if b, paused, err = s.tenantLookup(t.Name, r.PathValue("id")); err == nil && paused != nil {
+			s.resumeAnswer(w, r, b, time.Duration(*n)*time.Second, nil)
 			return
 		}
+	} else {
+		b, err = s.tenantBox(t.Name, r.PathValue("id"))
+	}
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if err := s.setEnd(b, time.Now().Add(time.Duration(*n)*time.Second), onlyLater); err != nil {
+		s.fail(w, r, err)
+		return
 	}
 	if status == http.StatusNoContent {
 		w.WriteHeader(status)
 		return
 	}
-	writeJSON(w, status, s.describe(b, false))
+	writeJSON(w, status, s.describe(b, false, nil))
 }
 
 // fail answers err in E2B's shape and with the status the SDK reads: a
 // missing sandbox 404 (NotFoundException), a cap 429, a refusal by the
-// operator's policy 403, a bad setting 400.
+// operator's policy 403, a bad setting 400, a paused sandbox 409, a pause
+// the backend cannot make 501.
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	status := statusOf(err)
 	if status >= 500 {
@@ -383,6 +442,10 @@ func statusOf(err error) int {
 	switch {
 	case errors.Is(err, runner.ErrNotFound), errors.Is(err, runner.ErrClosed):
 		return http.StatusNotFound
+	case errors.Is(err, runner.ErrPaused):
+		return http.StatusConflict
+	case errors.Is(err, runner.ErrNoPause), errors.Is(err, errNotSupported):
+		return http.StatusNotImplemented
 	case errors.Is(err, runner.ErrTooManySessions), errors.Is(err, runner.ErrBusy):
 		return http.StatusTooManyRequests
 	case errors.Is(err, runner.ErrShuttingDown), errors.Is(err, backend.ErrUnreachable):

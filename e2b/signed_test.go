@@ -5,7 +5,6 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"strings"
@@ -43,13 +42,7 @@ func TestSignedURLs(t *testing.T) {
 		if method == "POST" {
 			req.Header.Set("Content-Type", "application/octet-stream")
 		}
-		res, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer res.Body.Close()
-		data, _ := io.ReadAll(res.Body)
-		return res.StatusCode, string(data)
+		return send(t, req)
 	}
 	if st, body := do("GET", sign("a.txt", "read", "user", c.EnvdAccessToken, 0), ""); st != 200 || body != "signed contents" {
 		t.Fatalf("signed read: %d %s", st, body)

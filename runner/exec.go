@@ -64,6 +64,20 @@ func (s *Session) ExpiresAt() time.Time {
 	return s.created.Add(s.lifetime)
 }
 
+// LatestExpiry is the latest end SetExpiry accepts: the session's
+// creation plus the operator's maximum lifetime; zero when there is no
+// maximum.
+func (s *Session) LatestExpiry() time.Time {
+	if max := s.m.o.maxLifetime; max > 0 {
+		return s.created.Add(time.Duration(max))
+	}
+	return time.Time{}
+}
+
+// CanPause reports whether the session's backend can pause it
+// (Manager.Pause); where it cannot, Pause fails with ErrNoPause.
+func (s *Session) CanPause() bool { return s.inst.Pause != nil }
+
 // SetExpiry ends the session at t instead: its lifetime becomes t less its
 // creation time, within the operator's maximum lifetime (a SettingError
 // over it). A t already past ends it at the next sweep.

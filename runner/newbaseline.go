@@ -118,6 +118,13 @@ func (s *Session) Rebaseline(ctx context.Context, req BaselineRequest) (Baseline
 	}
 	nb := &baseline{tree: t, store: st}
 	s.baseMu.Lock()
+	if err := context.Cause(s.ctx); err != nil {
+		// The session is ending: its close lets go of the baseline it
+		// finds, which is the old one.
+		s.baseMu.Unlock()
+		st.Close()
+		return BaselineInfo{}, err
+	}
 	if dir != "" {
 		if err = delivery.KeepTree(dir, t); err != nil {
 			s.baseMu.Unlock()
@@ -181,9 +188,10 @@ type changeGate struct {
 	taking chan struct{}
 }
 
-// inGate marks a context whose call holds a place in a changeGate (or
-// holds it alone): calls made within it do not take another.
-type inGate struct{ g *changeGate }
+// inGate is the context key whose value is the changeGate the context's
+// call holds a place in (or holds alone): calls made within it do not
+// take another.
+type inGate struct{}
 
 // held reports whether ctx's call already holds a place in g.
 func (g *changeGate) held(ctx context.Context) bool {

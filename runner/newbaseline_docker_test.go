@@ -18,22 +18,10 @@ import (
 // new baseline — the same patch, of what changed since it alone — and
 // nothing is reported lost.
 func TestDockerRebaselineSurvivesRestarts(t *testing.T) {
-	self := backend.Self()
 	for _, how := range []string{"leave", "crash"} {
 		t.Run(how, func(t *testing.T) {
 			state := t.TempDir()
-			opts := []runner.Option{runner.WithJournalStores(privateJournals)}
-			if how == "crash" {
-				if self.Start == "" {
-					if os.Getenv("CI") != "" {
-						t.Fatal("the kernel does not say when a process started (no /proc), which CI's Linux must")
-					}
-					t.Skip("the kernel does not say when a process started (no /proc)")
-				}
-				ended := backend.Owner{Host: self.Host, PID: self.PID, Start: "1"} // its PID now names a later process
-				opts = append(opts, runner.WithLabels(ended.Labels()))
-			}
-			m, _ := durableManager(t, state, opts...)
+			m, _ := durableManager(t, state, restartOptions(t, how)...)
 			defer m.Shutdown(context.Background())
 			s, _ := startedSession(t, m)
 			ctx := context.Background()
@@ -73,4 +61,24 @@ func TestDockerRebaselineSurvivesRestarts(t *testing.T) {
 			}
 		})
 	}
+}
+
+// restartOptions are the options of a daemon's run that ends as how says:
+// "leave" (Shutdown), or "crash" (runner.Crash), its labels then naming an
+// owner that has ended, as a crashed run's do.
+func restartOptions(t *testing.T, how string) []runner.Option {
+	t.Helper()
+	opts := []runner.Option{runner.WithJournalStores(privateJournals)}
+	if how == "crash" {
+		self := backend.Self()
+		if self.Start == "" {
+			if os.Getenv("CI") != "" {
+				t.Fatal("the kernel does not say when a process started (no /proc), which CI's Linux must")
+			}
+			t.Skip("the kernel does not say when a process started (no /proc)")
+		}
+		ended := backend.Owner{Host: self.Host, PID: self.PID, Start: "1"} // its PID now names a later process
+		opts = append(opts, runner.WithLabels(ended.Labels()))
+	}
+	return opts
 }

@@ -79,6 +79,42 @@ func TestRebaseline(t *testing.T) {
 	}
 }
 
+// changing starts a call of s that may change the workspace (an upload)
+// and returns once it runs: it then waits until end is called (at the
+// latest as the test ends, before the manager's shutdown waits for it),
+// runs then, and sends its error on done.
+func changing(t *testing.T, s *runner.Session, then func(context.Context) error) (done <-chan error, end func()) {
+	inside, finish := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	end = func() { once.Do(func() { close(finish) }) }
+	t.Cleanup(end)
+	errs := make(chan error, 1)
+	go func() {
+		errs <- s.Do(context.Background(), "upload", func(ctx context.Context) (bool, error) {
+			close(inside)
+			<-finish
+			return false, then(ctx)
+		})
+	}()
+	<-inside
+	return errs, end
+}
+
+// rebaselineWaiting starts a new baseline of s and returns once it waits
+// for the calls in flight (holding, from WatchNewBaselines); its error
+// comes on done.
+func rebaselineWaiting(t *testing.T, ctx context.Context, s *runner.Session, holding <-chan struct{}) (done <-chan error) {
+	t.Helper()
+	errs := make(chan error, 1)
+	go func() { _, err := rebaseline(ctx, s, runner.BaselineRequest{}); errs <- err }()
+	select {
+	case <-holding:
+	case err := <-errs:
+		t.Fatalf("the new baseline did not wait for the call in flight: %v", err)
+	}
+	return errs
+}
+
 // TestRebaselineWaitsForChanges: a new baseline waits for the call in
 // flight that may change the workspace, and captures its change; a call
 // that may change the workspace and comes meanwhile waits for the new
@@ -90,26 +126,10 @@ func TestRebaselineWaitsForChanges(t *testing.T) {
 	s := create(t, m, "acme", writing)
 	ctx := context.Background()
 	callOK(t, s, "write", map[string]any{"path": "before.txt", "content": "b\n"})
-	inside, finish := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	end := func() { once.Do(func() { close(finish) }) }
-	t.Cleanup(end) // before the manager's shutdown, which waits for the call
-	first := make(chan error, 1)
-	go func() {
-		first <- s.Do(ctx, "upload", func(ctx context.Context) (bool, error) {
-			close(inside)
-			<-finish
-			return false, s.FS().WriteFile(ctx, "during.txt", []byte("d\n"), 0o644)
-		})
-	}()
-	<-inside
-	based := make(chan error, 1)
-	go func() { _, err := rebaseline(ctx, s, runner.BaselineRequest{}); based <- err }()
-	select {
-	case <-holding:
-	case err := <-based:
-		t.Fatalf("the new baseline did not wait for the call in flight: %v", err)
-	}
+	first, end := changing(t, s, func(ctx context.Context) error {
+		return s.FS().WriteFile(ctx, "during.txt", []byte("d\n"), 0o644)
+	})
+	based := rebaselineWaiting(t, ctx, s, holding)
 	callOK(t, s, "read", map[string]any{"path": "before.txt"})
 	later := make(chan error, 1)
 	go func() {
@@ -122,7 +142,7 @@ func TestRebaselineWaitsForChanges(t *testing.T) {
 		t.Fatalf("a write ran while a new baseline waited for the call in flight: %v", err)
 	}
 	end()
-	for _, c := range []chan error{first, based, later} {
+	for _, c := range []<-chan error{first, based, later} {
 		if err := <-c; err != nil {
 			t.Fatal(err)
 		}
@@ -144,23 +164,9 @@ func TestRebaselineGivesUp(t *testing.T) {
 	s := create(t, m, "acme", writing)
 	ctx := context.Background()
 	callOK(t, s, "write", map[string]any{"path": "a.txt", "content": "a\n"})
-	inside, finish := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	end := func() { once.Do(func() { close(finish) }) }
-	t.Cleanup(end) // before the manager's shutdown, which waits for the call
-	first := make(chan error, 1)
-	go func() {
-		first <- s.Do(ctx, "upload", func(ctx context.Context) (bool, error) { close(inside); <-finish; return false, nil })
-	}()
-	<-inside
+	first, end := changing(t, s, func(context.Context) error { return nil })
 	bctx, cancel := context.WithCancel(ctx)
-	based := make(chan error, 1)
-	go func() { _, err := rebaseline(bctx, s, runner.BaselineRequest{}); based <- err }()
-	select {
-	case <-holding:
-	case err := <-based:
-		t.Fatalf("the new baseline did not wait for the call in flight: %v", err)
-	}
+	based := rebaselineWaiting(t, bctx, s, holding)
 	later := make(chan error, 1)
 	go func() {
 		_, err := s.Call(ctx, "write", []byte(`{"path":"b.txt","content":"b\n"}`), tools.CallOptions{})

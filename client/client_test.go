@@ -445,6 +445,25 @@ func TestDiffAndProviderRun(t *testing.T) {
 	if p := diff(&one); strings.Contains(p, "a.txt") || !strings.Contains(p, "b/b.txt") {
 		t.Fatalf("diff since commit 1:\n%s", p)
 	}
+
+	// A new baseline: the diff is of what changed after it alone.
+	if b, err := c.SessionBaseline(ctx, id, client.SessionBaselineOptions{}); err != nil || b.Baseline.Files != 2 {
+		t.Fatalf("SessionBaseline: %+v, %v", b, err)
+	}
+	if p := diff(nil); p != "" {
+		t.Fatalf("diff right after a new baseline:\n%s", p)
+	}
+	up, err := c.CopyToSession(ctx, id, client.CopyToSessionOptions{Content: tarOf(t, map[string]string{"c.txt": "three\n"}), Baseline: true})
+	if err != nil || up.Files != 1 || up.Baseline == nil || up.Baseline.Files != 3 {
+		t.Fatalf("an upload with a new baseline: %+v, %v", up, err)
+	}
+	call(t, c, id, "write", map[string]any{"path": "b.txt", "content": "deux\n"})
+	if p := diff(nil); !strings.Contains(p, "-two\n+deux\n") || strings.Contains(p, "a.txt") || strings.Contains(p, "c.txt") {
+		t.Fatalf("diff since the upload's baseline:\n%s", p)
+	}
+	if _, err := c.SessionBaseline(ctx, "s-none", client.SessionBaselineOptions{}); !errors.Is(err, client.ErrNotFound) {
+		t.Fatalf("SessionBaseline of no session: %v, want ErrNotFound", err)
+	}
 }
 
 func scopeOf(glob string) scope.Rules { return scope.Rules{Visible: []string{glob}} }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"net/url"
 	"strings"
 
 	"github.com/sandboxd/sandboxd/httpapi"
@@ -25,6 +26,10 @@ type CopyToSessionOptions struct {
 	Path string
 	// Content is a tar stream: directories, regular files, symbolic links.
 	Content io.Reader
+	// Baseline takes a new diff baseline just after the upload, as
+	// SessionBaseline does, with no other change between the two: the
+	// result's Baseline describes it.
+	Baseline bool
 }
 
 // CopyToSessionResult counts what was written.
@@ -38,8 +43,12 @@ type CopyToSessionResult struct {
 // transfer cap (ErrTooLarge) refuses it with nothing written.
 func (c *Client) CopyToSession(ctx context.Context, id string, opts CopyToSessionOptions) (CopyToSessionResult, error) {
 	var res CopyToSessionResult
-	resp, err := c.send(ctx, request{method: http.MethodPut, path: filesPath(id, opts.Path), body: opts.Content,
-		header: http.Header{"Content-Type": {"application/x-tar"}}})
+	r := request{method: http.MethodPut, path: filesPath(id, opts.Path), body: opts.Content,
+		header: http.Header{"Content-Type": {"application/x-tar"}}}
+	if opts.Baseline {
+		r.query = url.Values{"baseline": {"true"}}
+	}
+	resp, err := c.send(ctx, r)
 	if err != nil {
 		return res, err
 	}

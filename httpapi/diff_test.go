@@ -1,8 +1,10 @@
 package httpapi_test
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -206,5 +208,67 @@ func TestDiffBoundedByTheMemoryBudget(t *testing.T) {
 	gitApply(t, tree, body)
 	if data, err := os.ReadFile(filepath.Join(tree, "small.txt")); err != nil || string(data) != "small\n" {
 		t.Fatalf("small.txt after git apply: %q, %v", data, err)
+	}
+}
+
+// TestBaseline: a session that gets its project by an upload takes a new
+// baseline (POST …/baseline, or the upload's ?baseline=true), and its diff
+// then shows only what changed after it; another tenant's session, or none,
+// is 404, a body or a flag it does not understand is 400.
+func TestBaseline(t *testing.T) {
+	e := start(t, config{backend: memory.Backend{TempDir: t.TempDir()}})
+	id := e.create(acmeToken, writer).ID
+	diff := func() string {
+		t.Helper()
+		status, body, _ := e.do(acmeToken, "GET", "/v1/sessions/"+id+"/diff", nil)
+		if status != http.StatusOK {
+			t.Fatalf("diff: %d %s", status, body)
+		}
+		return string(body)
+	}
+	project := makeTar(t, entry{name: "a.txt", typ: tar.TypeReg, body: "one\n"}, entry{name: "src/b.txt", typ: tar.TypeReg, body: "bee\n"})
+	if status, body, _ := e.do(acmeToken, "PUT", "/v1/sessions/"+id+"/files/", bytes.NewReader(project)); status != http.StatusOK {
+		t.Fatalf("upload: %d %s", status, body)
+	}
+	if d := diff(); !strings.Contains(d, "b/src/b.txt") {
+		t.Fatalf("the diff after the upload lacks it:\n%s", d)
+	}
+	var info runner.BaselineInfo
+	e.json(acmeToken, "POST", "/v1/sessions/"+id+"/baseline", nil, http.StatusOK, &info)
+	if info.Files != 2 || info.Taken.IsZero() {
+		t.Fatalf("the new baseline: %+v, want 2 files", info)
+	}
+	if d := diff(); d != "" {
+		t.Fatalf("the diff right after a new baseline:\n%s", d)
+	}
+	e.call(acmeToken, id, "write", map[string]any{"path": "a.txt", "content": "two\n"})
+	if d := diff(); !strings.Contains(d, "-one\n+two\n") || strings.Contains(d, "b.txt") {
+		t.Fatalf("the diff of a change after the new baseline:\n%s", d)
+	}
+
+	more := makeTar(t, entry{name: "c.txt", typ: tar.TypeReg, body: "see\n"})
+	status, body, _ := e.do(acmeToken, "PUT", "/v1/sessions/"+id+"/files/up?baseline=true", bytes.NewReader(more))
+	var res httpapi.TransferResult
+	if status != http.StatusOK || json.Unmarshal(body, &res) != nil || res.Files != 1 || res.Baseline == nil || res.Baseline.Files != 3 {
+		t.Fatalf("upload with a new baseline: %d %s", status, body)
+	}
+	if d := diff(); d != "" {
+		t.Fatalf("the diff right after an upload with a new baseline:\n%s", d)
+	}
+
+	for _, c := range []struct {
+		token, method, path string
+		body                string
+		want                int
+	}{
+		{boltToken, "POST", "/v1/sessions/" + id + "/baseline", "", http.StatusNotFound},
+		{acmeToken, "POST", "/v1/sessions/s-none/baseline", "", http.StatusNotFound},
+		{acmeToken, "POST", "/v1/sessions/" + id + "/baseline", `{"since":1}`, http.StatusBadRequest},
+		{acmeToken, "PUT", "/v1/sessions/" + id + "/files/up?baseline=maybe", string(more), http.StatusBadRequest},
+		{boltToken, "PUT", "/v1/sessions/" + id + "/files/up?baseline=true", string(more), http.StatusNotFound},
+	} {
+		if status, body, _ := e.do(c.token, c.method, c.path, strings.NewReader(c.body)); status != c.want {
+			t.Errorf("%s %s (%s): %d %s, want %d", c.method, c.path, c.token, status, body, c.want)
+		}
 	}
 }

@@ -60,7 +60,7 @@ type histogram struct {
 // Observe records one call; pass it to runner.WithObserver.
 func (m *Metrics) Observe(ev runner.CallEvent) {
 	tool := ev.Tool
-	if !slices.Contains(tools.AllTools, tool) && tool != tools.LoadSkill && tool != "upload" && tool != "download" && tool != opProviderRun && tool != "snapshot" {
+	if !slices.Contains(tools.AllTools, tool) && tool != tools.LoadSkill && tool != "upload" && tool != "download" && tool != opProviderRun && tool != "snapshot" && tool != "baseline" {
 		tool = "other"
 	}
 	secs := ev.Duration.Seconds()

@@ -229,6 +229,7 @@ func (s *Server) routes() []route {
 		{"PUT", "/v1/sessions/{id}/files/{path...}", true, f(s.upload)},
 		{"GET", "/v1/sessions/{id}/files/{path...}", true, f(s.download)},
 		{"GET", "/v1/sessions/{id}/diff", true, f(s.diff)},
+		{"POST", "/v1/sessions/{id}/baseline", true, f(s.baseline)},
 		{"POST", "/v1/sessions/{id}/snapshots", true, f(s.createSnapshot)},
 		{"POST", "/v1/sessions/{id}/fork", true, f(s.forkSession)},
 		{"POST", "/v1/sessions/{id}/pause", true, f(s.pauseSession)},

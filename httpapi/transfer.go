@@ -11,6 +11,7 @@ import (
 	"os"
 	"path"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -32,6 +33,9 @@ type TransferResult struct {
 	Dirs  int   `json:"dirs"`
 	Links int   `json:"links"`
 	Bytes int64 `json:"bytes"`
+	// Baseline, for an upload with ?baseline=true, is the new baseline
+	// taken just after it (runner.BaselineInfo).
+	Baseline *runner.BaselineInfo `json:"baseline,omitempty"`
 }
 
 // upload extracts a tar stream into a directory of the workspace (created
@@ -45,24 +49,58 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	rebase := false
+	if v := r.URL.Query().Get("baseline"); v != "" || r.URL.Query().Has("baseline") {
+		var err error
+		if rebase, err = strconv.ParseBool(v); err != nil {
+			writeError(w, http.StatusBadRequest, workspace.ErrInvalidArgument.Name(), "baseline: want true or false, not "+strconv.Quote(v))
+			return
+		}
+	}
 	body := http.MaxBytesReader(w, r.Body, s.o.maxTransfer)
 	var res TransferResult
-	err := sess.Do(r.Context(), "upload", func(ctx context.Context) (bool, error) {
-		spool, err := newSpool()
-		if err != nil {
-			return false, err
+	var spool *spoolFile
+	defer func() {
+		if spool != nil {
+			spool.Close()
 		}
-		defer spool.Close()
+	}()
+	// read reads and judges the stream, and returns the writing of what
+	// it holds.
+	read := func(ctx context.Context) (func(context.Context) error, error) {
+		var err error
+		if spool, err = newSpool(); err != nil {
+			return nil, err
+		}
 		entries, err := readTar(body, dir, sess.Root(), s.o.maxTransfer, spool)
 		if err != nil {
-			return false, err
+			return nil, err
 		}
-		if err := checkTargets(ctx, sess.FS(), sess.Root(), dir, entries); err != nil {
-			return false, err
+		return func(ctx context.Context) error {
+			if err := checkTargets(ctx, sess.FS(), sess.Root(), dir, entries); err != nil {
+				return err
+			}
+			res, err = extract(ctx, leaseOf(r.Context()), sess.FS(), dir, entries, spool)
+			return err
+		}, nil
+	}
+	var err error
+	if rebase {
+		// The baseline is the tree just after the upload: no other call
+		// that may change the workspace runs between the two.
+		var info runner.BaselineInfo
+		if info, err = s.rebaseline(r, sess, read); err == nil {
+			res.Baseline = &info
 		}
-		res, err = extract(ctx, leaseOf(r.Context()), sess.FS(), dir, entries, spool)
-		return false, err
-	})
+	} else {
+		err = sess.Do(r.Context(), "upload", func(ctx context.Context) (bool, error) {
+			write, err := read(ctx)
+			if err == nil {
+				err = write(ctx)
+			}
+			return false, err
+		})
+	}
 	if err != nil {
 		s.fail(w, r, err)
 		return

@@ -213,26 +213,62 @@ func (b *baseline) gate(ctx context.Context, readOnly bool) (func(), error) {
 }
 
 // BeforeChange waits until the session's first tree is read (the baseline
-// Diff compares with, read in the background from the session's start), or
-// ctx ends. Every way into the session that may change its workspace waits
-// for it: Call, Detach and Do of a tool that is not read-only (and Do of
-// any other op but a download's or a snapshot's), Exec, the tools' own
-// calls (tools.Env.Gate). A change made through FS outside those must call
-// it first, or Diff could count the change as the start's.
-func (s *Session) BeforeChange(ctx context.Context) error { return s.base.wait(ctx) }
+// Diff compares with, read in the background from the session's start),
+// and while a new baseline is taken (Rebaseline), or until ctx ends. Every
+// way into the session that may change its workspace waits for it: Call,
+// Detach and Do of a tool that is not read-only (and Do of any other op
+// but a download's or a snapshot's), Exec, the tools' own calls
+// (tools.Env.Gate); those also hold a new baseline back while they run. A
+// change made through FS outside those must call it first, or Diff could
+// count the change as the baseline's; such a change is not waited for by
+// a new baseline.
+func (s *Session) BeforeChange(ctx context.Context) error {
+	if err := s.currentBase().wait(ctx); err != nil {
+		return err
+	}
+	if s.changes.held(ctx) {
+		return nil
+	}
+	return s.changes.await(ctx, nil)
+}
 
 // readOnlyOps are the ops of Do, besides read-only tools, that change
 // nothing in the workspace: they need not wait for the baseline.
 var readOnlyOps = map[string]bool{"download": true, "snapshot": true}
 
 // settle is the gate of a call named op: one that only reads (a read-only
-// tool, a readOnlyOps op) does not wait, and has the baseline's read give
-// way to it until done; any other waits for the baseline.
-func (s *Session) settle(ctx context.Context, op string) (done func(), err error) {
-	if s.base.complete() {
-		return func() {}, nil
+// tool, a readOnlyOps op) does not wait, and has the first tree's read
+// give way to it until done; any other waits for the first tree and holds
+// a place in the session's changeGate until done, which ctx, the call's
+// context from then on, marks. A new baseline's call (opBaseline) waits
+// for the first tree only: Rebaseline holds the gate itself.
+func (s *Session) settle(ctx context.Context, op string) (context.Context, func(), error) {
+	readOnly := readOnlyOps[op] || s.readOnlyTool(op)
+	if readOnly || op == opBaseline {
+		done, err := s.currentBase().gate(ctx, readOnly)
+		return ctx, done, err
 	}
-	return s.base.gate(ctx, readOnlyOps[op] || s.readOnlyTool(op))
+	return s.change(ctx)
+}
+
+// change is the gate of a call that may change the workspace: it waits
+// for the first tree, then takes a place in the session's changeGate.
+func (s *Session) change(ctx context.Context) (context.Context, func(), error) {
+	if err := s.currentBase().wait(ctx); err != nil {
+		return ctx, nil, err
+	}
+	return s.changes.enter(ctx)
+}
+
+// gate is tools.Env.Gate: settle's, for a tool's call made on the
+// session's tool set (directly, as /mcp does, or within a call that
+// already holds its place).
+func (s *Session) gate(ctx context.Context, readOnly bool) (func(), error) {
+	if readOnly {
+		return s.currentBase().answer(), nil
+	}
+	_, done, err := s.change(ctx)
+	return done, err
 }
 
 // readOnlyTool reports whether name is a tool of the session's set that

@@ -168,7 +168,8 @@ type DiffRequest struct {
 	// Since, when set, is a journal commit (0: the journal's start): the
 	// diff is then of the paths the journal's commits after it touched,
 	// from their state just after it to their state now. Without it the
-	// diff is of the whole tree, from the session's start to now.
+	// diff is of the whole tree, from the session's baseline (its start, or
+	// the last new baseline, Session.Rebaseline) to now.
 	Since *int
 	// MaxFileBytes leaves files over it out of the diff (named in Skipped);
 	// 0 is delivery.MaxFileBytes.
@@ -239,7 +240,8 @@ func (d *Diff) holding(ctx context.Context, n int64, fn func() error) error {
 // Close removes the contents the diff holds.
 func (d *Diff) Close() error { return d.store.Close() }
 
-// Diff returns what changed in the session's workspace: its files and
+// Diff returns what changed in the session's workspace since its baseline
+// (its first tree, or the last new one Rebaseline took): its files and
 // symbolic links, added, modified (contents, modes), deleted. sandboxd's
 // bookkeeping (.sandboxd/) and git's (every .git) are left out, as in a
 // delivery. Every file of the workspace is read once; a call that changes
@@ -251,25 +253,29 @@ func (d *Diff) Close() error { return d.store.Close() }
 // changes (bash) are not journaled, so they appear only where a journaled
 // call touched the same path; the whole-tree diff shows them all.
 func (s *Session) Diff(ctx context.Context, req DiffRequest) (*Diff, error) {
-	if err := s.base.wait(ctx); err != nil {
+	if err := s.currentBase().wait(ctx); err != nil {
 		return nil, err
 	}
+	// The baseline is held while it is read: a new one (Rebaseline)
+	// replaces it once the diff is done with it.
+	s.baseMu.RLock()
+	defer s.baseMu.RUnlock()
 	if req.Since == nil && s.base.err != nil {
-		return nil, fmt.Errorf("runner: the session has no first tree to compare with (a diff since a journal commit works): %w", s.base.err)
+		return nil, fmt.Errorf("runner: the session has no first tree to compare with (a diff since a journal commit works, and so does one after a new baseline): %w", s.base.err)
 	}
 	st, err := delivery.NewStore()
 	if err != nil {
 		return nil, err
 	}
 	d := &Diff{store: st, Skipped: map[string]string{}, hold: req.Hold}
-	if err := d.compute(ctx, s, req); err != nil {
+	if err := d.compute(ctx, s, s.base, req); err != nil {
 		st.Close()
 		return nil, err
 	}
 	return d, nil
 }
 
-func (d *Diff) compute(ctx context.Context, s *Session, req DiffRequest) error {
+func (d *Diff) compute(ctx context.Context, s *Session, b *baseline, req DiffRequest) error {
 	opts := []delivery.SnapshotOption{delivery.WithMaxFileBytes(cmp.Or(req.MaxFileBytes, delivery.MaxFileBytes))}
 	if req.Hold != nil {
 		opts = append(opts, delivery.WithHold(req.Hold))
@@ -284,7 +290,7 @@ func (d *Diff) compute(ctx context.Context, s *Session, req DiffRequest) error {
 		if base, err = d.journalBase(ctx, s, *req.Since, now); err != nil {
 			return err
 		}
-	} else if base, from, err = s.base.get(); err != nil {
+	} else if base, from, err = b.get(); err != nil {
 		return fmt.Errorf("runner: the session's first tree: %w", err)
 	}
 	d.Changes = delivery.Changes(base, now)

@@ -9,7 +9,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sandboxd/sandboxd/backend"
 	"github.com/sandboxd/sandboxd/runner"
 	"github.com/sandboxd/sandboxd/tools"
 )
@@ -90,22 +89,10 @@ func startedSession(t *testing.T, m *runner.Manager) (*runner.Session, string) {
 // active, and nothing is reported lost. All of it is private to the
 // daemon (0700) and removed with the session.
 func TestDockerSessionStateSurvivesRestarts(t *testing.T) {
-	self := backend.Self()
 	for _, how := range []string{"leave", "crash"} {
 		t.Run(how, func(t *testing.T) {
 			state := t.TempDir()
-			opts := []runner.Option{runner.WithJournalStores(privateJournals)}
-			if how == "crash" {
-				if self.Start == "" {
-					if os.Getenv("CI") != "" {
-						t.Fatal("the kernel does not say when a process started (no /proc), which CI's Linux must")
-					}
-					t.Skip("the kernel does not say when a process started (no /proc)")
-				}
-				ended := backend.Owner{Host: self.Host, PID: self.PID, Start: "1"} // its PID now names a later process
-				opts = append(opts, runner.WithLabels(ended.Labels()))
-			}
-			m, _ := durableManager(t, state, opts...)
+			m, _ := durableManager(t, state, restartOptions(t, how)...)
 			defer m.Shutdown(context.Background())
 			s, patch := startedSession(t, m)
 			ids := journalIDs(t, s)

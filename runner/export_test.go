@@ -96,3 +96,15 @@ func HoldBaselines(t testing.TB) (held, waiting <-chan struct{}, release func())
 // BaselineComplete reports whether s's first tree is read (or failed),
 // its background read over.
 func BaselineComplete(s *Session) bool { return s.base.complete() }
+
+// WatchNewBaselines reports, until the test ends, each time a new baseline
+// (Rebaseline) begins to wait for the calls in flight that may change the
+// workspace (holding), and each time such a call begins to wait for a new
+// baseline (waiting).
+func WatchNewBaselines(t testing.TB) (holding, waiting <-chan struct{}) {
+	h, w := make(chan struct{}, 100), make(chan struct{}, 100)
+	baselineHoldHook = func() { h <- struct{}{} }
+	changeWaitHook = func() { w <- struct{}{} }
+	t.Cleanup(func() { baselineHoldHook, changeWaitHook = nil, nil })
+	return h, w
+}

@@ -40,8 +40,13 @@ type Session struct {
 	// (CreateRequest.Egress), which its forks get.
 	forkOf       string
 	tenantEgress []string
-	// base is the workspace's tree as the session began (Diff).
-	base *baseline
+	// base is the tree Diff compares with: the workspace's as the session
+	// began, or as a new baseline found it (Rebaseline), which replaces
+	// it under baseMu; changes keeps that read apart from the calls that
+	// may change the workspace.
+	base    *baseline
+	baseMu  sync.RWMutex
+	changes changeGate
 	// state is the directory of what the session keeps beside its record
 	// (backend.Instance.StateDir: its journal, its first tree), "" for
 	// none; lost says what a resumed or adopted session did not get back.
@@ -152,7 +157,7 @@ func (m *Manager) newSession(id, tenant string, st Settings, cfg tools.Config, i
 		Session:      workspace.Session{ID: id, RunID: id, Tenant: tenant, Root: inst.Root, Vars: sessionVars(st.Vars, out.secrets)},
 		Scope:        st.Scope,
 		JournalStore: store,
-		Gate:         func(ctx context.Context, readOnly bool) (func(), error) { return s.base.gate(ctx, readOnly) },
+		Gate:         s.gate,
 		// An activated skill is in the record before load_skill answers.
 		SkillsChanged:  func(ctx context.Context) error { return m.publish(ctx, s, s.tenantEgress) },
 		PastBackground: past,
@@ -315,9 +320,9 @@ func (s *Session) run(ctx context.Context, op, call string, start time.Time, fn 
 	stop := context.AfterFunc(s.ctx, func() { cancel(context.Cause(s.ctx)) })
 	// A call that may change the workspace waits for its first tree.
 	failed := false
-	done, err := s.settle(cctx, op)
+	fctx, done, err := s.settle(cctx, op)
 	if err == nil {
-		failed, err = fn(cctx)
+		failed, err = fn(fctx)
 		done()
 	}
 	if errors.Is(err, workspace.ErrUnavailable) {
@@ -481,7 +486,7 @@ func (s *Session) close(ctx context.Context, cause error, drain bool) error {
 		// before the workspace is released: Close removes the session's
 		// state directory, where they may be kept, and nothing writes
 		// there after.
-		berr := s.base.close()
+		berr := s.currentBase().close()
 		jerr := s.dropJournal()
 		s.closeErr = errors.Join(release(rctx), jerr, berr)
 		s.eg.close()

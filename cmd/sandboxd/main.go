@@ -56,7 +56,7 @@ type stdio struct {
 var commands []*command
 
 func init() {
-	commands = []*command{cmdMCP, cmdTools, cmdServe, cmdSessionCreate, cmdSessionList, cmdSessionRemove, cmdSessionCall, cmdSessionEgress, cmdSessionDiff, cmdSessionGet, cmdSessionPut, cmdSessionSnapshot, cmdSessionFork, cmdSessionPause, cmdSessionResume, cmdSnapshotList, cmdSnapshotRemove, cmdImageBuild, cmdDoctor, cmdTokenNew, cmdTokenHash, cmdSoak, cmdBench, cmdVersion, cmdHelp}
+	commands = []*command{cmdMCP, cmdTools, cmdServe, cmdSessionCreate, cmdSessionList, cmdSessionRemove, cmdSessionCall, cmdSessionEgress, cmdSessionDiff, cmdSessionBaseline, cmdSessionGet, cmdSessionPut, cmdSessionSnapshot, cmdSessionFork, cmdSessionPause, cmdSessionResume, cmdSnapshotList, cmdSnapshotRemove, cmdImageBuild, cmdDoctor, cmdTokenNew, cmdTokenHash, cmdSoak, cmdBench, cmdVersion, cmdHelp}
 }
 
 // usageError is a mistake in how sandboxd was invoked; it exits with status 2.

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 
 	"github.com/sandboxd/sandboxd/client"
+	"github.com/sandboxd/sandboxd/runner"
 )
 
 // The session verbs that move work in and out: a session's diff, and files
@@ -24,7 +25,7 @@ var cmdSessionDiff = &command{
 	summary: "print what a session changed as a git-format patch (git apply takes it)",
 	setup: func(fs *flag.FlagSet) runFunc {
 		c := daemonFlags(fs)
-		since := fs.Int("since", -1, "only the paths the journal's commits after this `commit` touched (0: the journal's start); default: everything since the session began")
+		since := fs.Int("since", -1, "only the paths the journal's commits after this `commit` touched (0: the journal's start); default: everything since the session's baseline (its start, or the last session baseline)")
 		out := fs.String("o", "", "write the patch to this `file` (default: standard output)")
 		return func(ctx context.Context, sio stdio, args []string) error {
 			if len(args) != 1 {
@@ -82,10 +83,11 @@ var cmdSessionGet = &command{
 
 var cmdSessionPut = &command{
 	name:    "session put",
-	args:    "ID PATH [SOURCE | -]",
+	args:    "[--baseline] ID PATH [SOURCE | -]",
 	summary: "upload into a session's directory PATH: a host file (by its name), a host directory's contents, or a tar stream from standard input",
 	setup: func(fs *flag.FlagSet) runFunc {
 		c := daemonFlags(fs)
+		baseline := fs.Bool("baseline", false, "take a new diff baseline just after the upload, with no other change between the two (session baseline): the diff then shows only what changes after it")
 		return func(ctx context.Context, sio stdio, args []string) error {
 			if len(args) < 2 || len(args) > 3 {
 				return usagef("want a session ID, a workspace directory (\".\" for the root) and a file, a directory or - (a tar stream on standard input)")
@@ -101,14 +103,50 @@ var cmdSessionPut = &command{
 				defer pr.Close()
 				content = pr
 			}
-			res, err := cl.CopyToSession(ctx, args[0], client.CopyToSessionOptions{Path: args[1], Content: content})
+			res, err := cl.CopyToSession(ctx, args[0], client.CopyToSessionOptions{Path: args[1], Content: content, Baseline: *baseline})
 			if err != nil {
 				return err
 			}
 			fmt.Fprintf(sio.err, "%d files, %d directories, %d links, %d bytes\n", res.Files, res.Dirs, res.Links, res.Bytes)
+			if res.Baseline != nil {
+				printBaseline(sio, *res.Baseline)
+			}
 			return nil
 		}
 	},
+}
+
+var cmdSessionBaseline = &command{
+	name:    "session baseline",
+	args:    "ID",
+	summary: "take a new diff baseline: session diff shows only what changes after it (the project put into an empty session is not in it)",
+	setup: func(fs *flag.FlagSet) runFunc {
+		c := daemonFlags(fs)
+		return func(ctx context.Context, sio stdio, args []string) error {
+			if len(args) != 1 {
+				return usagef("want a session ID")
+			}
+			cl, err := c.open()
+			if err != nil {
+				return err
+			}
+			res, err := cl.SessionBaseline(ctx, args[0], client.SessionBaselineOptions{})
+			if err != nil {
+				return err
+			}
+			printBaseline(sio, res.Baseline)
+			return nil
+		}
+	},
+}
+
+// printBaseline says what a new baseline holds, on standard error.
+func printBaseline(sio stdio, b runner.BaselineInfo) {
+	fmt.Fprintf(sio.err, "new diff baseline: %d files and links", b.Files)
+	if len(b.Skipped) > 0 {
+		fmt.Fprintf(sio.err, " (%d left out, too large: a diff names them)", len(b.Skipped))
+	}
+	fmt.Fprintln(sio.err)
 }
 
 // writeOut copies r to the named file, or standard output when name is ""

@@ -158,3 +158,37 @@ func TestSessionGetPutDiff(t *testing.T) {
 		t.Errorf("get -o with -C: exit %d, want 2", code)
 	}
 }
+
+// TestSessionBaseline: the project put into an empty session is in its
+// diff until a new baseline (session baseline, or put --baseline), after
+// which the diff shows only what changed since.
+func TestSessionBaseline(t *testing.T) {
+	sandboxd := memoryDaemon(t)
+	id := strings.TrimSpace(sandboxd("session", "create", "--grant", "fs.write", "--always", "read,edit"))
+	src := t.TempDir()
+	os.WriteFile(filepath.Join(src, "a.txt"), []byte("alpha\n"), 0o644)
+	sandboxd("session", "put", id, "project", src)
+	if patch := sandboxd("session", "diff", id); !strings.Contains(patch, "b/project/a.txt") {
+		t.Fatalf("diff after the upload:\n%s", patch)
+	}
+	if code, _, errs := runInProcess(t, "session", "baseline", id); code != 0 || !strings.Contains(errs, "new diff baseline: 1 files") {
+		t.Fatalf("session baseline: exit %d: %s", code, errs)
+	}
+	if patch := sandboxd("session", "diff", id); patch != "" {
+		t.Fatalf("diff right after a new baseline:\n%s", patch)
+	}
+	sandboxd("session", "call", id, "edit", `{"path":"project/a.txt","edits":[{"oldText":"alpha","newText":"ALPHA"}]}`)
+	if patch := sandboxd("session", "diff", id); !strings.Contains(patch, "-alpha\n+ALPHA\n") || strings.Contains(patch, "new file") {
+		t.Fatalf("diff of an edit after the new baseline:\n%s", patch)
+	}
+	os.WriteFile(filepath.Join(src, "b.txt"), []byte("beta\n"), 0o644)
+	if code, _, errs := runInProcess(t, "session", "put", "--baseline", id, "more", src); code != 0 || !strings.Contains(errs, "new diff baseline: 3 files") {
+		t.Fatalf("session put --baseline: exit %d: %s", code, errs)
+	}
+	if patch := sandboxd("session", "diff", id); patch != "" {
+		t.Fatalf("diff right after put --baseline:\n%s", patch)
+	}
+	if code, _, errs := runInProcess(t, "session", "baseline", "s-nope"); code != 1 || !strings.Contains(errs, "404 NotFound") {
+		t.Errorf("session baseline of no session: exit %d, %q", code, errs)
+	}
+}

@@ -204,15 +204,22 @@ func runDirs() (root string, runs []os.DirEntry, _ error) {
 const lockWait = 5 * time.Second
 
 // runKept reports whether the run directory dir — named by a container's
-// labelMCPRun — keeps the baseline of work not yet delivered, and no
-// living run holds it: the container must stay until that work is
-// delivered.
+// labelMCPRun — keeps the baseline of work not yet delivered, or a living
+// run holds it (one that resumed the session of a container whose labels
+// name the killed run, up to its container's removal): the container must
+// stay until that work is delivered, by that run or the next.
 func runKept(dir string) bool {
 	if dir == "" || !filepath.IsAbs(dir) {
 		return false
 	}
 	rec, err := readRun(dir)
-	if err != nil || rec.Delivered {
+	if err != nil {
+		return false
+	}
+	if !rec.Owner.Gone() {
+		return true
+	}
+	if rec.Delivered {
 		return false
 	}
 	_, err = os.Stat(filepath.Join(dir, runKeep, "baseline.json"))

@@ -28,7 +28,7 @@ var cmdMCP = &command{
 		f.register(fs)
 		var d deliverFlags
 		d.register(fs)
-		resume := fs.String("resume", "", "continue `session` SESSION, which a killed run for the workspace left (its files, journal, diff, skills and background commands), rather than start a new one; 'sandboxd mcp --list' lists them")
+		resume := fs.String("resume", "", "continue the `session` a killed run for the workspace left (its files, journal, diff, skills and background commands) rather than start a new one, and deliver its work at the end; 'sandboxd mcp --list' lists them")
 		list := fs.Bool("list", false, "list the sessions of runs on this host (serving, left by a killed run, delivered lately) and what a next run does with each, and exit")
 		return func(ctx context.Context, sio stdio, args []string) error {
 			if len(args) > 0 {

@@ -181,7 +181,7 @@ func findRun(session string) (*mcpRun, error) {
 	if daemon := serveDaemonOf(session); daemon != "" {
 		return nil, fmt.Errorf("session %s cannot be resumed by sandboxd mcp: it is a session of the daemon %q (sandboxd serve); reach it through that daemon's API", session, daemon)
 	}
-	return nil, fmt.Errorf("no session %s to resume on this host (%s): 'sandboxd mcp --list' lists the sessions of runs of sandboxd mcp", session, filepath.Dir(runsDirHint()))
+	return nil, fmt.Errorf("no session %s to resume on this host: no run of sandboxd mcp here has it ('sandboxd mcp --list' lists theirs)", session)
 }
 
 // allRuns reads the record of every run, living or ended, oldest first;
@@ -213,12 +213,6 @@ func readRun(dir string) (runRecord, error) {
 		return runRecord{}, err
 	}
 	return rec, nil
-}
-
-// runsDirHint is the runs' directory, for messages ("" when there is none).
-func runsDirHint() string {
-	dir, _ := mcpRunsDir()
-	return dir
 }
 
 // serveDaemonOf returns the daemon of `sandboxd serve` whose Docker records

@@ -54,10 +54,11 @@ func sessionSaid(t *testing.T, file string) string {
 }
 
 // TestMCPKilledRunIsResumed: sandboxd mcp --backend docker killed with
-// SIGKILL, after a write, a journaled edit and a background command, is
-// continued by a run with --resume SESSION: the same files, the edit
-// undone through the journal, the background command's output with what
-// it wrote while no run was there. --resume is refused, naming the fix,
+// SIGKILL, after a skill's activation, a write, a journaled edit and a
+// background command, is continued by a run with --resume SESSION: the
+// same files, the edit undone through the journal, the skill still
+// active, the background command's output with what it wrote while no run
+// was there. --resume is refused, naming the fix,
 // for a session it does not know, one of another workspace, one of
 // sandboxd serve, one a living run serves and one delivered. The work is
 // delivered once, when the resumed run ends, and a plain run after it
@@ -68,7 +69,9 @@ func TestMCPKilledRunIsResumed(t *testing.T) {
 	dockertest.Image(t)
 	dir, _ := newWorkspace(t)
 	patch := filepath.Join(t.TempDir(), "work.patch")
-	args := []string{"--backend", "docker", "--workspace", dir, "--grant", "fs.write", "--grant", "shell.exec", "--always", "read,edit,shell", "--patch", patch}
+	// workspace.edit is activated by load_skill, which the resumed session
+	// keeps.
+	args := []string{"--backend", "docker", "--workspace", dir, "--grant", "fs.write", "--grant", "shell.exec", "--always", "read,shell", "--patch", patch}
 	logs := t.TempDir()
 	stderrOf := func(name string) *os.File {
 		t.Helper()
@@ -91,6 +94,7 @@ func TestMCPKilledRunIsResumed(t *testing.T) {
 	first := stderrOf("1")
 	c := startRawTo(t, dockerRunTimeout, first, args...)
 	session := sessionSaid(t, first.Name())
+	c.callTool(20, "load_skill", map[string]any{"skill": "workspace.edit"})
 	c.callTool(2, "write", map[string]any{"path": "work.txt", "content": "kept\n"})
 	c.callTool(3, "edit", map[string]any{"path": "a.txt", "edits": []map[string]any{{"oldText": "beta", "newText": "BETA"}}})
 	commits, _ := structured(c.callTool(4, "journal_list", map[string]any{}))["commits"].([]any)
@@ -182,12 +186,13 @@ func TestMCPKilledRunIsResumed(t *testing.T) {
 	if text := textOfRaw(c.callTool(104, "read", map[string]any{"path": "a.txt"})); strings.Contains(text, "BETA") || !strings.Contains(text, "beta") {
 		t.Errorf("a.txt once the killed run's edit is undone: %q", text)
 	}
+	c.callTool(105, "write", map[string]any{"path": "resumed.txt", "content": "resumed\n"}) // workspace.edit still active
 	c.stdin.Close()
 	if err := c.cmd.Wait(); err != nil {
 		t.Fatalf("the resumed run at the end of its input: %v", err)
 	}
 	data, err := os.ReadFile(patch)
-	if err != nil || !bytes.Contains(data, []byte("+++ b/work.txt\n@@ -0,0 +1 @@\n+kept\n")) || bytes.Contains(data, []byte("BETA")) {
+	if err != nil || !bytes.Contains(data, []byte("+++ b/work.txt\n@@ -0,0 +1 @@\n+kept\n")) || !bytes.Contains(data, []byte("+resumed\n")) || bytes.Contains(data, []byte("BETA")) {
 		t.Errorf("the resumed session's patch: %v\n%s", err, data)
 	}
 	if got := containers(); len(got) != 0 {

@@ -188,6 +188,10 @@ type openedBackend struct {
 	policy  policy.Policy
 	source  string
 	release func()
+	// taken, when not nil, is called once the session to resume
+	// (sessionFlags.resume) is the run's: until then a failure to take it
+	// back leaves its workspace rather than removing it.
+	taken func()
 }
 
 // serveDocker is the daemon's Docker backend: it makes sure the images the
@@ -254,12 +258,18 @@ func openDocker(ctx context.Context, sio stdio, f *sessionFlags) (*openedBackend
 	} else if n > 0 {
 		fmt.Fprintf(sio.err, "sandboxd: removed %d containers and volumes that killed runs on this host left\n", n)
 	}
-	return &openedBackend{
+	b.StateDir = f.stateDir
+	opened := &openedBackend{
 		backend: b,
 		policy:  policy.Policy{DefaultImage: ref},
 		source:  f.workspace,
 		release: func() { cli.Close() },
-	}, nil
+	}
+	if f.resume != "" {
+		g := &keepUntilTaken{Backend: b}
+		opened.backend, opened.taken = g, func() { g.taken.Store(true) }
+	}
+	return opened, nil
 }
 
 // reapDeadRuns removes the containers and volumes that earlier

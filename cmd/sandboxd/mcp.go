@@ -18,7 +18,7 @@ import (
 
 var cmdMCP = &command{
 	name:    "mcp",
-	args:    "[--backend " + backendChoices(sessionable) + "] [--build-missing] [--workspace DIR] [--deliver auto|apply|patch|branch|none] [--patch FILE] [--config FILE] [--grant fs.write] [--grant shell.exec] [--always read,edit,shell] [--image IMAGE] [--egress PRESET|HOST:PORT] [--ca-cert FILE] [--profile workspace-tools,workspace-shell] [--mode read|write] [--commands NAME,…|all] [--driver model|provider|custom] [--exec-timeout MS]",
+	args:    "[--backend " + backendChoices(sessionable) + "] [--build-missing] [--workspace DIR] [--deliver auto|apply|patch|branch|none] [--patch FILE] [--config FILE] [--grant fs.write] [--grant shell.exec] [--always read,edit,shell] [--image IMAGE] [--egress PRESET|HOST:PORT] [--ca-cert FILE] [--profile workspace-tools,workspace-shell] [--mode read|write] [--commands NAME,…|all] [--driver model|provider|custom] [--exec-timeout MS] [--resume SESSION] [--list]",
 	summary: "serve one session's workspace tools over MCP on standard input and output; the session ends when input closes, and its work is delivered",
 	setup: func(fs *flag.FlagSet) runFunc {
 		// MCP has no turns: a session has no call cap unless the operator
@@ -28,17 +28,24 @@ var cmdMCP = &command{
 		f.register(fs)
 		var d deliverFlags
 		d.register(fs)
+		resume := fs.String("resume", "", "continue the `session` a killed run for the workspace left (its files, journal, diff, skills and background commands) rather than start a new one, and deliver its work at the end; 'sandboxd mcp --list' lists them")
+		list := fs.Bool("list", false, "list the sessions of runs on this host (serving, left by a killed run, delivered lately) and what a next run does with each, and exit")
 		return func(ctx context.Context, sio stdio, args []string) error {
 			if len(args) > 0 {
 				return usagef("unexpected arguments %q", args)
 			}
-			run, base, err := d.begin(ctx, sio, &f)
+			if *list {
+				return listRuns(sio)
+			}
+			run, base, err := d.begin(ctx, sio, &f, *resume)
 			if err != nil {
 				return err
 			}
 			s, err := f.openSession(ctx, sio)
 			if err != nil {
-				if run != nil {
+				if run != nil && *resume != "" {
+					run.release() // its record left for another run, once this one has exited
+				} else if run != nil {
 					run.discard()
 				}
 				return err
@@ -50,11 +57,28 @@ var cmdMCP = &command{
 					run.discard()
 					return fmt.Errorf("keeping the record of the session's run: %w", err)
 				}
+				sayResumable(sio, run, s, *resume != "")
 			}
 			err = serveMCP(ctx, sio, s)
 			return errors.Join(err, d.end(ctx, sio, run, base, s))
 		}
 	},
+}
+
+// sayResumable says on standard error which session the run serves, and
+// how to continue it should the run be killed; for a resumed one, what it
+// did not get back.
+func sayResumable(sio stdio, run *mcpRun, s *session, resumed bool) {
+	if run.rec.Backend != "docker" {
+		return
+	}
+	if resumed {
+		fmt.Fprintf(sio.err, "sandboxd: session %s of %s resumed: its files, journal, diff and background commands are as the killed run left them\n", s.id, run.rec.Workspace)
+		for _, l := range s.lost {
+			fmt.Fprintf(sio.err, "sandboxd: session %s did not get back %s\n", s.id, l)
+		}
+	}
+	fmt.Fprintf(sio.err, "sandboxd: session %s of %s; should this run be killed, 'sandboxd mcp --resume %s' continues it (a plain 'sandboxd mcp' delivers its work)\n", s.id, run.rec.Workspace, s.id)
 }
 
 // deliverFlags say what becomes of a copied workspace's work at the end.
@@ -74,12 +98,16 @@ func (d *deliverFlags) register(fs *flag.FlagSet) {
 // begin reads the workspace directory before the session copies it: the
 // baseline the work is measured against, kept with the run's record
 // (mcpRun) so that a killed run's work is delivered by the next. Before
-// that it settles what ended runs left (settleRuns): a killed run's work on
+// that it settles what ended runs left (settle): a killed run's work on
 // this workspace is delivered first, as it would have been, so the new
-// copy starts from it. It returns nils when there is nothing to deliver:
-// the local backend works on the directory itself, and --deliver none
-// discards the work.
-func (d *deliverFlags) begin(ctx context.Context, sio stdio, f *sessionFlags) (*mcpRun, *delivery.Baseline, error) {
+// copy starts from it. With resume, it takes over the run that left that
+// session instead (resumeRun). It returns nils when there is nothing to
+// deliver: the local backend works on the directory itself, and --deliver
+// none discards the work.
+func (d *deliverFlags) begin(ctx context.Context, sio stdio, f *sessionFlags, resume string) (*mcpRun, *delivery.Baseline, error) {
+	if resume != "" {
+		return d.resumeRun(ctx, sio, f, resume)
+	}
 	entry, unknown := backendNamed(f.backend, sessionable)
 	if unknown == nil && entry.inPlace {
 		if d.mode != "" || d.patch != "" {
@@ -98,19 +126,7 @@ func (d *deliverFlags) begin(ctx context.Context, sio stdio, f *sessionFlags) (*
 	if unknown != nil {
 		return nil, nil, nil // openSession names an unknown backend
 	}
-	if n, size, err := delivery.RemoveStale(); err != nil {
-		fmt.Fprintf(sio.err, "sandboxd: removing what killed runs left in the temporary directory: %v\n", err)
-	} else if n > 0 {
-		fmt.Fprintf(sio.err, "sandboxd: removed %d copies (%d bytes) that killed runs left in the temporary directory\n", n, size)
-	}
-	var cli client.APIClient
-	if entry.container {
-		if c, err := dockerClient(ctx); err == nil { // else openSession says why
-			defer c.Close()
-			cli = c
-		}
-	}
-	settleRuns(ctx, sio, cli, f.workspace)
+	d.settle(ctx, sio, f)
 	if mode == delivery.None {
 		return nil, nil, nil
 	}
@@ -124,7 +140,11 @@ func (d *deliverFlags) begin(ctx context.Context, sio stdio, f *sessionFlags) (*
 			return nil, nil, err
 		}
 	}
-	run, err := newRun(runRecord{Workspace: abs, Backend: entry.name, Deliver: d.mode, Patch: patch})
+	rec := runRecord{Workspace: abs, Backend: entry.name, Deliver: d.mode, Patch: patch}
+	if entry.name == "docker" {
+		rec.Daemon = newDaemonName()
+	}
+	run, err := newRun(rec)
 	if err != nil {
 		return nil, nil, fmt.Errorf("keeping the record of the session's run: %w", err)
 	}
@@ -134,7 +154,31 @@ func (d *deliverFlags) begin(ctx context.Context, sio stdio, f *sessionFlags) (*
 		return nil, nil, fmt.Errorf("reading the workspace before the copy: %w", err)
 	}
 	f.labels = map[string]string{labelMCPRun: run.dir}
+	if rec.Daemon != "" {
+		// The session's record, journal and first tree are kept in the
+		// run's directory, for a run that resumes it.
+		f.daemon, f.stateDir = rec.Daemon, run.dir
+	}
 	return run, base, nil
+}
+
+// settle removes what killed runs left in the temporary directory and
+// settles what ended runs left (settleRuns) before this run's session
+// starts.
+func (d *deliverFlags) settle(ctx context.Context, sio stdio, f *sessionFlags) {
+	if n, size, err := delivery.RemoveStale(); err != nil {
+		fmt.Fprintf(sio.err, "sandboxd: removing what killed runs left in the temporary directory: %v\n", err)
+	} else if n > 0 {
+		fmt.Fprintf(sio.err, "sandboxd: removed %d copies (%d bytes) that killed runs left in the temporary directory\n", n, size)
+	}
+	var cli client.APIClient
+	if entry, err := backendNamed(f.backend, sessionable); err == nil && entry.container {
+		if c, err := dockerClient(ctx); err == nil { // else openSession says why
+			defer c.Close()
+			cli = c
+		}
+	}
+	settleRuns(ctx, sio, cli, f.workspace)
 }
 
 // end delivers the session's work (deliver) and ends the session. Once the
@@ -143,11 +187,12 @@ func (d *deliverFlags) begin(ctx context.Context, sio stdio, f *sessionFlags) (*
 // the next run from what the record keeps; one that failed before leaves
 // the container too (its work is in it), for the next run to deliver.
 func (d *deliverFlags) end(ctx context.Context, sio stdio, run *mcpRun, base *delivery.Baseline, s *session) error {
-	err := d.deliver(ctx, sio, base, s)
+	rep, err := d.deliver(ctx, sio, base, s)
 	switch {
 	case run == nil:
 		return errors.Join(err, s.close())
 	case err == nil:
+		rememberDelivered(sio, run.rec.Session, run.rec.Workspace, rep)
 		run.rec.Delivered = true
 		if serr := run.save(); serr != nil {
 			fmt.Fprintf(sio.err, "sandboxd: %v\n", serr)
@@ -161,7 +206,7 @@ func (d *deliverFlags) end(ctx context.Context, sio stdio, run *mcpRun, base *de
 	default:
 		// The process exits without closing the session: its container
 		// stays, with the work.
-		fmt.Fprintf(sio.err, "sandboxd: the session's container keeps its work: the next 'sandboxd mcp --backend docker --workspace %s' delivers it\n", run.rec.Workspace)
+		fmt.Fprintf(sio.err, "sandboxd: the session's container keeps its work: the next 'sandboxd mcp --backend docker --workspace %s' delivers it, or 'sandboxd mcp --workspace %s --resume %s' continues the session\n", run.rec.Workspace, run.rec.Workspace, run.rec.Session)
 		run.release()
 		return err
 	}
@@ -170,28 +215,28 @@ func (d *deliverFlags) end(ctx context.Context, sio stdio, run *mcpRun, base *de
 // deliver delivers the session's work as the flags say, and says on
 // standard error what went where. It runs even when the session was
 // interrupted, for a while: the work is not lost to a Ctrl-C.
-func (d *deliverFlags) deliver(ctx context.Context, sio stdio, base *delivery.Baseline, s *session) error {
+func (d *deliverFlags) deliver(ctx context.Context, sio stdio, base *delivery.Baseline, s *session) (*delivery.Report, error) {
 	if base == nil {
 		if d.mode == string(delivery.None) {
 			fmt.Fprintln(sio.err, "sandboxd: --deliver none: the session's work is discarded")
 		}
-		return nil
+		return nil, nil
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Minute)
 	defer cancel()
 	// Background commands are stopped first: what is delivered is not
 	// being written meanwhile.
 	if err := s.set.Close(ctx); err != nil {
-		return fmt.Errorf("stopping the session's background commands: %w", err)
+		return nil, fmt.Errorf("stopping the session's background commands: %w", err)
 	}
 	r, err := base.Deliver(ctx, s.fs, delivery.Request{Mode: delivery.Mode(d.mode), Session: s.id, PatchFile: d.patch})
 	if r != nil {
 		fmt.Fprint(sio.err, r)
 	}
 	if err != nil {
-		return fmt.Errorf("delivering the session's work: %w", err)
+		return r, fmt.Errorf("delivering the session's work: %w", err)
 	}
-	return nil
+	return r, nil
 }
 
 // serveMCP serves the session over MCP on sio until the client closes its

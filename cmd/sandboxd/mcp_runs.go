@@ -58,6 +58,11 @@ type runRecord struct {
 	Owner backend.Owner `json:"owner"`
 	// Delivered: the work is delivered; what is left (the container) may go.
 	Delivered bool `json:"delivered,omitempty"`
+	// Daemon is the runner's daemon name of a Docker run, under which the
+	// run's directory keeps its session's record (docker.Backend.StateDir)
+	// for a run that resumes it (--resume); "" for runs of earlier
+	// versions, which cannot be resumed.
+	Daemon string `json:"daemon,omitempty"`
 }
 
 // labelMCPRun, on what a Docker run of mcp makes, names its run directory;
@@ -123,11 +128,7 @@ func (r *mcpRun) save() error {
 	if err != nil {
 		return err
 	}
-	tmp := filepath.Join(r.dir, runFile+".tmp")
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, filepath.Join(r.dir, runFile))
+	return writeFileAtomic(filepath.Join(r.dir, runFile), data)
 }
 
 // release lets go of the run's baseline and leaves its directory.
@@ -152,21 +153,14 @@ func (r *mcpRun) discard() error {
 // directory without a readable record, a minute old (its run was killed as
 // it began), comes with a zero record.
 func endedRuns(want func(*mcpRun) bool) ([]*mcpRun, error) {
-	root, err := mcpRunsDir()
-	if err != nil {
-		return nil, err
-	}
-	entries, err := os.ReadDir(root)
+	root, entries, err := runDirs()
 	if err != nil {
 		return nil, err
 	}
 	var out []*mcpRun
 	for _, e := range entries {
-		if !e.IsDir() || !strings.HasPrefix(e.Name(), runPrefix) {
-			continue
-		}
 		r := &mcpRun{dir: filepath.Join(root, e.Name())}
-		if data, err := os.ReadFile(filepath.Join(r.dir, runFile)); err == nil && json.Unmarshal(data, &r.rec) == nil {
+		if r.rec, err = readRun(r.dir); err == nil {
 			if !r.rec.Owner.Gone() || !want(r) {
 				continue
 			}
@@ -188,23 +182,44 @@ func endedRuns(want func(*mcpRun) bool) ([]*mcpRun, error) {
 	return out, nil
 }
 
+// runDirs returns the runs' directory and the entries of the runs in it.
+func runDirs() (root string, runs []os.DirEntry, _ error) {
+	root, err := mcpRunsDir()
+	if err != nil {
+		return "", nil, err
+	}
+	entries, err := os.ReadDir(root)
+	if err != nil {
+		return "", nil, err
+	}
+	for _, e := range entries {
+		if e.IsDir() && strings.HasPrefix(e.Name(), runPrefix) {
+			runs = append(runs, e)
+		}
+	}
+	return root, runs, nil
+}
+
 // lockWait bounds the wait for the lock of a run whose process has ended.
 const lockWait = 5 * time.Second
 
 // runKept reports whether the run directory dir — named by a container's
-// labelMCPRun — keeps the baseline of work not yet delivered, and no
-// living run holds it: the container must stay until that work is
-// delivered.
+// labelMCPRun — keeps the baseline of work not yet delivered, or a living
+// run holds it (one that resumed the session of a container whose labels
+// name the killed run, up to its container's removal): the container must
+// stay until that work is delivered, by that run or the next.
 func runKept(dir string) bool {
 	if dir == "" || !filepath.IsAbs(dir) {
 		return false
 	}
-	data, err := os.ReadFile(filepath.Join(dir, runFile))
+	rec, err := readRun(dir)
 	if err != nil {
 		return false
 	}
-	var rec runRecord
-	if json.Unmarshal(data, &rec) != nil || rec.Delivered {
+	if !rec.Owner.Gone() {
+		return true
+	}
+	if rec.Delivered {
 		return false
 	}
 	_, err = os.Stat(filepath.Join(dir, runKeep, "baseline.json"))
@@ -223,8 +238,8 @@ func settleRuns(ctx context.Context, sio stdio, cli client.APIClient, workspace 
 	runs, err := endedRuns(func(r *mcpRun) bool {
 		rec := r.rec
 		if rec.Backend == "docker" && rec.Workspace != abs && isDir(rec.Workspace) && !delivery.Interrupted(r.keep()) {
-			fmt.Fprintf(sio.err, "sandboxd: session %s of %s, left by a killed run, keeps its container with its work until 'sandboxd mcp --backend docker --workspace %s' delivers it\n",
-				rec.Session, rec.Workspace, rec.Workspace)
+			fmt.Fprintf(sio.err, "sandboxd: session %s of %s, left by a killed run, keeps its container with its work until 'sandboxd mcp --backend docker --workspace %s' delivers it, or 'sandboxd mcp --workspace %s --resume %s' continues it\n",
+				rec.Session, rec.Workspace, rec.Workspace, rec.Workspace, rec.Session)
 			return false
 		}
 		return true
@@ -267,6 +282,7 @@ func settleRun(ctx context.Context, sio stdio, cli client.APIClient, r *mcpRun) 
 		if err != nil {
 			return err
 		}
+		rememberDelivered(sio, r.rec.Session, r.rec.Workspace, rep)
 	case r.rec.Backend != "docker":
 		say("session %s of %s (backend %s), in a run that was killed, ended with it: its work was in that process's memory, and is lost", r.rec.Session, r.rec.Workspace, r.rec.Backend)
 		return r.discard()
@@ -285,7 +301,7 @@ func settleRun(ctx context.Context, sio stdio, cli client.APIClient, r *mcpRun) 
 			say("session %s of %s, in a run that was killed, has no container any more: its work is lost", r.rec.Session, r.rec.Workspace)
 			return r.discard()
 		}
-		say("delivering the work of session %s, which a killed run left in its container", r.rec.Session)
+		say("delivering the work of session %s, which a killed run left in its container (to continue a killed run's session instead, start 'sandboxd mcp --resume SESSION' before any other run for its workspace; 'sandboxd mcp --list' lists them)", r.rec.Session)
 		rep, err := deliverContainer(ctx, cli, id, base, req)
 		if rep != nil {
 			fmt.Fprint(sio.err, rep)
@@ -293,6 +309,7 @@ func settleRun(ctx context.Context, sio stdio, cli client.APIClient, r *mcpRun) 
 		if err != nil {
 			return err
 		}
+		rememberDelivered(sio, r.rec.Session, r.rec.Workspace, rep)
 	}
 	r.rec.Delivered = true
 	if err := r.save(); err != nil {

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"os"
 	"slices"
 	"strings"
@@ -44,6 +45,14 @@ type sessionFlags struct {
 	// default, labelMCPRun says that nothing of the session is kept
 	// should the run be killed.
 	labels map[string]string
+	// daemon is the runner's daemon name ("" for a new one of its own,
+	// cli-…); stateDir, when set, keeps the records of Docker sessions so
+	// that another run may take them back (docker.Backend.StateDir).
+	daemon, stateDir string
+	// resume is the session that run takes back, of those daemon's earlier
+	// run left in stateDir (sandboxd mcp --resume), rather than one it
+	// creates.
+	resume string
 }
 
 func (f *sessionFlags) register(fs *flag.FlagSet) {
@@ -152,7 +161,15 @@ type session struct {
 	fs    workspace.FileSystem // the workspace's files, without the tools' rules
 	set   *tools.Set
 	close func() error
+	// lost is what a resumed session did not get back (runner.Info.Lost).
+	lost []string
 }
+
+// cliTenant is the tenant of the command line's sessions.
+const cliTenant = "cli"
+
+// newDaemonName is a daemon name of a command-line run's own.
+func newDaemonName() string { return "cli-" + strings.ToLower(rand.Text()[:12]) }
 
 // openSession opens the workspace the flags name and builds its tool set,
 // through the same runner backends and session code as "sandboxd serve":
@@ -200,12 +217,20 @@ func (f *sessionFlags) openSession(ctx context.Context, sio stdio) (*session, er
 	if labels == nil {
 		labels = map[string]string{labelMCPRun: runDiscard}
 	}
-	// A daemon name of its own: this process reaps nothing of another's
-	// living run (see reapDeadRuns for those whose process is gone).
-	m, err := runner.New(ctx, b.backend, runner.WithTools(cfg), runner.WithPolicy(b.policy), runner.WithEgress(out), runner.WithCACerts(caPEM),
+	// A daemon name of its own (newDaemonName): this process reaps nothing
+	// of another's living run (see reapDeadRuns for those whose process is
+	// gone). Its session ends with it, unless it dies: the run's end
+	// delivers the work and closes it, or leaves it on purpose.
+	opts := []runner.Option{runner.WithTools(cfg), runner.WithPolicy(b.policy), runner.WithEgress(out), runner.WithCACerts(caPEM),
 		runner.WithJournalStores(journalStore),
 		runner.WithLabels(labels),
-		runner.WithDaemonName("cli-"+strings.ToLower(rand.Text()[:12])))
+		runner.WithDaemonName(cmp.Or(f.daemon, newDaemonName())),
+		runner.WithEndOnShutdown(true)}
+	if f.resume != "" {
+		// Why the earlier run's session is not taken back, if it is not.
+		opts = append(opts, runner.WithLogger(slog.New(slog.NewTextHandler(sio.err, &slog.HandlerOptions{Level: slog.LevelWarn}))))
+	}
+	m, err := runner.New(ctx, b.backend, opts...)
 	if err != nil {
 		b.release()
 		return nil, err
@@ -216,7 +241,18 @@ func (f *sessionFlags) openSession(ctx context.Context, sio stdio) (*session, er
 		defer b.release()
 		return m.Shutdown(sctx)
 	}
-	s, err := m.Create(ctx, runner.CreateRequest{Tenant: "cli", Source: b.source})
+	if f.resume != "" {
+		s, err := m.Get(cliTenant, f.resume)
+		if err != nil {
+			shutdown()
+			return nil, fmt.Errorf("session %s was not taken back (%w); its work stays in its container: a plain 'sandboxd mcp --backend docker --workspace %s' delivers it", f.resume, err, f.workspace)
+		}
+		if b.taken != nil {
+			b.taken()
+		}
+		return &session{id: s.ID(), fs: s.FS(), set: s.Tools(), close: shutdown, lost: s.Info().Lost}, nil
+	}
+	s, err := m.Create(ctx, runner.CreateRequest{Tenant: cliTenant, Source: b.source})
 	if err != nil {
 		shutdown()
 		var se *runner.SettingError

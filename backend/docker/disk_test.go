@@ -1,0 +1,129 @@
+package docker_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/moby/moby/client"
+
+	"github.com/sandboxd/sandboxd/backend/docker"
+	"github.com/sandboxd/sandboxd/testharness/dockertest"
+	"github.com/sandboxd/sandboxd/tools"
+	"github.com/sandboxd/sandboxd/workspace"
+)
+
+// diskBytes is the size of the test sessions' disks.
+const diskBytes = 64 << 20
+
+// diskSpec is a spec whose workspace is a disk of diskBytes in dir; it
+// skips the test where this host cannot make one (and fails under CI).
+func diskSpec(t *testing.T, dir string) docker.Spec {
+	t.Helper()
+	if err := docker.CheckDisks(context.Background(), dockertest.Client(t), dir); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("disks: %v", err)
+		}
+		t.Skipf("disks: %v", err)
+	}
+	return docker.Spec{DiskBytes: diskBytes, DiskDir: dir}
+}
+
+// TestWorkspaceDisk: a session on a disk of its own cannot write past it —
+// not with fallocate, dd, a sparse file filled in or the write tool — and
+// its image on the host holds no more than its size; another session is
+// not hurt, and once the session ends nothing of its disk is left.
+func TestWorkspaceDisk(t *testing.T) {
+	ctx := context.Background()
+	cli := dockertest.Client(t)
+	dir := t.TempDir()
+	src := t.TempDir()
+	must(t, os.WriteFile(filepath.Join(src, "hello.txt"), []byte("hi\n"), 0o644))
+	spec := diskSpec(t, dir)
+	spec.WorkspaceDir = src
+	full, err := docker.Start(ctx, cli, dockertest.Spec(t, spec))
+	must(t, err)
+	spec.WorkspaceDir, spec.Profile.Session = "", "docker-other"
+	other := dockertest.Start(t, spec)
+
+	imgs, _ := filepath.Glob(filepath.Join(dir, "*.img"))
+	if len(imgs) != 2 {
+		t.Fatalf("images in the disk directory: %q, want two", imgs)
+	}
+	res, out := run(t, full.Bash(), `cat hello.txt && id -u && touch mine && df -k /workspace | tail -1`, 0)
+	if res.ExitCode != 0 || !strings.HasPrefix(out, "hi\n") {
+		t.Fatalf("the initial workspace on the disk: %+v %q", res, out)
+	}
+	for _, tc := range []struct{ name, script string }{
+		{"fallocate", "fallocate -l 1G big"},
+		{"dd", "dd if=/dev/zero of=dd bs=1M count=100"},
+		{"a sparse file filled in", "truncate -s 1G sparse && dd if=/dev/zero of=sparse bs=1M count=100 conv=notrunc"},
+	} {
+		res, out := run(t, full.Bash(), tc.script+"; s=$?; rm -f big dd sparse; exit $s", 0)
+		if res.ExitCode == 0 || !strings.Contains(out, "No space left on device") {
+			t.Errorf("%s past the disk: %+v %q, want No space left on device", tc.name, res, out)
+		}
+	}
+	// Hard links of one file hold its blocks once.
+	res, out = run(t, full.Bash(), `dd if=/dev/zero of=f bs=1M count=40 2>&1 && for i in 1 2 3 4; do ln f f$i || exit 1; done && df -k . && echo linked`, 0)
+	if res.ExitCode != 0 || !strings.HasSuffix(out, "linked\n") {
+		t.Errorf("hard links: %+v %q", res, out)
+	}
+	// The write tool says the disk is full, and what to do.
+	set, err := tools.New(tools.Env{FS: full.Agent(), Bash: full.Bash(), Session: workspace.Session{ID: "s", Root: "/workspace"}},
+		func() tools.Config {
+			c := tools.DefaultConfig()
+			c.Grants, c.Always = []string{tools.GrantFSWrite}, []string{"edit"}
+			return c
+		}())
+	must(t, err)
+	defer set.Close(ctx)
+	args, _ := json.Marshal(map[string]string{"path": "w.txt", "content": strings.Repeat("x", 40<<20)})
+	r := set.Call(ctx, "write", args, tools.CallOptions{})
+	if er, ok := r.Structured.(*tools.ErrorResult); !r.IsError || !ok || er.Error != "NoSpace" || !strings.Contains(er.Message, "disk is full") {
+		t.Errorf("write past the disk: %.300s, want NoSpace saying the disk is full", r.Text)
+	}
+	if err := full.Agent().WriteFile(ctx, "w2.txt", make([]byte, 40<<20), 0o644); !errors.Is(err, workspace.ErrNoSpace) {
+		t.Errorf("WriteFile past the disk = %v, want NoSpace", err)
+	}
+
+	// What the host holds of the disk: no more than its size.
+	for _, img := range imgs {
+		var st syscall.Stat_t
+		must(t, syscall.Stat(img, &st))
+		if used := st.Blocks * 512; used > diskBytes {
+			t.Errorf("the image %s holds %d bytes on the host, over its %d", img, used, diskBytes)
+		}
+	}
+	// The other session has its own room.
+	if res, out := run(t, other.Bash(), "dd if=/dev/zero of=f bs=1M count=20 2>&1 && ls", 0); res.ExitCode != 0 || strings.Contains(out, "mine") {
+		t.Errorf("the other session: %+v %q", res, out)
+	}
+
+	volume := full.Name() + "-workspace"
+	must(t, full.Close(ctx))
+	assertNoDisk(t, cli, dir, volume)
+}
+
+// assertNoDisk fails t if anything of volume's disk in dir is left: the
+// volume, its files, a loop device on its image.
+func assertNoDisk(t *testing.T, cli *client.Client, dir, volume string) {
+	t.Helper()
+	if _, err := cli.VolumeInspect(context.Background(), volume, client.VolumeInspectOptions{}); err == nil {
+		t.Errorf("the volume %s is left", volume)
+	}
+	img := filepath.Join(dir, volume+".img")
+	for _, name := range []string{img, filepath.Join(dir, volume+".dev")} {
+		if _, err := os.Lstat(name); err == nil {
+			t.Errorf("%s is left", name)
+		}
+	}
+	if devs := docker.LoopsOf(img); len(devs) > 0 {
+		t.Errorf("loop devices %q are left on %s", devs, img)
+	}
+}

@@ -5,14 +5,18 @@ import (
 	"encoding/json"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 
 	"github.com/moby/moby/client"
 
+	"github.com/sandboxd/sandboxd/backend"
 	"github.com/sandboxd/sandboxd/backend/docker"
+	"github.com/sandboxd/sandboxd/testharness/agentbin"
 	"github.com/sandboxd/sandboxd/testharness/dockertest"
 	"github.com/sandboxd/sandboxd/tools"
 	"github.com/sandboxd/sandboxd/workspace"
@@ -31,6 +35,7 @@ func diskSpec(t *testing.T, dir string) docker.Spec {
 		}
 		t.Skipf("disks: %v", err)
 	}
+	t.Cleanup(func() { docker.DetachLoopsUnder(dir) })
 	return docker.Spec{DiskBytes: diskBytes, DiskDir: dir}
 }
 
@@ -55,8 +60,8 @@ func TestWorkspaceDisk(t *testing.T) {
 	if len(imgs) != 2 {
 		t.Fatalf("images in the disk directory: %q, want two", imgs)
 	}
-	res, out := run(t, full.Bash(), `cat hello.txt && id -u && touch mine && df -k /workspace | tail -1`, 0)
-	if res.ExitCode != 0 || !strings.HasPrefix(out, "hi\n") {
+	res, out := run(t, full.Bash(), `cat hello.txt && touch mine && df -k /workspace | tail -1`, 0)
+	if res.ExitCode != 0 || !strings.HasPrefix(out, "hi\n") || !onDisk(strings.TrimPrefix(out, "hi\n")) {
 		t.Fatalf("the initial workspace on the disk: %+v %q", res, out)
 	}
 	for _, tc := range []struct{ name, script string }{
@@ -110,6 +115,14 @@ func TestWorkspaceDisk(t *testing.T) {
 	assertNoDisk(t, cli, dir, volume)
 }
 
+// onDisk reports whether a line of df -k shows a file system no larger
+// than a test disk.
+func onDisk(df string) bool {
+	f := strings.Fields(df)
+	kb, err := strconv.ParseInt(f[min(1, len(f)-1)], 10, 64)
+	return err == nil && kb*1024 <= diskBytes
+}
+
 // assertNoDisk fails t if anything of volume's disk in dir is left: the
 // volume, its files, a loop device on its image.
 func assertNoDisk(t *testing.T, cli *client.Client, dir, volume string) {
@@ -126,4 +139,136 @@ func assertNoDisk(t *testing.T, cli *client.Client, dir, volume string) {
 	if devs := docker.LoopsOf(img); len(devs) > 0 {
 		t.Errorf("loop devices %q are left on %s", devs, img)
 	}
+}
+
+// diskBackend is a Backend whose sessions have disks in dir, its state in
+// state ("" for none).
+func diskBackend(t *testing.T, dir, state string) *docker.Backend {
+	t.Helper()
+	diskSpec(t, dir)
+	agent, err := agentbin.Path()
+	must(t, err)
+	return &docker.Backend{Client: dockertest.Client(t), Agent: agent, DiskBytes: diskBytes, DiskDir: dir, StateDir: state}
+}
+
+// diskLabels are the labels of a case of the lifecycle tests.
+func diskLabels(name string) map[string]string {
+	return map[string]string{dockertest.LabelTest: dockertest.Label(), "sandboxd.case": name, backend.LabelDaemon: dockertest.DaemonName("disk-" + name)}
+}
+
+func diskOpen(t *testing.T, d *docker.Backend, labels map[string]string, session string) *backend.Instance {
+	t.Helper()
+	prof := dockertest.Spec(t, docker.Spec{}).Profile
+	prof.Session = session
+	inst, err := d.Open(context.Background(), backend.Spec{Session: session, Profile: prof, Labels: labels})
+	must(t, err)
+	return inst
+}
+
+// TestWorkspaceDiskLifecycle: a session's disk goes with it on every
+// path — a failed start, a warm container, a pause whose device the host
+// lost meanwhile, a daemon's restart, and a killed daemon's leftovers,
+// which Reap finds.
+func TestWorkspaceDiskLifecycle(t *testing.T) {
+	ctx := context.Background()
+	cli := dockertest.Client(t)
+
+	t.Run("failed start", func(t *testing.T) {
+		dir := t.TempDir()
+		spec := dockertest.Spec(t, diskSpec(t, dir))
+		spec.Profile.Runtime = "no-such-runtime"
+		if c, err := docker.Start(ctx, cli, spec); err == nil {
+			c.Close(ctx)
+			t.Fatal("Start succeeded")
+		}
+		assertNoDisk(t, cli, dir, "sandboxd-"+spec.Profile.Session+"-workspace")
+		if left, _ := filepath.Glob(filepath.Join(dir, "*")); len(left) > 0 {
+			t.Errorf("a failed start left %q", left)
+		}
+	})
+
+	t.Run("warm", func(t *testing.T) {
+		dir := t.TempDir()
+		d := diskBackend(t, dir, "")
+		prof := dockertest.Spec(t, docker.Spec{}).Profile
+		w, err := d.Warm(ctx, backend.Spec{Profile: prof, Labels: diskLabels("warm")})
+		must(t, err)
+		if res, out := run(t, w.Bash, "df -k /workspace | tail -1", 0); res.ExitCode != 0 || !onDisk(out) {
+			t.Errorf("a warm container's workspace: %+v %q", res, out)
+		}
+		must(t, w.Close(ctx))
+		must(t, d.WaitRemovals(ctx))
+		assertNoDisk(t, cli, dir, w.ID+"-workspace")
+	})
+
+	t.Run("pause, the device lost", func(t *testing.T) {
+		dir := t.TempDir()
+		d := diskBackend(t, dir, "")
+		inst := diskOpen(t, d, diskLabels("pause"), "docker-disk-pause")
+		volume := inst.ID + "-workspace"
+		img := filepath.Join(dir, volume+".img")
+		run(t, inst.Bash, "echo kept > f", 0)
+		p, err := inst.Pause(ctx)
+		must(t, err)
+		// As a restarted host would have it: no device on the image.
+		for _, dev := range docker.LoopsOf(img) {
+			if out, err := exec.Command("losetup", "--detach", dev).CombinedOutput(); err != nil {
+				t.Fatalf("losetup --detach %s: %v %s", dev, err, out)
+			}
+		}
+		if devs := docker.LoopsOf(img); len(devs) > 0 {
+			t.Fatalf("still attached to %q", devs)
+		}
+		back, err := p.Resume(ctx)
+		must(t, err)
+		if res, out := run(t, back.Bash, "cat f", 0); res.ExitCode != 0 || out != "kept\n" {
+			t.Errorf("after the resume: %+v %q", res, out)
+		}
+		must(t, back.Close(ctx))
+		assertNoDisk(t, cli, dir, volume)
+	})
+
+	t.Run("daemon restarts", func(t *testing.T) {
+		dir, state := t.TempDir(), t.TempDir()
+		labels := diskLabels("restart")
+		inst := diskOpen(t, diskBackend(t, dir, state), labels, "docker-disk-restart")
+		volume := inst.ID + "-workspace"
+		must(t, inst.Publish(ctx, backend.Record{Session: "docker-disk-restart", Tenant: "t"}))
+		run(t, inst.Bash, "echo kept > f", 0)
+		must(t, inst.Leave(ctx))
+		got, err := diskBackend(t, dir, state).Resume(ctx, labels)
+		must(t, err)
+		if len(got) != 1 || got[0].Instance == nil {
+			t.Fatalf("Resume = %+v", got)
+		}
+		back := got[0].Instance
+		if res, out := run(t, back.Bash, "cat f && fallocate -l 1G big", 0); res.ExitCode == 0 || !strings.Contains(out, "No space left on device") {
+			t.Errorf("the resumed session's disk: %+v %q", res, out)
+		}
+		must(t, back.Close(ctx))
+		assertNoDisk(t, cli, dir, volume)
+	})
+
+	t.Run("a killed daemon's leftovers", func(t *testing.T) {
+		dir := t.TempDir()
+		labels := diskLabels("killed")
+		d := diskBackend(t, dir, "")
+		// The daemon died with both sessions running; the second's volume
+		// was gone already (it died between removing the volume and the
+		// disk).
+		kept := diskOpen(t, d, labels, "docker-disk-killed-1")
+		half := diskOpen(t, d, labels, "docker-disk-killed-2")
+		_, err := cli.ContainerRemove(ctx, half.ID, client.ContainerRemoveOptions{Force: true})
+		must(t, err)
+		must(t, docker.RemoveVolume(ctx, cli, half.ID+"-workspace"))
+		if imgs, _ := filepath.Glob(filepath.Join(dir, "*.img")); len(imgs) != 2 {
+			t.Fatalf("images %q, want two", imgs)
+		}
+		n, err := diskBackend(t, dir, "").Reap(ctx, labels)
+		if err != nil || n != 1 {
+			t.Errorf("Reap = %d, %v; want 1", n, err)
+		}
+		assertNoDisk(t, cli, dir, kept.ID+"-workspace")
+		assertNoDisk(t, cli, dir, half.ID+"-workspace")
+	})
 }

@@ -7,10 +7,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/moby/moby/client"
 
@@ -271,4 +273,50 @@ func TestWorkspaceDiskLifecycle(t *testing.T) {
 		assertNoDisk(t, cli, dir, kept.ID+"-workspace")
 		assertNoDisk(t, cli, dir, half.ID+"-workspace")
 	})
+}
+
+// BenchmarkStartWithDisk measures what a disk of its own (1 GiB, as
+// limits.workspaceBytes's default) costs a session's start — docker.Start
+// and a first command — and its Close, against the same start without
+// one, the two taken in turn in one loop so that the host's load weighs
+// on both alike. It reports the medians and their ratio.
+func BenchmarkStartWithDisk(b *testing.B) {
+	ctx := context.Background()
+	cli := dockertest.Client(b)
+	dir := b.TempDir()
+	if err := docker.CheckDisks(ctx, cli, dir); err != nil {
+		b.Skipf("disks: %v", err)
+	}
+	b.Cleanup(func() { docker.DetachLoopsUnder(dir) })
+	plain := dockertest.Spec(b, docker.Spec{})
+	disk := dockertest.Spec(b, docker.Spec{DiskBytes: 1 << 30, DiskDir: dir})
+	var starts, closes [2][]time.Duration
+	for b.Loop() {
+		for i, spec := range []docker.Spec{plain, disk} {
+			t0 := time.Now()
+			c, err := docker.Start(ctx, cli, spec)
+			if err == nil {
+				_, err = c.Bash().Run(ctx, workspace.Command{Argv: []string{"true"}})
+			}
+			if err != nil {
+				b.Fatal(err)
+			}
+			t1 := time.Now()
+			if err := c.Close(ctx); err != nil {
+				b.Fatal(err)
+			}
+			starts[i] = append(starts[i], t1.Sub(t0))
+			closes[i] = append(closes[i], time.Since(t1))
+		}
+	}
+	median := func(d []time.Duration) float64 {
+		slices.Sort(d)
+		return float64(d[len(d)/2].Microseconds()) / 1000
+	}
+	sp, sd, cp, cd := median(starts[0]), median(starts[1]), median(closes[0]), median(closes[1])
+	b.ReportMetric(sp, "start-plain-ms")
+	b.ReportMetric(sd, "start-disk-ms")
+	b.ReportMetric(sd/sp, "start-ratio")
+	b.ReportMetric(cp, "close-plain-ms")
+	b.ReportMetric(cd, "close-disk-ms")
 }

@@ -186,6 +186,17 @@ func (d *Backend) startContainer(ctx context.Context, spec backend.Spec, prof po
 	return start(ctx, d.Client, s, d.queue())
 }
 
+// CheckDisks reports whether daemon's sessions can have disks of their
+// own (DiskBytes) on this host, as the package's CheckDisks does, in their
+// directory.
+func (d *Backend) CheckDisks(ctx context.Context, daemon string) error {
+	dir := d.diskDir(daemon)
+	if dir == "" {
+		return errors.New("a session's disk needs a StateDir or a DiskDir")
+	}
+	return CheckDisks(ctx, d.Client, dir)
+}
+
 // diskDir is where daemon's sessions' disks are kept, or "" without a
 // DiskDir or a StateDir.
 func (d *Backend) diskDir(daemon string) string {

@@ -1,6 +1,7 @@
 package docker_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -186,6 +187,29 @@ func TestWorkspaceDiskLifecycle(t *testing.T) {
 		assertNoDisk(t, cli, dir, "sandboxd-"+spec.Profile.Session+"-workspace")
 		if left, _ := filepath.Glob(filepath.Join(dir, "*")); len(left) > 0 {
 			t.Errorf("a failed start left %q", left)
+		}
+	})
+
+	t.Run("snapshot restored onto a disk", func(t *testing.T) {
+		dir := t.TempDir()
+		spec := diskSpec(t, dir)
+		spec.Profile.Session = "docker-disk-from"
+		from := dockertest.Start(t, spec)
+		run(t, from.Bash(), "echo kept > f && dd if=/dev/zero of=big bs=1M count=40 2>/dev/null", 0)
+		var snap bytes.Buffer
+		must(t, from.Export(ctx, &snap))
+		spec.Profile.Session = "docker-disk-to"
+		to := dockertest.Start(t, spec)
+		must(t, to.Import(ctx, bytes.NewReader(snap.Bytes())))
+		if res, out := run(t, to.Bash(), "cat f && df -k /workspace | tail -1", 0); res.ExitCode != 0 || !strings.HasPrefix(out, "kept\n") || !onDisk(strings.TrimPrefix(out, "kept\n")) {
+			t.Errorf("restored: %+v %q", res, out)
+		}
+		// Twice the 40 MiB file does not fit: the restore fails, saying so.
+		spec.Profile.Session = "docker-disk-small"
+		small := dockertest.Start(t, spec)
+		run(t, small.Bash(), "dd if=/dev/zero of=filler bs=1M count=30 2>/dev/null", 0)
+		if err := small.Import(ctx, bytes.NewReader(snap.Bytes())); err == nil || !strings.Contains(err.Error(), "no space left on device") {
+			t.Errorf("a restore past the disk = %v, want no space left on device", err)
 		}
 	})
 

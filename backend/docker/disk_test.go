@@ -72,7 +72,7 @@ func TestWorkspaceDisk(t *testing.T) {
 		{"dd", "dd if=/dev/zero of=dd bs=1M count=100"},
 		{"a sparse file filled in", "truncate -s 1G sparse && dd if=/dev/zero of=sparse bs=1M count=100 conv=notrunc"},
 	} {
-		res, out := run(t, full.Bash(), tc.script+"; s=$?; rm -f big dd sparse; exit $s", 0)
+		res, out := run(t, full.Bash(), tc.script+"; s=$?; rm -f big dd sparse; sync; exit $s", 0)
 		if res.ExitCode == 0 || !strings.Contains(out, "No space left on device") {
 			t.Errorf("%s past the disk: %+v %q, want No space left on device", tc.name, res, out)
 		}

@@ -51,8 +51,9 @@ var (
 	// ErrSnapshotLimit: the tenant's snapshots are at their cap (507):
 	// snapshot.ErrLimit.
 	ErrSnapshotLimit = snapshot.ErrLimit
-	// ErrNoSpace: the daemon's snapshot store is full (507):
-	// snapshot.ErrNoSpace.
+	// ErrNoSpace: a disk is full (507): the daemon's snapshot store
+	// (snapshot.ErrNoSpace), or a session's workspace an upload went
+	// into (workspace.ErrNoSpace).
 	ErrNoSpace = snapshot.ErrNoSpace
 	// ErrSnapshotsOff: the daemon keeps no snapshots (501):
 	// runner.ErrNoSnapshots.

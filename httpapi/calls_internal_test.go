@@ -3,10 +3,16 @@ package httpapi
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
+	"io/fs"
+	"net/http"
 	"net/http/httptest"
 	"reflect"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sandboxd/sandboxd/workspace"
 )
 
 // TestWriteResult: what writeResult and writeStatus stream is the JSON
@@ -48,5 +54,18 @@ func same(t *testing.T, got []byte, v any) {
 	json.Unmarshal(want, &w)
 	if !reflect.DeepEqual(g, w) {
 		t.Errorf("streamed %.300s\nwant %.300s", got, want)
+	}
+}
+
+// TestClassifyNoSpace: a full workspace (its disk, a memory workspace's
+// cap) is 507 NoSpace, as a full snapshot store is, not 400.
+func TestClassifyNoSpace(t *testing.T) {
+	for _, err := range []error{
+		workspace.PathError("upload", "big", workspace.ErrNoSpace),
+		fmt.Errorf("copy: %w", &fs.PathError{Op: "write", Path: "x", Err: syscall.ENOSPC}),
+	} {
+		if status, kind := classify(err); status != http.StatusInsufficientStorage || kind != "NoSpace" {
+			t.Errorf("classify(%v) = %d %s, want 507 NoSpace", err, status, kind)
+		}
 	}
 }

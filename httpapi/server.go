@@ -655,6 +655,8 @@ func classify(err error) (int, string) {
 			return http.StatusRequestEntityTooLarge, k.Name()
 		case workspace.ErrTimeout:
 			return http.StatusGatewayTimeout, k.Name()
+		case workspace.ErrNoSpace:
+			return http.StatusInsufficientStorage, k.Name()
 		}
 		return http.StatusBadRequest, k.Name()
 	}

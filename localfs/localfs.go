@@ -459,6 +459,8 @@ func kindOf(err error) error {
 		return workspace.ErrNotAFile
 	case syscall.EINVAL:
 		return workspace.ErrInvalidArgument
+	case syscall.ENOSPC, syscall.EDQUOT:
+		return &workspace.Error{Kind: workspace.ErrNoSpace, Msg: errno.Error(), Err: errno}
 	case syscall.ELOOP, syscall.ENAMETOOLONG, syscall.EXDEV, syscall.EBUSY:
 		return &workspace.Error{Kind: workspace.ErrInvalidArgument, Msg: errno.Error(), Err: errno}
 	}

@@ -315,7 +315,7 @@ func (f *FS) perm(mode fs.FileMode) fs.FileMode {
 func (f *FS) reserve(op, name string, delta int64) error {
 	if f.maxBytes > 0 && delta > 0 && f.used+delta > f.maxBytes {
 		return pathErr(op, name, fmt.Errorf("workspace full: %d of its %d bytes used, %d more needed: %w",
-			f.used, f.maxBytes, delta, workspace.ErrForbidden))
+			f.used, f.maxBytes, delta, workspace.ErrNoSpace))
 	}
 	return nil
 }

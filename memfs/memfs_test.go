@@ -466,15 +466,15 @@ func TestMaxBytes(t *testing.T) {
 		used int64
 	}{
 		{"write 6", func() error { return f.WriteFile(ctx, "a", []byte("123456"), 0o644) }, nil, 6},
-		{"write 5 more", func() error { return f.WriteFile(ctx, "b", []byte("12345"), 0o644) }, workspace.ErrForbidden, 6},
+		{"write 5 more", func() error { return f.WriteFile(ctx, "b", []byte("12345"), 0o644) }, workspace.ErrNoSpace, 6},
 		{"grow a to 10", func() error { return f.WriteFile(ctx, "a", []byte("1234567890"), 0o644) }, nil, 10},
-		{"grow a to 11", func() error { return f.WriteFile(ctx, "a", []byte("12345678901"), 0o644) }, workspace.ErrForbidden, 10},
+		{"grow a to 11", func() error { return f.WriteFile(ctx, "a", []byte("12345678901"), 0o644) }, workspace.ErrNoSpace, 10},
 		{"shrink a to 2", func() error { return f.WriteFile(ctx, "a", []byte("12"), 0o644) }, nil, 2},
 		{"empty file", func() error { return f.WriteFile(ctx, "d/e", nil, 0o644) }, nil, 2},
 		{"dirs and links cost nothing", func() error { return f.Symlink(ctx, "a", "l") }, nil, 2},
 		{"write 4 deep", func() error { return f.WriteFile(ctx, "d/sub/x", []byte("1234"), 0o644) }, nil, 6},
 		{"link counts per name", func() error { return f.Link("d/sub/x", "y") }, nil, 10},
-		{"one link too many", func() error { return f.Link("d/sub/x", "z") }, workspace.ErrForbidden, 10},
+		{"one link too many", func() error { return f.Link("d/sub/x", "z") }, workspace.ErrNoSpace, 10},
 		{"rename over frees", func() error { return f.Rename(ctx, "a", "y") }, nil, 6},
 		{"rename a tree", func() error { return f.Rename(ctx, "d", "e") }, nil, 6},
 		{"remove frees", func() error { return f.Remove(ctx, "y") }, nil, 4},
@@ -498,8 +498,8 @@ func TestMaxBytes(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "big"), make([]byte, 11), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := memfs.FromDir(ctx, dir, memfs.WithMaxBytes(10)); !errors.Is(err, workspace.ErrForbidden) {
-		t.Errorf("FromDir over the bound: %v, want Forbidden", err)
+	if _, err := memfs.FromDir(ctx, dir, memfs.WithMaxBytes(10)); !errors.Is(err, workspace.ErrNoSpace) {
+		t.Errorf("FromDir over the bound: %v, want NoSpace", err)
 	}
 	if f, err := memfs.FromDir(ctx, dir, memfs.WithMaxBytes(11)); err != nil || f.Used() != 11 {
 		t.Errorf("FromDir at the bound: %v", err)

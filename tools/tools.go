@@ -722,6 +722,7 @@ var kindHints = map[string]string{
 	"NotAFile":         "only regular files can be read or changed; use ls for a directory",
 	"NotADirectory":    "use read for a file",
 	"NotUtf8":          "edit changes UTF-8 text only; rewrite the file with write or bash",
+	"NoSpace":          "the workspace's disk is full: remove files you no longer need, build outputs and caches too, to free space; its size is the operator's limits.workspaceBytes",
 }
 
 func displayName(name string) string {

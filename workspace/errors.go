@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"syscall"
 )
 
 // Kind is a class of failure, defined once and matched with errors.Is. Adapters
@@ -49,6 +50,9 @@ var (
 	ErrInvalidArgument  = &Kind{"InvalidArgument", "invalid argument", fs.ErrInvalid}
 	ErrTimeout          = &Kind{"Timeout", "timed out", nil}
 	ErrUnavailable      = &Kind{"Unavailable", "workspace backend unavailable", nil}
+	// ErrNoSpace: the workspace is full — its disk (ENOSPC, EDQUOT) or a
+	// memory workspace's byte cap.
+	ErrNoSpace = &Kind{"NoSpace", "no space left in the workspace", nil}
 )
 
 // Kinds lists every kind, for documentation, decoding and tests.
@@ -56,7 +60,7 @@ var Kinds = []*Kind{
 	ErrNotFound, ErrExists, ErrOutsideWorkspace, ErrProtected, ErrNotAFile,
 	ErrNotADirectory, ErrNotEmpty, ErrNotUTF8, ErrFileTooLarge, ErrImageRejected,
 	ErrNoMatch, ErrAmbiguous, ErrForbidden, ErrInvalidArgument, ErrTimeout,
-	ErrUnavailable,
+	ErrUnavailable, ErrNoSpace,
 }
 
 // KindByName returns the kind with that name, or nil. Decoders of errors that
@@ -93,6 +97,8 @@ func KindOf(err error) *Kind {
 		return ErrInvalidArgument
 	case errors.Is(err, context.DeadlineExceeded):
 		return ErrTimeout
+	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
+		return ErrNoSpace
 	}
 	return nil
 }

@@ -73,6 +73,14 @@ type Spec struct {
 	// such path Start leaves the mount out, and where the agent cannot
 	// reach the socket Accept carries connections on the stream.
 	HandoffDir string
+	// DiskBytes, when above zero, gives the workspace a file system of its
+	// own of that size (see LabelDisk): a write past it fails with ENOSPC
+	// inside the session, and the host's disk gives it no more. Its image
+	// is kept in DiskDir (required with it); the daemon must run as root
+	// beside the engine (CheckDisks). Zero leaves the workspace on the
+	// engine's disk, unbounded.
+	DiskBytes int64
+	DiskDir   string
 }
 
 // DefaultMaxWorkspaceBytes is the default of Spec.MaxWorkspaceBytes.
@@ -82,10 +90,13 @@ const DefaultMaxWorkspaceBytes = 1 << 30
 // its PID 1. Close removes it.
 type Container struct {
 	id, name, volume string
-	cli              Engine
-	agent            *agent.Client
-	conn             io.Closer
-	bash             *Bash
+	// disk is the image of the workspace's own file system, or ""
+	// (Spec.DiskBytes).
+	disk  string
+	cli   Engine
+	agent *agent.Client
+	conn  io.Closer
+	bash  *Bash
 	// stderr and agentOpts are Spec.Stderr and Spec.AgentOptions, for
 	// every connection to the agent.
 	stderr    io.Writer
@@ -182,7 +193,22 @@ func start(ctx context.Context, cli Engine, spec Spec, q *removals) (*Container,
 	labels := prof.Labels()
 	maps.Copy(labels, spec.Labels)
 	c.volume = c.name + "-workspace"
-	if _, err := cli.VolumeCreate(ctx, client.VolumeCreateOptions{Name: c.volume, Labels: labels}); err != nil {
+	var driverOpts map[string]string
+	if spec.DiskBytes > 0 {
+		if spec.DiskDir == "" {
+			c.cleanup(ctx)
+			return nil, errors.New("dockerexec: Spec.DiskBytes needs a Spec.DiskDir")
+		}
+		var err error
+		if c.disk, err = makeDisk(ctx, spec.DiskDir, c.volume, spec.DiskBytes, uid, gid); err != nil {
+			c.cleanup(ctx)
+			return nil, err
+		}
+		defer markMaking(c.disk, false)
+		labels[LabelDisk] = c.disk
+		driverOpts = diskOpts(c.disk)
+	}
+	if _, err := cli.VolumeCreate(ctx, client.VolumeCreateOptions{Name: c.volume, Driver: "local", DriverOpts: driverOpts, Labels: labels}); err != nil {
 		// The engine may have made it before the failure reached us.
 		c.cleanup(ctx)
 		return nil, fmt.Errorf("dockerexec: create workspace volume: %w", err)
@@ -194,12 +220,13 @@ func start(ctx context.Context, cli Engine, spec Spec, q *removals) (*Container,
 	// case; the loader runs while the container is made.)
 	owned := workspaceOwned(ctx, cli, prof.Image, uid, gid)
 	chowned := make(chan error, 1)
-	if owned {
+	if owned || c.disk != "" {
+		// A disk's root was made the user's by mkfs.
 		chowned <- nil
 	} else {
 		go func() { chowned <- chownVolume(ctx, cli, q, prof.Image, c.volume, uid, gid, labels) }()
 	}
-	cfg, hc, err := containerConfig(prof, spec.Env, labels, agentVol, c.volume, !owned)
+	cfg, hc, err := containerConfig(prof, spec.Env, labels, agentVol, c.volume, driverOpts, !owned)
 	if err != nil {
 		<-chowned
 		c.cleanup(ctx)
@@ -429,6 +456,11 @@ func (c *Container) removeCtx(ctx context.Context) error {
 	if c.volume != "" {
 		if err := removeVolume(ctx, c.cli, c.volume); err != nil {
 			errs = append(errs, err)
+		} else if c.disk != "" {
+			// Only once the volume is gone: the engine unmounted it.
+			if err := removeDisk(ctx, c.disk); err != nil {
+				errs = append(errs, err)
+			}
 		}
 	}
 	c.hmu.Lock()
@@ -522,16 +554,22 @@ func Reap(ctx context.Context, cli Engine, labels map[string]string, gone func(l
 		}
 		if _, err := cli.VolumeRemove(ctx, v.Name, client.VolumeRemoveOptions{Force: true}); err != nil && !cerrdefs.IsNotFound(err) {
 			errs = append(errs, err)
+			continue
+		}
+		// The volume's own disk, if it names one of ours: the label and
+		// the driver's device agree.
+		if img := v.Labels[LabelDisk]; strings.HasSuffix(img, diskExt) && v.Options["device"] == devLink(img) {
+			errs = append(errs, removeDisk(ctx, img))
 		}
 	}
-	if len(errs) > 0 {
+	if errs = slices.DeleteFunc(errs, func(err error) bool { return err == nil }); len(errs) > 0 {
 		return n, fmt.Errorf("dockerexec: reap: %w", errors.Join(errs...))
 	}
 	return n, nil
 }
 
 // containerConfig turns a profile into the engine's container configuration.
-func containerConfig(p policy.Profile, env, labels map[string]string, agentVol, wsVol string, noCopy bool) (*container.Config, *container.HostConfig, error) {
+func containerConfig(p policy.Profile, env, labels map[string]string, agentVol, wsVol string, wsOpts map[string]string, noCopy bool) (*container.Config, *container.HostConfig, error) {
 	secOpts := []string{}
 	if p.NoNewPrivileges {
 		secOpts = append(secOpts, "no-new-privileges:true")
@@ -554,8 +592,9 @@ func containerConfig(p policy.Profile, env, labels map[string]string, agentVol, 
 		{Type: mount.TypeVolume, Source: agentVol, Target: mountAgent, ReadOnly: true, VolumeOptions: &mount.VolumeOptions{NoCopy: true}},
 		// The labels matter only if the engine has to create the volume
 		// here (it was removed since VolumeCreate, say at shutdown): then it
-		// still carries them, so a label sweep finds it.
-		{Type: mount.TypeVolume, Source: wsVol, Target: policy.WorkspaceDir, VolumeOptions: &mount.VolumeOptions{NoCopy: noCopy, Labels: labels}},
+		// still carries them, so a label sweep finds it, and it is made on
+		// the session's disk (wsOpts), or fails to mount, never unbounded.
+		{Type: mount.TypeVolume, Source: wsVol, Target: policy.WorkspaceDir, VolumeOptions: &mount.VolumeOptions{NoCopy: noCopy, Labels: labels, DriverConfig: driverConfig(wsOpts)}},
 	}
 	for _, m := range p.HostMounts {
 		mounts = append(mounts, mount.Mount{Type: mount.TypeBind, Source: m.Source, Target: m.Target, ReadOnly: m.ReadOnly})

@@ -83,6 +83,13 @@ type Backend struct {
 	// (Instance.Leave), and the daemon's next run resumes it (Resume). ""
 	// keeps none: every container ends with the run that made it.
 	StateDir string
+	// DiskBytes, when above zero, gives each session's workspace a file
+	// system of its own of that size (Spec.DiskBytes), its image kept in
+	// DiskDir, by default STATEDIR/docker/daemon-NAME/disks (a StateDir
+	// or a DiskDir is then required). CheckDisks tells whether this host
+	// can.
+	DiskBytes int64
+	DiskDir   string
 
 	// rq retries the removals of closed workspaces that failed (Removals).
 	rq removals
@@ -169,7 +176,37 @@ func (d *Backend) startContainer(ctx context.Context, spec backend.Spec, prof po
 		return nil, err
 	}
 	prof.Image = ref
-	return start(ctx, d.Client, Spec{Profile: prof, Labels: spec.Labels, Agent: d.Agent, WorkspaceDir: spec.Source, MaxWorkspaceBytes: d.MaxWorkspaceBytes, HandoffDir: d.HandoffDir}, d.queue())
+	s := Spec{Profile: prof, Labels: spec.Labels, Agent: d.Agent, WorkspaceDir: spec.Source, MaxWorkspaceBytes: d.MaxWorkspaceBytes, HandoffDir: d.HandoffDir}
+	if d.DiskBytes > 0 {
+		s.DiskBytes, s.DiskDir = d.DiskBytes, d.diskDir(spec.Labels[backend.LabelDaemon])
+		if s.DiskDir == "" {
+			return nil, errors.New("a session's disk (DiskBytes) needs a StateDir or a DiskDir")
+		}
+	}
+	return start(ctx, d.Client, s, d.queue())
+}
+
+// CheckDisks reports whether daemon's sessions can have disks of their
+// own (DiskBytes) on this host, as the package's CheckDisks does, in their
+// directory.
+func (d *Backend) CheckDisks(ctx context.Context, daemon string) error {
+	dir := d.diskDir(daemon)
+	if dir == "" {
+		return errors.New("a session's disk needs a StateDir or a DiskDir")
+	}
+	return CheckDisks(ctx, d.Client, dir)
+}
+
+// diskDir is where daemon's sessions' disks are kept, or "" without a
+// DiskDir or a StateDir.
+func (d *Backend) diskDir(daemon string) string {
+	if d.DiskDir != "" {
+		return d.DiskDir
+	}
+	if dir := d.daemonDir(daemon); dir != "" {
+		return filepath.Join(dir, "disks")
+	}
+	return ""
 }
 
 // DefaultHandoffDir is where a daemon keeps its containers' handoff
@@ -195,14 +232,17 @@ func DefaultHandoffDir(cli Engine) string {
 
 // Reap removes the containers and volumes carrying labels whose owner has
 // ended ([backend.Owner.Gone]), and those an earlier version made without an
-// owner: what dead runs of the daemon left. What a run that may live holds
+// owner: what dead runs of the daemon left, and the sessions' disks
+// (DiskBytes) whose volume is gone. What a run that may live holds
 // is left alone, and so are the sessions the daemon recorded (StateDir),
 // for Resume.
 func (d *Backend) Reap(ctx context.Context, labels map[string]string) (int, error) {
 	recorded := d.recordedLabels(labels[backend.LabelDaemon])
-	return Reap(ctx, d.Client, labels, func(l map[string]string) bool {
+	n, err := Reap(ctx, d.Client, labels, func(l map[string]string) bool {
 		return !recorded[l[policy.LabelSession]] && ownerGone(l)
 	})
+	// The disks whose volume is gone, which no Reap of volumes finds.
+	return n, errors.Join(err, sweepDisks(ctx, d.Client, d.diskDir(labels[backend.LabelDaemon])))
 }
 
 // ownerGone reports whether the owner labels name has ended, or none is named.

@@ -76,12 +76,18 @@ func (d *Backend) paused(c *Container, r *recorder) *backend.Paused {
 func (d *Backend) unpause(ctx context.Context, old *Container, r *recorder) (*backend.Instance, error) {
 	c := &Container{
 		cli: old.cli, id: old.id, name: old.name, volume: old.volume, uid: old.uid,
-		owner: old.owner, maxBytes: old.maxBytes, q: old.q, handoffDir: old.handoffDir,
+		owner: old.owner, maxBytes: old.maxBytes, q: old.q, handoffDir: old.handoffDir, disk: old.disk,
 		stderr: old.stderr, agentOpts: old.agentOpts,
 	}
 	wctx, stop := watchEngine(ctx, d.Client)
 	defer stop()
 	err := c.connect(wctx, func() error {
+		if c.disk != "" {
+			// Its loop device is gone when the host restarted meanwhile.
+			if err := attachDisk(wctx, c.disk); err != nil {
+				return err
+			}
+		}
 		_, err := c.cli.ContainerStart(wctx, c.id, client.ContainerStartOptions{})
 		return err
 	})

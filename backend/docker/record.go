@@ -63,6 +63,8 @@ type sessionRecord struct {
 	// HandoffDir is the host's side of its handoff mount, or "".
 	HandoffDir string `json:"handoffDir,omitempty"`
 	MaxBytes   int64  `json:"maxBytes,omitempty"`
+	// Disk is the image of the workspace's own file system, or "".
+	Disk string `json:"disk,omitempty"`
 	// Paused says the session is paused (Instance.Pause): its container
 	// stopped on purpose, which Resume keeps, stopped, rather than remove.
 	Paused bool `json:"paused,omitempty"`
@@ -179,7 +181,7 @@ func (r *recorder) write(rec backend.Record, paused bool) error {
 	}
 	data, err := json.Marshal(sessionRecord{
 		Record: rec, Container: r.c.id, Name: r.c.name, Volume: r.c.volume, Label: r.label,
-		UID: r.c.uid, Owner: r.c.owner, HandoffDir: r.c.handoffDir, MaxBytes: r.c.maxBytes, Paused: paused,
+		UID: r.c.uid, Owner: r.c.owner, HandoffDir: r.c.handoffDir, MaxBytes: r.c.maxBytes, Disk: r.c.disk, Paused: paused,
 	})
 	if err != nil {
 		return err
@@ -422,7 +424,7 @@ func dropStrayStates(dir string) error {
 func (d *Backend) resume(ctx context.Context, rec sessionRecord, labels map[string]string) (*Container, error) {
 	c := &Container{
 		cli: d.Client, id: rec.Container, name: rec.Name, volume: rec.Volume,
-		owner: rec.Owner, maxBytes: rec.MaxBytes, handoffDir: rec.HandoffDir, q: d.queue(),
+		owner: rec.Owner, maxBytes: rec.MaxBytes, handoffDir: rec.HandoffDir, disk: rec.Disk, q: d.queue(),
 	}
 	res, err := d.Client.ContainerInspect(ctx, rec.Container, client.ContainerInspectOptions{})
 	switch {

@@ -216,12 +216,34 @@ func serveDocker(ctx context.Context, sio stdio, cfg *serveConfig) (backend.Back
 	if err == nil {
 		b.StateDir, err = cfg.stateDir()
 	}
+	if err == nil {
+		err = workspaceDisk(ctx, b, cfg)
+	}
 	if err != nil {
 		cli.Close()
 		return nil, "", err
 	}
 	return b, ref, nil
 }
+
+// workspaceDisk gives b's sessions disks of their own when
+// limits.workspaceDisk says loop, once it knows this host can make them: a
+// bound asked for and not there stops the start, naming why.
+func workspaceDisk(ctx context.Context, b *docker.Backend, cfg *serveConfig) error {
+	if cfg.Limits.WorkspaceDisk == diskLoop { // parse refused any other value
+		b.DiskBytes = cmp.Or(cfg.Limits.WorkspaceBytes, defaultWorkspaceBytes)
+		if err := b.CheckDisks(ctx, cmp.Or(cfg.Daemon, defaultDaemon)); err != nil {
+			return fmt.Errorf("docker backend: limits.workspaceDisk is loop, but a session's disk cannot be made here: %w", err)
+		}
+	}
+	return nil
+}
+
+// The values of limits.workspaceDisk.
+const (
+	diskOff  = "off"
+	diskLoop = "loop"
+)
 
 func dockerClient(ctx context.Context) (*client.Client, error) {
 	cli, err := client.New(client.FromEnv)

@@ -59,6 +59,8 @@ func TestConfigErrorsNameThePath(t *testing.T) {
 			`secrets[0]: secret "HTTPS_PROXY": HTTPS_PROXY is a variable sandboxd or a program it runs reads for itself: name the secret otherwise`},
 		{"relative CA file", `{"caCerts": ["ca.pem"]}`,
 			`caCerts[0]: "ca.pem": want an absolute path of a PEM file`},
+		{"unknown workspace disk", `{"limits": {"workspaceDisk": "xfs"}}`,
+			`limits.workspaceDisk: "xfs": want off or loop`},
 		{"string for a number", `{"limits": {"sessionsPerTenant": "3"}}`,
 			"limits.sessionsPerTenant: want a whole number (int), got a string"},
 		{"fraction for a whole number", `{"pools": [{"size": 1.5}]}`,

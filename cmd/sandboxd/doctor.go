@@ -108,7 +108,7 @@ func diagnose(ctx context.Context, cfg serveConfig) []check {
 	cli, reach := checkDocker(ctx)
 	checks = append(checks, reach)
 	if cli == nil {
-		for _, name := range []string{"engine", "images", "runtime", "cgroups", "seccomp", "userns", "gvisor"} {
+		for _, name := range []string{"engine", "images", "runtime", "cgroups", "seccomp", "userns", "gvisor", "workspace-disk"} {
 			checks = append(checks, check{name: name, status: statusSkip, detail: "needs a reachable engine"})
 		}
 		return append(checks, checkDisk(nil)...)
@@ -129,6 +129,7 @@ func diagnose(ctx context.Context, cfg serveConfig) []check {
 	checks = append(checks, checkRuntimes(info, cfg.Policy), checkCgroups(info))
 	checks = append(checks, checkSecurity(info, cfg.Policy)...)
 	checks = append(checks, checkGVisor(outer, cli, info, cfg)...)
+	checks = append(checks, checkWorkspaceDisk(ctx, cli, cfg))
 	var engineDir string
 	if strings.HasPrefix(cli.DaemonHost(), "unix://") {
 		engineDir = info.DockerRootDir // the engine is on this machine
@@ -488,6 +489,33 @@ func checkSecurity(info system.Info, p policy.Policy) []check {
 }
 
 func hasKey(m map[string]string, k string) bool { _, ok := m[k]; return ok }
+
+// checkWorkspaceDisk reports whether a Docker session's disk can be
+// bounded here (limits.workspaceDisk loop): it makes, attaches and removes
+// a small disk. Asked for and not working fails; off, it warns that a
+// session's disk is unbounded, saying whether loop would work.
+func checkWorkspaceDisk(ctx context.Context, cli *client.Client, cfg serveConfig) check {
+	c := check{name: "workspace-disk"}
+	dir, err := os.MkdirTemp("", "sandboxd-doctor-disk-")
+	if err == nil {
+		defer os.RemoveAll(dir)
+		err = docker.CheckDisks(ctx, cli, dir)
+	}
+	size := cmp.Or(cfg.Limits.WorkspaceBytes, defaultWorkspaceBytes)
+	switch on := cfg.Limits.WorkspaceDisk == diskLoop; {
+	case on && err == nil:
+		c.status, c.detail = statusOK, fmt.Sprintf("each Docker session's /workspace is a file system of %d bytes of its own (limits.workspaceDisk: loop)", size)
+	case on:
+		c.status, c.detail, c.fix = statusFail, "limits.workspaceDisk is loop, but a session's disk cannot be made here: "+err.Error(), "see the detail, or set limits.workspaceDisk to off"
+	case err == nil:
+		c.status, c.detail = statusWarn, "a Docker session's disk is not bounded (limits.workspaceDisk is off): one session can fill the engine's disk"
+		c.fix = fmt.Sprintf("set limits.workspaceDisk to loop, which works here: each session gets %d bytes (limits.workspaceBytes)", size)
+	default:
+		c.status, c.detail = statusWarn, "a Docker session's disk is not bounded (limits.workspaceDisk is off), and loop would not work here: "+err.Error()
+		c.fix = "see the detail; README: Configuration, limits.workspaceDisk"
+	}
+	return c
+}
 
 // checkDisk reports the free space where images live (the engine's root
 // directory, when the engine is on this machine and *engineDir names it)

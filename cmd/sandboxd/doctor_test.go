@@ -192,17 +192,20 @@ func TestDoctorSources(t *testing.T) {
 	}
 }
 
+// doctorCase is a case of TestDoctorFakeEngine.
+type doctorCase struct {
+	name   string
+	api    string
+	info   func(*system.Info)
+	config string
+	code   int
+	want   [][3]string // check, status, detail
+}
+
 func TestDoctorFakeEngine(t *testing.T) {
 	agentHere(t)
 	minimal, _ := images.Lookup("minimal")
-	for _, tc := range []struct {
-		name   string
-		api    string
-		info   func(*system.Info)
-		config string
-		code   int
-		want   [][3]string // check, status, detail
-	}{
+	for _, tc := range []doctorCase{
 		{name: "healthy", api: "1.47", code: 0, want: [][3]string{
 			{"docker", "ok", "reachable at unix://"}, {"engine", "ok", "API 1.47"},
 			{"image minimal", "ok", minimal.Ref()}, {"image dev", "warn", "is not built"},
@@ -221,6 +224,9 @@ func TestDoctorFakeEngine(t *testing.T) {
 		{name: "no memory cgroup, no cpu quota", api: "1.41", code: 1, info: func(i *system.Info) {
 			i.MemoryLimit, i.CPUCfsQuota = false, false
 		}, want: [][3]string{{"cgroups", "fail", "cannot limit memory"}}},
+		{name: "workspace disk off", api: "1.47", code: 0,
+			want: [][3]string{{"workspace-disk", "warn", "disk is not bounded (limits.workspaceDisk is off)"}}},
+		diskCase(),
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := &fakeEngine{api: tc.api, info: healthyInfo(), images: map[string]int64{minimal.Ref(): 2e6}}
@@ -248,6 +254,18 @@ func TestDoctorFakeEngine(t *testing.T) {
 			}
 		})
 	}
+}
+
+// diskCase is TestDoctorFakeEngine's case of limits.workspaceDisk loop:
+// it works for root (CI), and fails naming root for anyone else.
+func diskCase() (c doctorCase) {
+	c.name, c.api, c.config = "workspace disk loop", "1.47", `{"limits": {"workspaceDisk": "loop", "workspaceBytes": 67108864}}`
+	if os.Geteuid() == 0 {
+		c.want = [][3]string{{"workspace-disk", "ok", "a file system of 67108864 bytes of its own"}}
+	} else {
+		c.code, c.want = 1, [][3]string{{"workspace-disk", "fail", "needs root"}}
+	}
+	return c
 }
 
 // TestDoctorRealEngine runs doctor, as built, against the engine of this

@@ -30,7 +30,7 @@ func kubernetesBackend(cfg *serveConfig) (backend.Backend, string, error) {
 	if err != nil {
 		return nil, "", err
 	}
-	opts := []kubernetes.Option{kubernetes.WithRuntimeClass(k.RuntimeClass)}
+	opts := []kubernetes.Option{kubernetes.WithRuntimeClass(k.RuntimeClass), kubernetes.WithWorkspaceBytes(cmp.Or(cfg.Limits.WorkspaceBytes, defaultWorkspaceBytes))}
 	if k.Namespace != "" {
 		opts = append(opts, kubernetes.WithNamespace(k.Namespace))
 	}

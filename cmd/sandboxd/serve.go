@@ -114,8 +114,16 @@ type serveConfig struct {
 		// MaxTransferBytes caps an upload's tar stream and a download
 		// (default 256 MiB).
 		MaxTransferBytes int64 `json:"maxTransferBytes"`
-		// WorkspaceBytes caps a session's workspace (default 1 GiB).
+		// WorkspaceBytes caps a session's workspace (default 1 GiB): a
+		// memory workspace's bytes, a Kubernetes pod's emptyDir, and,
+		// with workspaceDisk, a Docker session's disk.
 		WorkspaceBytes int64 `json:"workspaceBytes"`
+		// WorkspaceDisk is how a Docker session's workspace is bounded on
+		// disk: "off" (the default; it takes the engine's disk, unbounded)
+		// or "loop" (a file system of workspaceBytes of its own, an ext4
+		// image on a loop device: the daemon must run as root beside the
+		// engine; sandboxd doctor says whether it works).
+		WorkspaceDisk string `json:"workspaceDisk"`
 		// MemoryBudgetBytes bounds what requests in flight hold in the
 		// daemon's memory, all tenants together (default 512 MiB); over it
 		// is 503 with Retry-After.
@@ -277,6 +285,11 @@ func (c *serveConfig) parse(data []byte) error {
 			}
 		}
 	}
+	switch c.Limits.WorkspaceDisk {
+	case "", diskOff, diskLoop:
+	default:
+		return &configError{Path: "limits.workspaceDisk", Reason: fmt.Sprintf("%q: want %s or %s", c.Limits.WorkspaceDisk, diskOff, diskLoop)}
+	}
 	for i, f := range c.CACerts {
 		if !filepath.IsAbs(f) {
 			return &configError{Path: fmt.Sprintf("caCerts[%d]", i), Reason: fmt.Sprintf("%q: want an absolute path of a PEM file", f)}
@@ -334,6 +347,10 @@ const (
 	defaultMaxLifetime       = 24 * time.Hour
 	defaultIdleTimeout       = 30 * time.Minute
 	defaultMaxIdleTimeout    = 4 * time.Hour
+	// defaultWorkspaceBytes is limits.workspaceBytes's default,
+	// defaultDaemon the daemon's name's.
+	defaultWorkspaceBytes = 1 << 30
+	defaultDaemon         = "sandboxd"
 )
 
 var cmdServe = &command{
@@ -424,8 +441,8 @@ func serve(ctx context.Context, sio stdio, cfg serveConfig, dev bool) error {
 		runner.WithObserver(metrics.Observe), runner.WithMaxSessions(cmp.Or(cfg.Limits.SessionsPerTenant, defaultSessionsPerTenant)),
 		runner.WithLifetime(time.Duration(cfg.Sessions.Lifetime), cmp.Or(time.Duration(cfg.Sessions.MaxLifetime), defaultMaxLifetime)),
 		runner.WithIdleTimeout(cmp.Or(time.Duration(cfg.Sessions.IdleTimeout), defaultIdleTimeout), cmp.Or(time.Duration(cfg.Sessions.MaxIdleTimeout), defaultMaxIdleTimeout)),
-		runner.WithWorkspaceBytes(cmp.Or(cfg.Limits.WorkspaceBytes, 1<<30)),
-		runner.WithDaemonName(cmp.Or(cfg.Daemon, "sandboxd")),
+		runner.WithWorkspaceBytes(cmp.Or(cfg.Limits.WorkspaceBytes, defaultWorkspaceBytes)),
+		runner.WithDaemonName(cmp.Or(cfg.Daemon, defaultDaemon)),
 		runner.WithEndOnShutdown(cfg.EndSessionsOnExit),
 		runner.WithAutoResume(cfg.Sessions.AutoResume),
 		runner.WithDetachedResults(cfg.Limits.DetachedResultBytes, time.Duration(cfg.Limits.DetachedResultTTL)),
@@ -711,7 +728,7 @@ func openSnapshots(cfg serveConfig, backend string, logger *slog.Logger) (_ *sna
 		if err != nil {
 			return nil, nil, fmt.Errorf("snapshots: %w (set snapshots.dir)", err)
 		}
-		dir = filepath.Join(state, "snapshots", cmp.Or(cfg.Daemon, "sandboxd"))
+		dir = filepath.Join(state, "snapshots", cmp.Or(cfg.Daemon, defaultDaemon))
 	}
 	limit := func(n, def int64) int64 {
 		switch {

@@ -409,7 +409,7 @@ type SnapshotStats struct {
 	snapshot.Stats
 	// Ops counts snapshot operations by [op, outcome]: ops are snapshot,
 	// restore, fork, delete, pause, resume; outcomes ok, limit, nospace,
-	// corrupt, notfound, failed.
+	// corrupt, notfound, timeout, failed.
 	Ops map[[2]string]uint64
 }
 
@@ -426,6 +426,8 @@ func (m *Manager) snapOp(op string, err error) {
 		outcome = "corrupt"
 	case errors.Is(err, snapshot.ErrNotFound), errors.Is(err, ErrNotFound):
 		outcome = "notfound"
+	case workspace.KindOf(err) == workspace.ErrTimeout:
+		outcome = "timeout"
 	default:
 		outcome = "failed"
 	}
@@ -437,12 +439,18 @@ func (m *Manager) snapOp(op string, err error) {
 	m.snapOps[[2]string{op, outcome}]++
 }
 
+// snapshotStats is nil without a store, unless sessions were paused or
+// resumed: their counts are kept beside an empty store's.
 func (m *Manager) snapshotStats() *SnapshotStats {
-	if m.o.snapshots == nil {
+	st := &SnapshotStats{Ops: map[[2]string]uint64{}}
+	if m.o.snapshots != nil {
+		st.Stats = m.o.snapshots.Stats()
+	}
+	m.mu.Lock()
+	if m.o.snapshots == nil && len(m.snapOps) == 0 {
+		m.mu.Unlock()
 		return nil
 	}
-	st := &SnapshotStats{Stats: m.o.snapshots.Stats(), Ops: map[[2]string]uint64{}}
-	m.mu.Lock()
 	for k, v := range m.snapOps {
 		st.Ops[k] = v
 	}

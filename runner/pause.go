@@ -52,7 +52,7 @@ type pausedSession struct {
 
 // err is what a call to the paused session fails with.
 func (p *pausedSession) err() error {
-	return fmt.Errorf("%w: session %s (since %s): resume it first (POST /v1/sessions/%s/resume, or sandboxd session resume %s), or ask the operator for autoResume",
+	return fmt.Errorf("%w: session %s (since %s): resume it first (POST /v1/sessions/%s/resume, or sandboxd session resume %s), or ask the operator to set sessions.autoResume, which resumes a paused session on its next request",
 		ErrPaused, p.id, p.info.PausedAt.Format(time.RFC3339), p.id, p.id)
 }
 

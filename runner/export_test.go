@@ -96,3 +96,12 @@ func HoldBaselines(t testing.TB) (held, waiting <-chan struct{}, release func())
 // BaselineComplete reports whether s's first tree is read (or failed),
 // its background read over.
 func BaselineComplete(s *Session) bool { return s.base.complete() }
+
+// ForkStoredFirst makes Fork, until the test ends, make its snapshot
+// whole and then restore it into each fork, as it did before it wrote
+// the snapshot into them as it was read: for BenchmarkDockerSnapshots'
+// comparison.
+func ForkStoredFirst(tb testing.TB) {
+	forkStoredFirst.Store(true)
+	tb.Cleanup(func() { forkStoredFirst.Store(false) })
+}

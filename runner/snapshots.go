@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sync/errgroup"
 
@@ -186,9 +187,10 @@ func exportOf(inst *backend.Instance) snapshot.Source {
 }
 
 // origin is where a new session's tree comes from: a snapshot of its
-// tenant's or a template.
+// tenant's or a template, or a fork's snapshot as it is made (fan).
 type origin struct {
 	tenant, snapshot, template string
+	fan                        *fanout
 }
 
 func (o origin) set() bool { return o != origin{} }
@@ -218,10 +220,22 @@ func (m *Manager) origin(req CreateRequest, st Settings) (origin, error) {
 }
 
 func (o origin) String() string {
-	if o.template != "" {
+	switch {
+	case o.template != "":
 		return "template " + o.template
+	case o.fan != nil && o.snapshot == "":
+		return "the fork's snapshot"
 	}
 	return "snapshot " + o.snapshot
+}
+
+// made is o once its tree is in the workspace: a fork's names the
+// snapshot its fanout made.
+func (o origin) made() origin {
+	if o.fan != nil {
+		o.snapshot = o.fan.info.ID
+	}
+	return o
 }
 
 // check fails, as a restore would, when the store has no such snapshot or
@@ -242,25 +256,34 @@ func (m *Manager) check(o origin) error {
 
 // fill writes o's tree into inst, a workspace no session has used yet,
 // after emptying it: checked against its manifest as it goes (the store's
-// Restore). It fails with snapshot.ErrCorrupt, the workspace then half
-// written: the caller discards it.
+// Restore), or, for a fork, the snapshot's pack as the store writes it,
+// the fill then done only once the snapshot is whole (fanout). It fails
+// with snapshot.ErrCorrupt, or the snapshot's error, the workspace then
+// half written: the caller discards it.
 func (m *Manager) fill(ctx context.Context, inst *backend.Instance, o origin) error {
 	if err := empty(ctx, inst); err != nil {
 		return fmt.Errorf("runner: emptying the workspace for %s: %w", o, err)
 	}
-	st := m.o.snapshots
-	pr, pw := io.Pipe()
+	var pr *io.PipeReader
 	restored := make(chan error, 1)
-	go func() {
-		var err error
-		if o.template != "" {
-			err = st.RestoreTemplate(ctx, o.template, pw)
-		} else {
-			err = st.Restore(ctx, o.tenant, o.snapshot, pw)
-		}
-		pw.CloseWithError(err)
-		restored <- err
-	}()
+	if o.fan != nil {
+		pr = o.fan.join()
+		go func() { restored <- o.fan.wait(ctx) }()
+	} else {
+		st := m.o.snapshots
+		var pw *io.PipeWriter
+		pr, pw = io.Pipe()
+		go func() {
+			var err error
+			if o.template != "" {
+				err = st.RestoreTemplate(ctx, o.template, pw)
+			} else {
+				err = st.Restore(ctx, o.tenant, o.snapshot, pw)
+			}
+			pw.CloseWithError(err)
+			restored <- err
+		}()
+	}
 	var err error
 	if inst.Import != nil {
 		err = inst.Import(ctx, pr)
@@ -317,9 +340,11 @@ type ForkRequest struct {
 // settings, narrowed or replaced by req.Settings. They are independent of
 // the session and of each other from then on. Forks claim warm workspaces
 // from a matching pool as any session does, so a fork's first call does
-// not wait for a container to start. It is all or nothing: when one fork
-// cannot be made, those made are ended and the error says why. The
-// snapshot counts against no cap of the tenant's.
+// not wait for a container to start. The snapshot is taken once every
+// fork's workspace is ready, and written into all of them as it is read
+// (fanout): the source is frozen while they copy. It is all or nothing:
+// when one fork cannot be made, those made are ended and the error says
+// why. The snapshot counts against no cap of the tenant's.
 func (m *Manager) Fork(ctx context.Context, tenant, id string, req ForkRequest) (_ []*Session, err error) {
 	defer func() { m.snapOp("fork", err) }()
 	if req.Count < 1 || req.Count > MaxForks {
@@ -333,22 +358,48 @@ func (m *Manager) Fork(ctx context.Context, tenant, id string, req ForkRequest) 
 	if err != nil {
 		return nil, err
 	}
-	info, err := src.snapshot(ctx, snapshot.CreateRequest{Session: id, Transient: true})
-	if err != nil {
-		return nil, err
+	if m.o.snapshots == nil {
+		return nil, ErrNoSnapshots
 	}
-	defer m.o.snapshots.Delete(tenant, info.ID)
+	from := origin{tenant: tenant, fan: newFanout(req.Count)}
+	if forkStoredFirst.Load() {
+		info, err := src.snapshot(ctx, snapshot.CreateRequest{Session: id, Transient: true})
+		if err != nil {
+			return nil, err
+		}
+		defer m.o.snapshots.Delete(tenant, info.ID)
+		from = origin{tenant: tenant, snapshot: info.ID}
+	}
 	forks := make([]*Session, req.Count)
 	g, gctx := errgroup.WithContext(ctx)
 	for i := range forks {
 		g.Go(func() error {
 			s, err := m.Create(gctx, CreateRequest{Tenant: tenant, Settings: st, MaxSessions: req.MaxSessions, MaxSecrets: req.MaxSecrets,
-				Egress: src.tenantEgress, from: origin{tenant: tenant, snapshot: info.ID}, forkOf: id})
+				Egress: src.tenantEgress, from: from, forkOf: id})
 			forks[i] = s
 			return err
 		})
 	}
-	if err := g.Wait(); err != nil {
+	if fan := from.fan; fan != nil {
+		g.Go(func() error {
+			// Once every fork's workspace is ready for it: the source is
+			// frozen only while they copy.
+			select {
+			case <-fan.ready:
+			case <-gctx.Done():
+				fan.finish(snapshot.Info{}, context.Cause(gctx))
+				return context.Cause(gctx)
+			}
+			info, err := src.snapshot(gctx, snapshot.CreateRequest{Session: id, Transient: true, Tee: fan})
+			fan.finish(info, err)
+			return err
+		})
+	}
+	err = g.Wait()
+	if from.fan != nil && from.fan.info.ID != "" {
+		defer m.o.snapshots.Delete(tenant, from.fan.info.ID)
+	}
+	if err != nil {
 		var wg sync.WaitGroup
 		for _, s := range forks {
 			if s != nil {
@@ -359,6 +410,89 @@ func (m *Manager) Fork(ctx context.Context, tenant, id string, req ForkRequest) 
 		return nil, fmt.Errorf("runner: forking %s: %w", id, err)
 	}
 	return forks, nil
+}
+
+// forkStoredFirst makes Fork as it was before fanout: the snapshot made
+// whole, then restored into each fork. For the benchmark's comparison
+// only (ForkStoredFirst).
+var forkStoredFirst atomic.Bool
+
+// fanout is a fork's snapshot as the store writes it
+// (snapshot.CreateRequest.Tee), handed to the workspaces of all its forks
+// at once: the source's tree is read once and stored once, and every
+// fork's copy runs as it is read, instead of after the snapshot is whole
+// and read back for each fork. Each fork gets the pack's bytes, the
+// stream its manifest was made of (which a restore checks the stored pack
+// against); a fork is made only once the snapshot is whole, so one that
+// fails — refused, cut short, over a cap — fails every fork.
+type fanout struct {
+	n int
+	// ready is closed once n forks have joined: the snapshot starts then.
+	ready chan struct{}
+	mu    sync.Mutex
+	pipes []*io.PipeWriter
+	// done is closed once the snapshot is made (info) or has failed (err).
+	done chan struct{}
+	info snapshot.Info
+	err  error
+}
+
+func newFanout(n int) *fanout {
+	return &fanout{n: n, ready: make(chan struct{}), done: make(chan struct{})}
+}
+
+// join returns a fork's stream of the snapshot: the pack as it is
+// written, to its end once the snapshot is whole (or its failure).
+func (f *fanout) join() *io.PipeReader {
+	pr, pw := io.Pipe()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.pipes = append(f.pipes, pw)
+	if len(f.pipes) == f.n {
+		close(f.ready)
+	}
+	return pr
+}
+
+// Write passes p on to every fork's stream that is still read: one whose
+// copy failed is dropped, and its fork fails the fork as a whole. It is
+// called once all have joined, by the store only.
+func (f *fanout) Write(p []byte) (int, error) {
+	for i, pw := range f.pipes {
+		if pw == nil {
+			continue
+		}
+		if _, err := pw.Write(p); err != nil {
+			f.pipes[i] = nil
+		}
+	}
+	return len(p), nil
+}
+
+// finish ends every fork's stream with the snapshot's outcome.
+func (f *fanout) finish(info snapshot.Info, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.info, f.err = info, err
+	if err == nil {
+		err = io.EOF
+	}
+	for _, pw := range f.pipes {
+		if pw != nil {
+			pw.CloseWithError(err)
+		}
+	}
+	close(f.done)
+}
+
+// wait is the snapshot's outcome, once it has one, or ctx's end.
+func (f *fanout) wait(ctx context.Context) error {
+	select {
+	case <-f.done:
+		return f.err
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
 }
 
 // forkSettings are a fork's settings: the source's, with over's keys in

@@ -2,11 +2,13 @@ package runner
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"sync"
 	"sync/atomic"
 
@@ -267,8 +269,14 @@ func (m *Manager) fill(ctx context.Context, inst *backend.Instance, o origin) er
 	var pr *io.PipeReader
 	restored := make(chan error, 1)
 	if o.fan != nil {
-		pr = o.fan.join()
-		go func() { restored <- o.fan.wait(ctx) }()
+		var pw *io.PipeWriter
+		pr, pw = io.Pipe()
+		r := o.fan.join()
+		go func() {
+			_, err := io.Copy(pw, r)
+			pw.CloseWithError(err)
+			restored <- cmp.Or(err, o.fan.wait(ctx))
+		}()
 	} else {
 		st := m.o.snapshots
 		var pw *io.PipeWriter
@@ -342,7 +350,7 @@ type ForkRequest struct {
 // from a matching pool as any session does, so a fork's first call does
 // not wait for a container to start. The snapshot is taken once every
 // fork's workspace is ready, and written into all of them as it is read
-// (fanout): the source is frozen while they copy. It is all or nothing:
+// (fanout). It is all or nothing:
 // when one fork cannot be made, those made are ended and the error says
 // why. The snapshot counts against no cap of the tenant's.
 func (m *Manager) Fork(ctx context.Context, tenant, id string, req ForkRequest) (_ []*Session, err error) {
@@ -361,7 +369,12 @@ func (m *Manager) Fork(ctx context.Context, tenant, id string, req ForkRequest) 
 	if m.o.snapshots == nil {
 		return nil, ErrNoSnapshots
 	}
-	from := origin{tenant: tenant, fan: newFanout(req.Count)}
+	fan, err := newFanout(req.Count, m.o.snapshots.Dir())
+	if err != nil {
+		return nil, fmt.Errorf("runner: forking %s: %w", id, err)
+	}
+	defer fan.close()
+	from := origin{tenant: tenant, fan: fan}
 	if forkStoredFirst.Load() {
 		info, err := src.snapshot(ctx, snapshot.CreateRequest{Session: id, Transient: true})
 		if err != nil {
@@ -419,70 +432,106 @@ var forkStoredFirst atomic.Bool
 
 // fanout is a fork's snapshot as the store writes it
 // (snapshot.CreateRequest.Tee), handed to the workspaces of all its forks
-// at once: the source's tree is read once and stored once, and every
-// fork's copy runs as it is read, instead of after the snapshot is whole
-// and read back for each fork. Each fork gets the pack's bytes, the
-// stream its manifest was made of (which a restore checks the stored pack
+// at once: the source's tree is read once, and every fork's copy follows
+// the store as it writes, instead of waiting for the snapshot to be whole
+// and then reading it back for each fork. The pack's bytes are spooled
+// to a file of their own (unlinked, in the store's directory), so the
+// source is frozen only as long as the snapshot takes, not as long as
+// the slowest fork's copy. Each fork gets the pack's bytes, the stream
+// its manifest was made of (which a restore checks the stored pack
 // against); a fork is made only once the snapshot is whole, so one that
-// fails — refused, cut short, over a cap — fails every fork.
+// fails — refused, cut short — fails every fork.
 type fanout struct {
 	n int
 	// ready is closed once n forks have joined: the snapshot starts then.
 	ready chan struct{}
+	// spool holds the pack as the store writes it, for the forks to read
+	// behind it; size is how much of it is written.
+	spool *os.File
 	mu    sync.Mutex
-	pipes []*io.PipeWriter
-	// done is closed once the snapshot is made (info) or has failed (err).
-	done chan struct{}
-	info snapshot.Info
-	err  error
+	grown *sync.Cond
+	size  int64
+	// joined counts the forks that took their stream; finished is set
+	// once the snapshot is made (info) or has failed (err), and done
+	// closed.
+	joined   int
+	finished bool
+	done     chan struct{}
+	info     snapshot.Info
+	err      error
 }
 
-func newFanout(n int) *fanout {
-	return &fanout{n: n, ready: make(chan struct{}), done: make(chan struct{})}
+// newFanout makes the fanout of n forks, its spool in dir (the snapshot
+// store's: the same disk, and what a crash leaves there is removed when
+// the store is opened again).
+func newFanout(n int, dir string) (*fanout, error) {
+	spool, err := os.CreateTemp(dir, ".tmp-fork-")
+	if err != nil {
+		return nil, err
+	}
+	os.Remove(spool.Name()) // read and written through spool alone
+	f := &fanout{n: n, ready: make(chan struct{}), done: make(chan struct{}), spool: spool}
+	f.grown = sync.NewCond(&f.mu)
+	return f, nil
 }
 
 // join returns a fork's stream of the snapshot: the pack as it is
 // written, to its end once the snapshot is whole (or its failure).
-func (f *fanout) join() *io.PipeReader {
-	pr, pw := io.Pipe()
+func (f *fanout) join() io.Reader {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.pipes = append(f.pipes, pw)
-	if len(f.pipes) == f.n {
+	if f.joined++; f.joined == f.n {
 		close(f.ready)
 	}
-	return pr
+	return &follower{f: f}
 }
 
-// Write passes p on to every fork's stream that is still read: one whose
-// copy failed is dropped, and its fork fails the fork as a whole. It is
-// called once all have joined, by the store only.
+// Write appends p to the spool, for the forks to read.
 func (f *fanout) Write(p []byte) (int, error) {
-	for i, pw := range f.pipes {
-		if pw == nil {
-			continue
-		}
-		if _, err := pw.Write(p); err != nil {
-			f.pipes[i] = nil
-		}
-	}
-	return len(p), nil
+	n, err := f.spool.WriteAt(p, f.size)
+	f.mu.Lock()
+	f.size += int64(n)
+	f.grown.Broadcast()
+	f.mu.Unlock()
+	return n, err
 }
 
-// finish ends every fork's stream with the snapshot's outcome.
+// finish ends every fork's stream with the snapshot's outcome, once each
+// has read what was written before, and lets the spool go.
 func (f *fanout) finish(info snapshot.Info, err error) {
 	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.info, f.err = info, err
-	if err == nil {
-		err = io.EOF
-	}
-	for _, pw := range f.pipes {
-		if pw != nil {
-			pw.CloseWithError(err)
-		}
-	}
+	f.info, f.err, f.finished = info, err, true
+	f.grown.Broadcast()
+	f.mu.Unlock()
 	close(f.done)
+}
+
+// close removes the spool, once no fork reads it.
+func (f *fanout) close() { f.spool.Close() }
+
+// follower reads the spool behind the store.
+type follower struct {
+	f   *fanout
+	off int64
+}
+
+func (r *follower) Read(p []byte) (int, error) {
+	f := r.f
+	f.mu.Lock()
+	for r.off == f.size && !f.finished {
+		f.grown.Wait()
+	}
+	size, finished, err := f.size, f.finished, f.err
+	f.mu.Unlock()
+	if r.off == size && finished {
+		return 0, cmp.Or(err, io.EOF)
+	}
+	n, rerr := f.spool.ReadAt(p[:min(int64(len(p)), size-r.off)], r.off)
+	r.off += int64(n)
+	if rerr == io.EOF && n > 0 {
+		rerr = nil
+	}
+	return n, rerr
 }
 
 // wait is the snapshot's outcome, once it has one, or ctx's end.

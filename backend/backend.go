@@ -261,8 +261,13 @@ type Instance struct {
 	// kept says it is paused, so that the daemon's next run finds it
 	// paused (Resumer). On success the instance is over, as after Leave
 	// (neither Close nor Leave is called), and the Paused it returns
-	// brings the workspace back. On failure the instance is still the
-	// caller's, to Close.
+	// brings the workspace back. On failure the workspace is still the
+	// caller's: with a nil Paused, nothing was stopped and the instance
+	// runs on as before; with a Paused, the workspace may have stopped (a
+	// stop that failed or timed out half way) and this instance is over,
+	// as on success — the Paused's Resume brings the workspace back
+	// running, whether it stopped or not, and what Publish kept says it is
+	// paused until then.
 	Pause func(ctx context.Context) (*Paused, error)
 }
 

@@ -132,7 +132,7 @@ func (m *Metrics) write(w io.Writer, st runner.Stats) {
 		fmt.Fprintf(&b, "sandboxd_templates %d\n", sn.Templates)
 		family("sandboxd_templates_bytes", "gauge", "Bytes the templates hold in the store.")
 		fmt.Fprintf(&b, "sandboxd_templates_bytes %d\n", sn.TemplateBytes)
-		family("sandboxd_snapshot_operations_total", "counter", "Snapshot operations (snapshot, restore, fork, delete, pause, resume) by outcome (ok, limit, nospace, corrupt, notfound, failed).")
+		family("sandboxd_snapshot_operations_total", "counter", "Snapshot operations (snapshot, restore, fork, delete, pause, resume) by outcome (ok, limit, nospace, corrupt, notfound, timeout, failed).")
 		ops := slices.SortedFunc(maps.Keys(sn.Ops), func(a, b [2]string) int { return strings.Compare(a[0]+"\x00"+a[1], b[0]+"\x00"+b[1]) })
 		for _, k := range ops {
 			fmt.Fprintf(&b, "sandboxd_snapshot_operations_total{op=%s,outcome=%s} %d\n", quote(k[0]), quote(k[1]), sn.Ops[k])

@@ -1,12 +1,18 @@
 package httpapi_test
 
 import (
+	"context"
+	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 
+	"github.com/sandboxd/sandboxd/backend"
+	"github.com/sandboxd/sandboxd/backend/local"
 	"github.com/sandboxd/sandboxd/httpapi"
 	"github.com/sandboxd/sandboxd/runner"
 	"github.com/sandboxd/sandboxd/snapshot"
@@ -133,5 +139,76 @@ func TestPauseOff(t *testing.T) {
 	}
 	if status, body, _ := e.do(boltToken, "POST", "/v1/sessions/"+s.ID+"/pause", nil); status != http.StatusNotFound {
 		t.Fatalf("another tenant's pause: %d %s", status, body)
+	}
+}
+
+// pausable is the local backend with Instance.Pause: a paused workspace
+// keeps its directory (nothing of the host's to stop), and its Resume
+// gives the same workspace back; it counts both.
+type pausable struct {
+	*local.Backend
+	paused, resumed atomic.Int32
+}
+
+func (b *pausable) Open(ctx context.Context, spec backend.Spec) (*backend.Instance, error) {
+	inst, err := b.Backend.Open(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	inst.Pause = func(context.Context) (*backend.Paused, error) {
+		b.paused.Add(1)
+		return &backend.Paused{ID: inst.ID, Root: inst.Root, Close: inst.Close, Resume: func(context.Context) (*backend.Instance, error) {
+			b.resumed.Add(1)
+			return inst, nil
+		}}, nil
+	}
+	return inst, nil
+}
+
+// TestPausedCalls: a call to a paused session answers 409 Paused, its
+// message naming POST …/resume and sessions.autoResume, and GET says
+// paused; after POST …/resume the call succeeds. With autoResume the call
+// itself resumes the session, and succeeds.
+func TestPausedCalls(t *testing.T) {
+	for _, auto := range []bool{false, true} {
+		t.Run(fmt.Sprintf("autoResume=%v", auto), func(t *testing.T) {
+			b := &pausable{Backend: &local.Backend{Dir: t.TempDir()}}
+			e := start(t, config{backend: b, runner: []runner.Option{runner.WithAutoResume(auto)}})
+			s := e.create(acmeToken, runner.Settings{Grants: []string{"fs.write"}, Always: []string{"read", "edit"}})
+			e.json(acmeToken, "POST", "/v1/sessions/"+s.ID+"/tools/write", map[string]any{"arguments": map[string]any{"path": "f.txt", "content": "kept"}}, http.StatusOK, nil)
+			var in runner.Info
+			e.json(acmeToken, "POST", "/v1/sessions/"+s.ID+"/pause", nil, http.StatusOK, &in)
+			if in.State != runner.StatePaused || b.paused.Load() != 1 {
+				t.Fatalf("paused as %+v (%d pauses)", in, b.paused.Load())
+			}
+			read := func() (int, []byte) {
+				status, body, _ := e.do(acmeToken, "POST", "/v1/sessions/"+s.ID+"/tools/read", strings.NewReader(`{"arguments":{"path":"f.txt"}}`))
+				return status, body
+			}
+			status, body := read()
+			if auto {
+				if status != http.StatusOK || !strings.Contains(string(body), "kept") || b.resumed.Load() != 1 {
+					t.Fatalf("a call to a paused session with autoResume: %d %s (%d resumes)", status, body, b.resumed.Load())
+				}
+				e.json(acmeToken, "GET", "/v1/sessions/"+s.ID, nil, http.StatusOK, &in)
+				if in.State != runner.StateRunning {
+					t.Fatalf("after the call that resumed it: %+v", in)
+				}
+				return
+			}
+			var eb struct{ Error, Message string }
+			if err := json.Unmarshal(body, &eb); status != http.StatusConflict || err != nil || eb.Error != "Paused" ||
+				!strings.Contains(eb.Message, "POST /v1/sessions/"+s.ID+"/resume") || !strings.Contains(eb.Message, "sessions.autoResume") {
+				t.Fatalf("a call to a paused session: %d %s, want 409 Paused naming resume and sessions.autoResume", status, body)
+			}
+			e.json(acmeToken, "GET", "/v1/sessions/"+s.ID, nil, http.StatusOK, &in)
+			if in.State != runner.StatePaused || b.resumed.Load() != 0 {
+				t.Fatalf("the paused session after a call: %+v (%d resumes)", in, b.resumed.Load())
+			}
+			e.json(acmeToken, "POST", "/v1/sessions/"+s.ID+"/resume", nil, http.StatusOK, &in)
+			if status, body := read(); in.State != runner.StateRunning || status != http.StatusOK || !strings.Contains(string(body), "kept") {
+				t.Fatalf("a call after the resume: %d %s (%+v)", status, body, in)
+			}
+		})
 	}
 }

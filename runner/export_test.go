@@ -108,3 +108,12 @@ func WatchNewBaselines(t testing.TB) (holding, waiting <-chan struct{}) {
 	t.Cleanup(func() { baselineHoldHook, changeWaitHook = nil, nil })
 	return h, w
 }
+
+// ForkStoredFirst makes Fork, until the test ends, make its snapshot
+// whole and then restore it into each fork, as it did before it wrote
+// the snapshot into them as it was read: for BenchmarkDockerSnapshots'
+// comparison.
+func ForkStoredFirst(tb testing.TB) {
+	forkStoredFirst.Store(true)
+	tb.Cleanup(func() { forkStoredFirst.Store(false) })
+}

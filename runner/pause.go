@@ -12,6 +12,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/backend"
 	"github.com/sandboxd/sandboxd/tools"
+	"github.com/sandboxd/sandboxd/workspace"
 )
 
 // Pausing a session gives back its workspace's CPU and memory between
@@ -51,7 +52,7 @@ type pausedSession struct {
 
 // err is what a call to the paused session fails with.
 func (p *pausedSession) err() error {
-	return fmt.Errorf("%w: session %s (since %s): resume it first (POST /v1/sessions/%s/resume, or sandboxd session resume %s), or ask the operator for autoResume",
+	return fmt.Errorf("%w: session %s (since %s): resume it first (POST /v1/sessions/%s/resume, or sandboxd session resume %s), or ask the operator to set sessions.autoResume, which resumes a paused session on its next request",
 		ErrPaused, p.id, p.info.PausedAt.Format(time.RFC3339), p.id, p.id)
 }
 
@@ -62,8 +63,10 @@ func (p *pausedSession) err() error {
 // resumes it, WithAutoResume). It returns the session as it is paused. A
 // session already paused is returned as it is. It fails with ErrNoPause
 // on a backend that cannot pause, and as Get does for a session the
-// tenant does not have; when the backend fails to stop the workspace, the
-// session ends with the error (its workspace is removed).
+// tenant does not have. When the backend fails to stop the workspace (an
+// engine's error, ctx's end), the session runs on, made again as Resume
+// makes it, and the error says why (pauseFailed); it stays paused only
+// when the workspace cannot be brought back either.
 func (m *Manager) Pause(ctx context.Context, tenant, id string) (_ Info, err error) {
 	defer func() { m.snapOp("pause", err) }()
 	m.mu.Lock()
@@ -110,19 +113,58 @@ func (m *Manager) Pause(ctx context.Context, tenant, id string) (_ Info, err err
 	defer m.deleting.Done()
 	s.pausing.Store(true)
 	cause := fmt.Errorf("%w: session %s was paused", ErrPaused, id)
-	if err := s.close(ctx, cause, false); err != nil || s.pausedWS == nil {
-		m.forget(p)
-		m.mu.Lock()
-		m.ended[id] = lostSession{tenant: tenant, cause: fmt.Errorf("%w: pausing it failed: %v", ErrClosed, err), removed: closedChan}
-		m.mu.Unlock()
-		m.o.logger.Warn("pausing a session failed: it ended", "tenant", tenant, "session", id, "error", err)
-		return Info{}, fmt.Errorf("runner: pausing session %s failed, and it ended: %w", id, err)
+	if err := s.close(ctx, cause, false); err != nil {
+		// Its journal or first tree not let go: the workspace is paused
+		// all the same.
+		m.o.logger.Warn("pausing a session: what the daemon held of it was not all let go", "tenant", tenant, "session", id, "error", err)
 	}
 	p.ws = s.pausedWS
 	p.background = s.pausedBackground
 	p.info.Background = p.background
+	if s.pauseErr != nil {
+		return Info{}, m.pauseFailed(ctx, p, s.pauseErr)
+	}
 	m.o.logger.Info("session paused", "tenant", tenant, "session", id, "workspace", p.ws.ID)
 	return p.describe(), nil
+}
+
+// pauseFailed brings back p, whose workspace failed to pause with cause
+// (Instance.Pause: it runs on, or is kept half stopped), as a running
+// session again, made as Resume makes one; it holds p.mu. What the pause
+// ended stays ended — calls in flight, background commands, what the
+// daemon held beside the files — while the files, settings and ID are
+// the session's as before. When the workspace cannot be brought back
+// either, the session stays paused for a later Resume. The error names
+// the cause, of the kind workspace.ErrTimeout for a pause cut short by
+// ctx, else of workspace.ErrUnavailable (or backend.ErrUnreachable's), and
+// what became of the session.
+func (m *Manager) pauseFailed(ctx context.Context, p *pausedSession, cause error) error {
+	kind := workspace.ErrUnavailable
+	if ctx.Err() != nil || errors.Is(cause, context.DeadlineExceeded) {
+		kind = workspace.ErrTimeout
+	}
+	fail := func(format string, a ...any) error {
+		return &workspace.Error{Kind: kind, Msg: fmt.Sprintf("runner: pausing session %s failed: %v; ", p.id, cause) + fmt.Sprintf(format, a...), Err: cause}
+	}
+	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), adoptTimeout)
+	defer cancel()
+	inst, err := p.ws.Resume(bctx)
+	if err != nil {
+		m.o.logger.Warn("pausing a session failed, and it could not be brought back: it stays paused", "tenant", p.tenant, "session", p.id, "error", cause, "resume", err)
+		return fail("bringing it back failed too (%v): it stays paused — resume it (POST /v1/sessions/%s/resume, or sandboxd session resume %s) once the backend answers, or delete it", err, p.id, p.id)
+	}
+	_, err = m.revive(bctx, inst, p.rec, revival{from: "the session before its pause failed", background: p.background, pausedAt: *p.info.PausedAt})
+	m.forget(p)
+	if err != nil {
+		// revive closed the workspace: the session is gone.
+		m.mu.Lock()
+		m.ended[p.id] = lostSession{tenant: p.tenant, cause: fmt.Errorf("%w: its pause failed (%v), and making it again failed: %v", ErrClosed, cause, err), removed: closedChan}
+		m.mu.Unlock()
+		m.o.logger.Warn("pausing a session failed, and it could not be made again: it ended", "tenant", p.tenant, "session", p.id, "error", cause, "revive", err)
+		return fail("making it again failed (%v), and it ended", err)
+	}
+	m.o.logger.Warn("pausing a session failed: it runs on", "tenant", p.tenant, "session", p.id, "error", cause)
+	return fail("it runs on (its calls in flight and background commands were ended) — try the pause again, or check the backend")
 }
 
 // notHeld is why the tenant's session id is not one this run holds.
@@ -397,4 +439,13 @@ func (m *Manager) Sessions(tenant string) []Info {
 	}
 	slices.SortFunc(out, func(a, b Info) int { return cmp.Or(a.Created.Compare(b.Created), cmp.Compare(a.ID, b.ID)) })
 	return out
+}
+
+// runningOn is the workspace of inst, whose pause failed before it
+// stopped anything, as the Paused that brings it back: inst itself.
+func runningOn(inst *backend.Instance) *backend.Paused {
+	return &backend.Paused{
+		ID: inst.ID, Root: inst.Root, Close: inst.Close, Leave: inst.Leave,
+		Resume: func(context.Context) (*backend.Instance, error) { return inst, nil },
+	}
 }

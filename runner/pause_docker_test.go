@@ -5,13 +5,17 @@ import (
 	"encoding/json"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/moby/moby/client"
 
+	"github.com/sandboxd/sandboxd/backend/docker"
 	"github.com/sandboxd/sandboxd/runner"
+	"github.com/sandboxd/sandboxd/testharness/dockertest"
 	"github.com/sandboxd/sandboxd/tools"
+	"github.com/sandboxd/sandboxd/workspace"
 )
 
 // stopped fails t unless the engine says the container name runs no
@@ -188,5 +192,156 @@ func TestDockerAutoResume(t *testing.T) {
 	}
 	if _, err := cli.ContainerInspect(context.Background(), brief.Info().Workspace, client.ContainerInspectOptions{}); err == nil {
 		t.Fatal("the expired paused session's container is left")
+	}
+}
+
+// faultyEngine is the engine, but for the faults a test turns on: a stop
+// refused or held until its context ends, an attach or a start refused.
+type faultyEngine struct {
+	*client.Client
+	stopRefused, stopHeld, attachRefused, startRefused atomic.Bool
+}
+
+var errRefused = errors.New("the engine refuses (a test's fault)")
+
+func (e *faultyEngine) ContainerStop(ctx context.Context, id string, o client.ContainerStopOptions) (client.ContainerStopResult, error) {
+	switch {
+	case e.stopHeld.Load():
+		<-ctx.Done()
+		return client.ContainerStopResult{}, ctx.Err()
+	case e.stopRefused.Load():
+		return client.ContainerStopResult{}, errRefused
+	}
+	return e.Client.ContainerStop(ctx, id, o)
+}
+
+func (e *faultyEngine) ContainerAttach(ctx context.Context, id string, o client.ContainerAttachOptions) (client.ContainerAttachResult, error) {
+	if e.attachRefused.Load() {
+		return client.ContainerAttachResult{}, errRefused
+	}
+	return e.Client.ContainerAttach(ctx, id, o)
+}
+
+func (e *faultyEngine) ContainerStart(ctx context.Context, id string, o client.ContainerStartOptions) (client.ContainerStartResult, error) {
+	if e.startRefused.Load() {
+		return client.ContainerStartResult{}, errRefused
+	}
+	return e.Client.ContainerStart(ctx, id, o)
+}
+
+// heal turns every fault off.
+func (e *faultyEngine) heal() {
+	for _, f := range []*atomic.Bool{&e.stopRefused, &e.stopHeld, &e.attachRefused, &e.startRefused} {
+		f.Store(false)
+	}
+}
+
+// TestDockerPauseFails: a pause the engine fails — the stop refused, or
+// held past the pause's context — leaves the session running with its ID,
+// files and workspace, a new command runs, and the error names the cause,
+// of its kind (Unavailable, Timeout), counted by outcome. When the
+// workspace cannot be brought back either (its attach refused too), the
+// session stays paused and a Resume brings it back once the engine
+// answers. A resume the engine fails (its start refused) leaves the
+// session paused, the error naming the fix.
+func TestDockerPauseFails(t *testing.T) {
+	e := &faultyEngine{Client: dockertest.Client(t)}
+	m, cli := dockerManagerOn(t, &docker.Backend{Client: e})
+	defer m.Shutdown(context.Background())
+	s := create(t, m, "acme", shell)
+	if br, res := bash(t, s, "echo kept > f"); br == nil || br.ExitCode != 0 {
+		t.Fatal(res.Text)
+	}
+	ws := s.Info().Workspace
+	ops := func(op, outcome string) uint64 {
+		if st := m.Stats().Snapshots; st != nil {
+			return st.Ops[[2]string{op, outcome}]
+		}
+		return 0
+	}
+	for _, tc := range []struct {
+		name    string
+		fault   *atomic.Bool
+		bound   time.Duration
+		kind    *workspace.Kind
+		outcome string
+	}{
+		{"stop refused", &e.stopRefused, 0, workspace.ErrUnavailable, "failed"},
+		{"stop held past the pause's context", &e.stopHeld, 3 * time.Second, workspace.ErrTimeout, "timeout"},
+	} {
+		tc.fault.Store(true)
+		ctx, cancel := context.Background(), context.CancelFunc(func() {})
+		if tc.bound > 0 {
+			ctx, cancel = context.WithTimeout(ctx, tc.bound)
+		}
+		_, err := m.Pause(ctx, "acme", s.ID())
+		cancel()
+		e.heal()
+		if err == nil || workspace.KindOf(err) != tc.kind || !strings.Contains(err.Error(), "runs on") ||
+			(tc.kind == workspace.ErrUnavailable && !strings.Contains(err.Error(), errRefused.Error())) {
+			t.Fatalf("%s: Pause: %v (kind %v), want %v naming the cause, saying it runs on", tc.name, err, workspace.KindOf(err), tc.kind)
+		}
+		back, err := m.Get("acme", s.ID())
+		if err != nil {
+			t.Fatalf("%s: the session after its failed pause: %v", tc.name, err)
+		}
+		if in := back.Info(); in.State != runner.StateRunning || in.Workspace != ws {
+			t.Fatalf("%s: after the failed pause: %+v", tc.name, in)
+		}
+		if got := readFile(t, back, "f"); !strings.Contains(got, "kept") {
+			t.Fatalf("%s: its file: %q", tc.name, got)
+		}
+		if br, res := bash(t, back, "echo again"); br == nil || !strings.Contains(br.Output, "again") {
+			t.Fatalf("%s: a command after the failed pause: %s", tc.name, res.Text)
+		}
+		if n := ops("pause", tc.outcome); n != 1 {
+			t.Fatalf("%s: %d pauses counted %s, want 1", tc.name, n, tc.outcome)
+		}
+	}
+
+	// Neither stopped nor brought back: kept paused, for a later Resume.
+	e.stopRefused.Store(true)
+	e.attachRefused.Store(true)
+	_, err := m.Pause(context.Background(), "acme", s.ID())
+	e.heal()
+	if err == nil || !strings.Contains(err.Error(), "stays paused") || !strings.Contains(err.Error(), "resume") {
+		t.Fatalf("Pause that cannot bring the session back: %v, want it kept paused, naming resume", err)
+	}
+	if d, err := m.Describe("acme", s.ID()); err != nil || d.State != runner.StatePaused {
+		t.Fatalf("the session after a pause that could not bring it back: %+v %v", d, err)
+	}
+	// Its container runs on (the engine refused to stop it): the resume
+	// attaches to it again.
+	back, err := m.Resume(context.Background(), "acme", s.ID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := readFile(t, back, "f"); !strings.Contains(got, "kept") {
+		t.Fatalf("its file after the resume: %q", got)
+	}
+
+	// A resume the engine fails: still paused, and resumable.
+	if _, err := m.Pause(context.Background(), "acme", s.ID()); err != nil {
+		t.Fatal(err)
+	}
+	e.startRefused.Store(true)
+	_, err = m.Resume(context.Background(), "acme", s.ID())
+	e.heal()
+	if err == nil || !strings.Contains(err.Error(), "stays paused") || !strings.Contains(err.Error(), errRefused.Error()) {
+		t.Fatalf("Resume the engine fails: %v, want it kept paused, naming the cause", err)
+	}
+	if d, err := m.Describe("acme", s.ID()); err != nil || d.State != runner.StatePaused {
+		t.Fatalf("the session after a failed resume: %+v %v", d, err)
+	}
+	if n := ops("resume", "failed"); n != 1 {
+		t.Fatalf("%d resumes counted failed, want 1", n)
+	}
+	stopped(t, cli, ws)
+	back, err = m.Resume(context.Background(), "acme", s.ID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := readFile(t, back, "f"); !strings.Contains(got, "kept") {
+		t.Fatalf("its file after the failed resume and a resume: %q", got)
 	}
 }

@@ -539,6 +539,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Session, erro
 			m.release(req.Tenant)
 			return nil, err
 		}
+		r.from = r.from.made()
 	}
 	s, err := m.newSession(id, req.Tenant, st, r.tools, inst, r.lifetime, r.idle, r.out, nil)
 	if err != nil {

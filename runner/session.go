@@ -82,11 +82,12 @@ type Session struct {
 	// it: set as the daemon stops.
 	leave atomic.Bool
 	// pausing makes close pause the workspace (Instance.Pause) rather
-	// than remove it; pausedWS is then the paused workspace, nil when the
-	// pause failed, and pausedBackground the background commands as the
-	// pause ended them.
+	// than remove it; pausedWS is then the paused workspace — after a
+	// pause that failed (pauseErr), what brings it back running —, and
+	// pausedBackground the background commands as the pause ended them.
 	pausing          atomic.Bool
 	pausedWS         *backend.Paused
+	pauseErr         error
 	pausedBackground []tools.Background
 }
 
@@ -473,12 +474,16 @@ func (s *Session) close(ctx context.Context, cause error, drain bool) error {
 			release = s.inst.Leave
 		case pausing:
 			s.pausedBackground = s.set.Background()
-			release = func(ctx context.Context) error {
-				ws, err := s.inst.Pause(ctx)
-				if err != nil {
-					return errors.Join(err, s.inst.Close(ctx))
+			release = func(context.Context) error {
+				// A pause is bounded by ctx too: one that fails leaks
+				// nothing (Manager.Pause brings the workspace back).
+				pctx, cancel := context.WithTimeout(ctx, removeTimeout)
+				defer cancel()
+				ws, err := s.inst.Pause(pctx)
+				if err != nil && ws == nil {
+					ws = runningOn(s.inst)
 				}
-				s.pausedWS = ws
+				s.pausedWS, s.pauseErr = ws, err
 				return nil
 			}
 		}

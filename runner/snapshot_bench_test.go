@@ -47,7 +47,9 @@ func benchTree(tb testing.TB, dir string, n int, total int64) {
 // beside the floors of the same run: the snapshot against cp -a of the
 // same tree (the workspace volume's, read as root; else the host copy it
 // was made from); a session from the snapshot to its first call, from a
-// warm pool; fork into 1 and into 8 to every fork's first call; and docker
+// warm pool; fork into 1 and into 8 to every fork's first call, each also
+// as Fork was before it wrote the snapshot into the forks as it is read
+// (-stored-first); and docker
 // stop -t 0 / docker start of a container of the same image. Run it with
 // -benchtime 1x; SNAPSHOT_BENCH_FILES and SNAPSHOT_BENCH_MB change the tree.
 func BenchmarkDockerSnapshots(b *testing.B) {
@@ -114,24 +116,39 @@ func BenchmarkDockerSnapshots(b *testing.B) {
 		first(s)
 		return fmt.Sprintf("pooled %v", s.Info().Pooled)
 	})
+	fork := func(n int) string {
+		forks, err := m.Fork(ctx, "acme", src.ID(), runner.ForkRequest{Count: n})
+		if err != nil {
+			b.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		pooled := 0
+		for _, f := range forks {
+			if f.Info().Pooled {
+				pooled++
+			}
+			wg.Go(func() { first(f) })
+		}
+		wg.Wait()
+		for _, f := range forks {
+			m.Delete(ctx, "acme", f.ID())
+		}
+		return fmt.Sprintf("%d of %d pooled", pooled, n)
+	}
+	// Each fork twice: as it was (the snapshot made whole, then restored
+	// into each fork) and as it is (written into the forks as it is read).
 	for _, n := range []int{1, 8} {
-		waitPool()
-		once(fmt.Sprintf("fork-%d-to-first-calls", n), func() string {
-			forks, err := m.Fork(ctx, "acme", src.ID(), runner.ForkRequest{Count: n})
-			if err != nil {
-				b.Fatal(err)
-			}
-			var wg sync.WaitGroup
-			pooled := 0
-			for _, f := range forks {
-				if f.Info().Pooled {
-					pooled++
+		for _, way := range []string{"-stored-first", ""} {
+			waitPool()
+			b.Run(fmt.Sprintf("fork-%d-to-first-calls%s", n, way), func(b *testing.B) {
+				if way != "" {
+					runner.ForkStoredFirst(b)
 				}
-				wg.Go(func() { first(f) })
-			}
-			wg.Wait()
-			return fmt.Sprintf("%d of %d pooled", pooled, n)
-		})
+				for b.Loop() {
+					b.Log(fork(n))
+				}
+			})
+		}
 	}
 	// The floors of pause and resume: a container of the same image
 	// stopped without grace (its PID 1 ignores SIGTERM, as the agent does)

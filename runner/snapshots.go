@@ -2,12 +2,15 @@ package runner
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sync/errgroup"
 
@@ -186,9 +189,10 @@ func exportOf(inst *backend.Instance) snapshot.Source {
 }
 
 // origin is where a new session's tree comes from: a snapshot of its
-// tenant's or a template.
+// tenant's or a template, or a fork's snapshot as it is made (fan).
 type origin struct {
 	tenant, snapshot, template string
+	fan                        *fanout
 }
 
 func (o origin) set() bool { return o != origin{} }
@@ -218,10 +222,22 @@ func (m *Manager) origin(req CreateRequest, st Settings) (origin, error) {
 }
 
 func (o origin) String() string {
-	if o.template != "" {
+	switch {
+	case o.template != "":
 		return "template " + o.template
+	case o.fan != nil && o.snapshot == "":
+		return "the fork's snapshot"
 	}
 	return "snapshot " + o.snapshot
+}
+
+// made is o once its tree is in the workspace: a fork's names the
+// snapshot its fanout made.
+func (o origin) made() origin {
+	if o.fan != nil {
+		o.snapshot = o.fan.info.ID
+	}
+	return o
 }
 
 // check fails, as a restore would, when the store has no such snapshot or
@@ -242,25 +258,40 @@ func (m *Manager) check(o origin) error {
 
 // fill writes o's tree into inst, a workspace no session has used yet,
 // after emptying it: checked against its manifest as it goes (the store's
-// Restore). It fails with snapshot.ErrCorrupt, the workspace then half
-// written: the caller discards it.
+// Restore), or, for a fork, the snapshot's pack as the store writes it,
+// the fill then done only once the snapshot is whole (fanout). It fails
+// with snapshot.ErrCorrupt, or the snapshot's error, the workspace then
+// half written: the caller discards it.
 func (m *Manager) fill(ctx context.Context, inst *backend.Instance, o origin) error {
 	if err := empty(ctx, inst); err != nil {
 		return fmt.Errorf("runner: emptying the workspace for %s: %w", o, err)
 	}
-	st := m.o.snapshots
-	pr, pw := io.Pipe()
+	var pr *io.PipeReader
 	restored := make(chan error, 1)
-	go func() {
-		var err error
-		if o.template != "" {
-			err = st.RestoreTemplate(ctx, o.template, pw)
-		} else {
-			err = st.Restore(ctx, o.tenant, o.snapshot, pw)
-		}
-		pw.CloseWithError(err)
-		restored <- err
-	}()
+	if o.fan != nil {
+		var pw *io.PipeWriter
+		pr, pw = io.Pipe()
+		r := o.fan.join()
+		go func() {
+			_, err := io.Copy(pw, r)
+			pw.CloseWithError(err)
+			restored <- cmp.Or(err, o.fan.wait(ctx))
+		}()
+	} else {
+		st := m.o.snapshots
+		var pw *io.PipeWriter
+		pr, pw = io.Pipe()
+		go func() {
+			var err error
+			if o.template != "" {
+				err = st.RestoreTemplate(ctx, o.template, pw)
+			} else {
+				err = st.Restore(ctx, o.tenant, o.snapshot, pw)
+			}
+			pw.CloseWithError(err)
+			restored <- err
+		}()
+	}
 	var err error
 	if inst.Import != nil {
 		err = inst.Import(ctx, pr)
@@ -317,9 +348,11 @@ type ForkRequest struct {
 // settings, narrowed or replaced by req.Settings. They are independent of
 // the session and of each other from then on. Forks claim warm workspaces
 // from a matching pool as any session does, so a fork's first call does
-// not wait for a container to start. It is all or nothing: when one fork
-// cannot be made, those made are ended and the error says why. The
-// snapshot counts against no cap of the tenant's.
+// not wait for a container to start. The snapshot is taken once every
+// fork's workspace is ready, and written into all of them as it is read
+// (fanout). It is all or nothing:
+// when one fork cannot be made, those made are ended and the error says
+// why. The snapshot counts against no cap of the tenant's.
 func (m *Manager) Fork(ctx context.Context, tenant, id string, req ForkRequest) (_ []*Session, err error) {
 	defer func() { m.snapOp("fork", err) }()
 	if req.Count < 1 || req.Count > MaxForks {
@@ -333,22 +366,53 @@ func (m *Manager) Fork(ctx context.Context, tenant, id string, req ForkRequest) 
 	if err != nil {
 		return nil, err
 	}
-	info, err := src.snapshot(ctx, snapshot.CreateRequest{Session: id, Transient: true})
-	if err != nil {
-		return nil, err
+	if m.o.snapshots == nil {
+		return nil, ErrNoSnapshots
 	}
-	defer m.o.snapshots.Delete(tenant, info.ID)
+	fan, err := newFanout(req.Count, m.o.snapshots.Dir())
+	if err != nil {
+		return nil, fmt.Errorf("runner: forking %s: %w", id, err)
+	}
+	defer fan.close()
+	from := origin{tenant: tenant, fan: fan}
+	if forkStoredFirst.Load() {
+		info, err := src.snapshot(ctx, snapshot.CreateRequest{Session: id, Transient: true})
+		if err != nil {
+			return nil, err
+		}
+		defer m.o.snapshots.Delete(tenant, info.ID)
+		from = origin{tenant: tenant, snapshot: info.ID}
+	}
 	forks := make([]*Session, req.Count)
 	g, gctx := errgroup.WithContext(ctx)
 	for i := range forks {
 		g.Go(func() error {
 			s, err := m.Create(gctx, CreateRequest{Tenant: tenant, Settings: st, MaxSessions: req.MaxSessions, MaxSecrets: req.MaxSecrets,
-				Egress: src.tenantEgress, from: origin{tenant: tenant, snapshot: info.ID}, forkOf: id})
+				Egress: src.tenantEgress, from: from, forkOf: id})
 			forks[i] = s
 			return err
 		})
 	}
-	if err := g.Wait(); err != nil {
+	if fan := from.fan; fan != nil {
+		g.Go(func() error {
+			// Once every fork's workspace is ready for it: the source is
+			// frozen only while they copy.
+			select {
+			case <-fan.ready:
+			case <-gctx.Done():
+				fan.finish(snapshot.Info{}, context.Cause(gctx))
+				return context.Cause(gctx)
+			}
+			info, err := src.snapshot(gctx, snapshot.CreateRequest{Session: id, Transient: true, Tee: fan})
+			fan.finish(info, err)
+			return err
+		})
+	}
+	err = g.Wait()
+	if from.fan != nil && from.fan.info.ID != "" {
+		defer m.o.snapshots.Delete(tenant, from.fan.info.ID)
+	}
+	if err != nil {
 		var wg sync.WaitGroup
 		for _, s := range forks {
 			if s != nil {
@@ -359,6 +423,125 @@ func (m *Manager) Fork(ctx context.Context, tenant, id string, req ForkRequest) 
 		return nil, fmt.Errorf("runner: forking %s: %w", id, err)
 	}
 	return forks, nil
+}
+
+// forkStoredFirst makes Fork as it was before fanout: the snapshot made
+// whole, then restored into each fork. For the benchmark's comparison
+// only (ForkStoredFirst).
+var forkStoredFirst atomic.Bool
+
+// fanout is a fork's snapshot as the store writes it
+// (snapshot.CreateRequest.Tee), handed to the workspaces of all its forks
+// at once: the source's tree is read once, and every fork's copy follows
+// the store as it writes, instead of waiting for the snapshot to be whole
+// and then reading it back for each fork. The pack's bytes are spooled
+// to a file of their own (unlinked, in the store's directory), so the
+// source is frozen only as long as the snapshot takes, not as long as
+// the slowest fork's copy. Each fork gets the pack's bytes, the stream
+// its manifest was made of (which a restore checks the stored pack
+// against); a fork is made only once the snapshot is whole, so one that
+// fails — refused, cut short — fails every fork.
+type fanout struct {
+	n int
+	// ready is closed once n forks have joined: the snapshot starts then.
+	ready chan struct{}
+	// spool holds the pack as the store writes it, for the forks to read
+	// behind it; size is how much of it is written.
+	spool *os.File
+	mu    sync.Mutex
+	grown *sync.Cond
+	size  int64
+	// joined counts the forks that took their stream; finished is set
+	// once the snapshot is made (info) or has failed (err), and done
+	// closed.
+	joined   int
+	finished bool
+	done     chan struct{}
+	info     snapshot.Info
+	err      error
+}
+
+// newFanout makes the fanout of n forks, its spool in dir (the snapshot
+// store's: the same disk, and what a crash leaves there is removed when
+// the store is opened again).
+func newFanout(n int, dir string) (*fanout, error) {
+	spool, err := os.CreateTemp(dir, ".tmp-fork-")
+	if err != nil {
+		return nil, err
+	}
+	os.Remove(spool.Name()) // read and written through spool alone
+	f := &fanout{n: n, ready: make(chan struct{}), done: make(chan struct{}), spool: spool}
+	f.grown = sync.NewCond(&f.mu)
+	return f, nil
+}
+
+// join returns a fork's stream of the snapshot: the pack as it is
+// written, to its end once the snapshot is whole (or its failure).
+func (f *fanout) join() io.Reader {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.joined++; f.joined == f.n {
+		close(f.ready)
+	}
+	return &follower{f: f}
+}
+
+// Write appends p to the spool, for the forks to read.
+func (f *fanout) Write(p []byte) (int, error) {
+	n, err := f.spool.WriteAt(p, f.size)
+	f.mu.Lock()
+	f.size += int64(n)
+	f.grown.Broadcast()
+	f.mu.Unlock()
+	return n, err
+}
+
+// finish ends every fork's stream with the snapshot's outcome, once each
+// has read what was written before, and lets the spool go.
+func (f *fanout) finish(info snapshot.Info, err error) {
+	f.mu.Lock()
+	f.info, f.err, f.finished = info, err, true
+	f.grown.Broadcast()
+	f.mu.Unlock()
+	close(f.done)
+}
+
+// close removes the spool, once no fork reads it.
+func (f *fanout) close() { f.spool.Close() }
+
+// follower reads the spool behind the store.
+type follower struct {
+	f   *fanout
+	off int64
+}
+
+func (r *follower) Read(p []byte) (int, error) {
+	f := r.f
+	f.mu.Lock()
+	for r.off == f.size && !f.finished {
+		f.grown.Wait()
+	}
+	size, finished, err := f.size, f.finished, f.err
+	f.mu.Unlock()
+	if r.off == size && finished {
+		return 0, cmp.Or(err, io.EOF)
+	}
+	n, rerr := f.spool.ReadAt(p[:min(int64(len(p)), size-r.off)], r.off)
+	r.off += int64(n)
+	if rerr == io.EOF && n > 0 {
+		rerr = nil
+	}
+	return n, rerr
+}
+
+// wait is the snapshot's outcome, once it has one, or ctx's end.
+func (f *fanout) wait(ctx context.Context) error {
+	select {
+	case <-f.done:
+		return f.err
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
 }
 
 // forkSettings are a fork's settings: the source's, with over's keys in
@@ -409,7 +592,7 @@ type SnapshotStats struct {
 	snapshot.Stats
 	// Ops counts snapshot operations by [op, outcome]: ops are snapshot,
 	// restore, fork, delete, pause, resume; outcomes ok, limit, nospace,
-	// corrupt, notfound, failed.
+	// corrupt, notfound, timeout, failed.
 	Ops map[[2]string]uint64
 }
 
@@ -426,6 +609,8 @@ func (m *Manager) snapOp(op string, err error) {
 		outcome = "corrupt"
 	case errors.Is(err, snapshot.ErrNotFound), errors.Is(err, ErrNotFound):
 		outcome = "notfound"
+	case workspace.KindOf(err) == workspace.ErrTimeout:
+		outcome = "timeout"
 	default:
 		outcome = "failed"
 	}
@@ -437,12 +622,18 @@ func (m *Manager) snapOp(op string, err error) {
 	m.snapOps[[2]string{op, outcome}]++
 }
 
+// snapshotStats is nil without a store, unless sessions were paused or
+// resumed: their counts are kept beside an empty store's.
 func (m *Manager) snapshotStats() *SnapshotStats {
-	if m.o.snapshots == nil {
+	st := &SnapshotStats{Ops: map[[2]string]uint64{}}
+	if m.o.snapshots != nil {
+		st.Stats = m.o.snapshots.Stats()
+	}
+	m.mu.Lock()
+	if m.o.snapshots == nil && len(m.snapOps) == 0 {
+		m.mu.Unlock()
 		return nil
 	}
-	st := &SnapshotStats{Stats: m.o.snapshots.Stats(), Ops: map[[2]string]uint64{}}
-	m.mu.Lock()
 	for k, v := range m.snapOps {
 		st.Ops[k] = v
 	}

@@ -1,6 +1,7 @@
 package runner_test
 
 import (
+	"archive/tar"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sandboxd/sandboxd/backend"
 	"github.com/sandboxd/sandboxd/backend/memory"
 	"github.com/sandboxd/sandboxd/conformance"
 	"github.com/sandboxd/sandboxd/localfs"
@@ -295,5 +297,51 @@ func TestTemplatePool(t *testing.T) {
 	}
 	if _, err := runner.New(t.Context(), memory.Backend{}, runner.WithSnapshots(st), runner.WithTemplates(runner.Template{Name: "x", Image: "sandboxd/minimal"})); err == nil {
 		t.Error("an image template on a backend that reads no images")
+	}
+}
+
+// cutExport is the memory backend whose workspaces' trees, read for a
+// snapshot, end half way with errCut: a whole first file, then a second
+// one cut short.
+type cutExport struct{ memory.Backend }
+
+var errCut = errors.New("the workspace's archive was cut (a test's fault)")
+
+func (b cutExport) Open(ctx context.Context, spec backend.Spec) (*backend.Instance, error) {
+	inst, err := b.Backend.Open(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	inst.Export = func(ctx context.Context, w io.Writer) error {
+		tw := tar.NewWriter(w)
+		tw.WriteHeader(&tar.Header{Name: "whole", Typeflag: tar.TypeReg, Mode: 0o644, Size: 5})
+		tw.Write([]byte("whole"))
+		tw.WriteHeader(&tar.Header{Name: "half", Typeflag: tar.TypeReg, Mode: 0o644, Size: 1 << 20})
+		tw.Write(make([]byte, 100<<10))
+		tw.Flush()
+		return errCut
+	}
+	return inst, nil
+}
+
+// TestForkSnapshotCut: a fork whose snapshot fails after its forks began
+// to copy it (their stream is the snapshot's as it is read) makes none of
+// them, says why, and leaves no snapshot.
+func TestForkSnapshotCut(t *testing.T) {
+	st := snapshotStore(t)
+	m := newManager(t, cutExport{}, runner.WithSnapshots(st))
+	s, err := m.Create(t.Context(), runner.CreateRequest{Tenant: "acme"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = m.Fork(t.Context(), "acme", s.ID(), runner.ForkRequest{Count: 3})
+	if !errors.Is(err, errCut) {
+		t.Fatalf("a fork whose snapshot is cut: %v, want the cause", err)
+	}
+	if n := len(m.List("acme")); n != 1 {
+		t.Errorf("%d sessions after a failed fork", n)
+	}
+	if got := m.Stats().Snapshots; got.Snapshots != 0 || got.Ops[[2]string{"fork", "failed"}] != 1 || got.Ops[[2]string{"restore", "ok"}] != 0 {
+		t.Errorf("after a failed fork: %+v", got)
 	}
 }

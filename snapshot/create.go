@@ -24,7 +24,8 @@ import (
 // store and returns it: the pack flushed, read back and checked against
 // its manifest, the manifest's digest and the rest of rec filled in. On
 // failure nothing is left.
-func (s *Store) build(ctx context.Context, rec *record, src Source, res *reservation) (_ string, err error) {
+// A tee that is not nil is given the pack as it is written.
+func (s *Store) build(ctx context.Context, rec *record, src Source, res *reservation, tee io.Writer) (_ string, err error) {
 	tmp, err := os.MkdirTemp(s.dir, tmpPrefix)
 	if err != nil {
 		return "", s.diskErr("making a snapshot", err)
@@ -47,7 +48,7 @@ func (s *Store) build(ctx context.Context, rec *record, src Source, res *reserva
 		pw.CloseWithError(err) // nil: the end of the stream
 		srcDone <- err
 	}()
-	c := &capture{s: s, rec: rec, res: res, pack: pack}
+	c := &capture{s: s, rec: rec, res: res, pack: pack, tee: tee}
 	man, cerr := c.run(ctx, pr)
 	if cerr == nil {
 		// What a source writes past the archive's end is read and dropped,
@@ -216,6 +217,7 @@ type capture struct {
 	rec  *record
 	res  *reservation // nil: no cap
 	pack *os.File
+	tee  io.Writer // given the pack as it is written; nil for none
 	cw   countWriter
 	bw   *bufio.Writer
 	tw   *tar.Writer
@@ -265,6 +267,9 @@ func (c *capture) run(ctx context.Context, r io.Reader) (Manifest, error) {
 		c.cw.w = c.pack
 		if c.s.o.sync && !c.rec.Transient {
 			c.cw.file = c.pack
+		}
+		if c.tee != nil {
+			c.cw.w = io.MultiWriter(c.pack, c.tee)
 		}
 	}
 	c.bw = bufio.NewWriterSize(&c.cw, 1<<20)

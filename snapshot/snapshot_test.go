@@ -575,3 +575,21 @@ func TestDiskFull(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestCreateTee: a Tee is given, byte for byte, the stream a Restore of
+// the snapshot writes.
+func TestCreateTee(t *testing.T) {
+	st := open(t, t.TempDir())
+	var tee bytes.Buffer
+	info, err := st.Create(t.Context(), "acme", from(tree(t, layout...)), snapshot.CreateRequest{Transient: true, Tee: &tee})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var restored bytes.Buffer
+	if err := st.Restore(t.Context(), "acme", info.ID, &restored); err != nil {
+		t.Fatal(err)
+	}
+	if tee.Len() == 0 || !bytes.Equal(tee.Bytes(), restored.Bytes()) {
+		t.Fatalf("the tee got %d bytes, a restore writes %d, not the same", tee.Len(), restored.Len())
+	}
+}

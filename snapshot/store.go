@@ -371,6 +371,12 @@ type CreateRequest struct {
 	// counted against no cap, removed by Delete or when the store is
 	// opened again.
 	Transient bool
+	// Tee, when not nil, is given the snapshot's pack as it is written,
+	// byte for byte: the stream Restore writes of the snapshot once it is
+	// made, passed on before the snapshot is whole — whether it is, and
+	// its manifest, Create says when it returns. A Tee that fails fails the
+	// snapshot.
+	Tee io.Writer
 }
 
 // A Source writes a tree to w as a tar stream whose names are relative to
@@ -400,7 +406,7 @@ func (s *Store) Create(ctx context.Context, tenant string, src Source, req Creat
 	}
 	defer res.release()
 	rec := &record{Info: Info{ID: newID(), Session: req.Session}, Tenant: tenant, Transient: req.Transient}
-	tmp, err := s.build(ctx, rec, src, res)
+	tmp, err := s.build(ctx, rec, src, res, req.Tee)
 	if err != nil {
 		return Info{}, err
 	}
@@ -446,7 +452,7 @@ func (s *Store) PutTemplate(ctx context.Context, name string, src Source) (Info,
 	s.mu.Unlock()
 	defer res.release()
 	rec := &record{Info: Info{ID: name}}
-	tmp, err := s.build(ctx, rec, src, res)
+	tmp, err := s.build(ctx, rec, src, res, nil)
 	if err != nil {
 		return Info{}, err
 	}

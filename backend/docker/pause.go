@@ -30,7 +30,10 @@ func (d *Backend) pause(c *Container, r *recorder) func(ctx context.Context) (*b
 		}
 		c.dropStream()
 		if err := c.stop(ctx); err != nil {
-			return nil, errors.Join(fmt.Errorf("docker backend: pausing: %w", err), r.setPaused(false))
+			// The container may run on, or have stopped: its Resume looks.
+			p := d.paused(c, r)
+			p.Resume = func(ctx context.Context) (*backend.Instance, error) { return d.unpause(ctx, c, r, true) }
+			return p, fmt.Errorf("docker backend: pausing: %w", err)
 		}
 		return d.paused(c, r), nil
 	}
@@ -52,7 +55,7 @@ func (c *Container) stop(ctx context.Context) error {
 func (d *Backend) paused(c *Container, r *recorder) *backend.Paused {
 	p := &backend.Paused{
 		ID: c.name, Root: policy.WorkspaceDir,
-		Resume: func(ctx context.Context) (*backend.Instance, error) { return d.unpause(ctx, c, r) },
+		Resume: func(ctx context.Context) (*backend.Instance, error) { return d.unpause(ctx, c, r, false) },
 		Close: func(ctx context.Context) error {
 			if err := c.removeCtx(ctx); err != nil {
 				d.queue().add(c.Name(), c.removeCtx, err)
@@ -73,7 +76,11 @@ func (d *Backend) paused(c *Container, r *recorder) *backend.Paused {
 
 // unpause starts the stopped container of a paused session again and
 // returns its instance; on failure it is stopped again, still paused.
-func (d *Backend) unpause(ctx context.Context, old *Container, r *recorder) (*backend.Instance, error) {
+// With look — after a stop that failed — it first asks the engine whether
+// the container still runs, and then attaches to its agent again
+// (resync: the agent ends what the dropped stream left) rather than
+// start it.
+func (d *Backend) unpause(ctx context.Context, old *Container, r *recorder, look bool) (*backend.Instance, error) {
 	c := &Container{
 		cli: old.cli, id: old.id, name: old.name, volume: old.volume, uid: old.uid,
 		owner: old.owner, maxBytes: old.maxBytes, q: old.q, handoffDir: old.handoffDir, disk: old.disk,
@@ -81,7 +88,7 @@ func (d *Backend) unpause(ctx context.Context, old *Container, r *recorder) (*ba
 	}
 	wctx, stop := watchEngine(ctx, d.Client)
 	defer stop()
-	err := c.connect(wctx, func() error {
+	start := func() error {
 		if c.disk != "" {
 			// Its loop device is gone when the host restarted meanwhile.
 			if err := attachDisk(wctx, c.disk); err != nil {
@@ -90,7 +97,19 @@ func (d *Backend) unpause(ctx context.Context, old *Container, r *recorder) (*ba
 		}
 		_, err := c.cli.ContainerStart(wctx, c.id, client.ContainerStartOptions{})
 		return err
-	})
+	}
+	var err error
+	if look {
+		var res client.ContainerInspectResult
+		if res, err = c.cli.ContainerInspect(wctx, c.id, client.ContainerInspectOptions{}); err == nil {
+			if st := res.Container.State; st != nil && st.Running && !st.Paused {
+				start = nil
+			}
+		}
+	}
+	if err == nil {
+		err = c.connect(wctx, start)
+	}
 	if err == nil {
 		r.mu.Lock()
 		r.c = c
@@ -103,7 +122,9 @@ func (d *Backend) unpause(ctx context.Context, old *Container, r *recorder) (*ba
 		if cause := context.Cause(wctx); ctx.Err() == nil && errors.Is(cause, backend.ErrUnreachable) {
 			err = cause
 		}
-		return nil, errors.Join(fmt.Errorf("docker backend: resuming %s: %w", c.name, err), c.stop(context.WithoutCancel(ctx)))
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), frozenAfter) // an engine that froze is not waited for
+		defer cancel()
+		return nil, errors.Join(fmt.Errorf("docker backend: resuming %s: %w", c.name, err), c.stop(sctx))
 	}
 	return d.instance(c, r), nil
 }

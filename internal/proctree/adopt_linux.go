@@ -96,8 +96,13 @@ func startTree(path string, spec Spec, stdio [3]*os.File) (tree, error) {
 		// this one the largest, so the OOM killer's choice. Nothing else
 		// can start meanwhile (every start holds adopt.mu), and nothing of
 		// another command runs to fill memory (none runs).
-		restore := inheritOOMScoreAdj(spec.OOMScoreAdj)
-		spec.OOMScoreAdj = 0
+		// Where this process may not change its own value (not dumpable
+		// and not root: its /proc files are root's), the command's is set
+		// just after its start instead, as for a process group alone.
+		restore, inherited := inheritOOMScoreAdj(spec.OOMScoreAdj)
+		if inherited {
+			spec.OOMScoreAdj = 0
+		}
 		t, err := startDirect(path, spec, stdio)
 		restore()
 		if err != nil {
@@ -116,31 +121,36 @@ func startTree(path string, spec Spec, stdio [3]*os.File) (tree, error) {
 }
 
 // inheritOOMScoreAdj sets this process's own oom_score_adj to n, unless n
-// is zero or it is n already, and returns what sets it back. Going back is
-// always allowed: the kernel refuses an unprivileged process only a value
-// below the last one a privileged writer set, which the old value is not.
-// It reads and writes through one descriptor of the file, opened once
-// (ownOOMScoreAdj): three system calls a command, not three opens of /proc
-// files, each several calls (under gVisor, 0.3 ms apiece at load).
-func inheritOOMScoreAdj(n int) (restore func()) {
+// is zero or it is n already, and returns what sets it back; inherited says
+// whether a child started now gets n (false when this process may not
+// write its own value). Going back is always allowed: the kernel refuses an
+// unprivileged process only a value below the last one a privileged writer
+// set, which the old value is not. It reads and writes through one
+// descriptor of the file, opened once (ownOOMScoreAdj): three system calls
+// a command, not three opens of /proc files, each several calls (under
+// gVisor, 0.3 ms apiece at load).
+func inheritOOMScoreAdj(n int) (restore func(), inherited bool) {
 	nothing := func() {}
 	if n == 0 {
-		return nothing
+		return nothing, true
 	}
 	f, err := ownOOMScoreAdj()
 	if err != nil {
-		return nothing
+		return nothing, false
 	}
 	var b [16]byte
 	k, err := f.ReadAt(b[:], 0)
 	old := strings.TrimSpace(string(b[:k]))
-	if err != nil && err != io.EOF || old == "" || old == strconv.Itoa(n) {
-		return nothing
+	switch {
+	case err != nil && err != io.EOF || old == "":
+		return nothing, false
+	case old == strconv.Itoa(n):
+		return nothing, true
 	}
 	if _, err := f.WriteAt([]byte(strconv.Itoa(n)), 0); err != nil {
-		return nothing
+		return nothing, false
 	}
-	return func() { f.WriteAt([]byte(old), 0) }
+	return func() { f.WriteAt([]byte(old), 0) }, true
 }
 
 // ownOOMScoreAdj is this process's /proc/self/oom_score_adj, open for

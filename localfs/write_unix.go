@@ -191,9 +191,8 @@ func matchOwnerAndMode(fd int, old *unix.Stat_t, st *unix.Stat_t) error {
 		}
 		return nil
 	}
-	want := uint32(old.Mode) & 0o7777
-	if cur.Mode&0o7777 != want {
-		if err := unix.Fchmod(fd, want); err != nil {
+	if want := old.Mode & 0o7777; cur.Mode&0o7777 != want { // Mode's type differs by system
+		if err := unix.Fchmod(fd, uint32(want)); err != nil {
 			return err
 		}
 		cur.Mode = cur.Mode&^0o7777 | want

@@ -242,6 +242,11 @@ func (f *FS) ReadFile(ctx context.Context, name string, max int64) ([]byte, erro
 // end, appending to buf[:0] (which it grows as needed). It never reads more
 // than max+1 bytes: a file that grows past max while it is read fails with
 // workspace.ErrFileTooLarge.
+//
+// A read that gives fewer bytes than asked for and so reaches size, as
+// fstat(2) gave it, ends the file: one that had grown since would have
+// given more, and one that grows after is as if it grew once read. That
+// spares the read that would return nothing (under gVisor, a trap).
 func readAll(r io.Reader, size, max int64, buf []byte) ([]byte, error) {
 	limit := min(max, math.MaxInt64-1) + 1
 	buf = slices.Grow(buf[:0], int(size)+1) // size <= max
@@ -249,13 +254,17 @@ func readAll(r io.Reader, size, max int64, buf []byte) ([]byte, error) {
 		if len(buf) == cap(buf) {
 			buf = slices.Grow(buf, int(min(int64(len(buf)), limit-int64(len(buf)))))
 		}
-		n, err := r.Read(buf[len(buf):min(int64(cap(buf)), limit)])
+		p := buf[len(buf):min(int64(cap(buf)), limit)]
+		n, err := r.Read(p)
 		buf = buf[:len(buf)+n]
 		if err == io.EOF {
 			return buf, nil
 		}
 		if err != nil {
 			return nil, err
+		}
+		if n > 0 && n < len(p) && int64(len(buf)) == size {
+			return buf, nil
 		}
 	}
 	return nil, workspace.ErrFileTooLarge

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"maps"
 	"os"
@@ -769,5 +770,50 @@ func BenchmarkWriteFile(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// chunkReader gives data at most chunk bytes a read, counting the reads.
+type chunkReader struct {
+	data  []byte
+	chunk int
+	reads int
+}
+
+func (r *chunkReader) Read(p []byte) (int, error) {
+	r.reads++
+	if len(r.data) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p[:min(len(p), r.chunk)], r.data)
+	r.data = r.data[n:]
+	return n, nil
+}
+
+// readAll stops at the size fstat gave once a read falls short there, and
+// reads on to the end otherwise.
+func TestReadAll(t *testing.T) {
+	data := []byte("0123456789")
+	tests := []struct {
+		name      string
+		size      int64 // as fstat gave it
+		chunk     int
+		max       int64
+		want      string
+		err       error
+		wantReads int
+	}{
+		{"whole at once", 10, 100, 100, "0123456789", nil, 1},
+		{"short reads", 10, 4, 100, "0123456789", nil, 3},
+		{"grew since fstat", 4, 100, 100, "0123456789", nil, 3},
+		{"shrank since fstat", 20, 100, 100, "0123456789", nil, 2},
+		{"grew past max", 4, 100, 6, "", workspace.ErrFileTooLarge, 1},
+	}
+	for _, tc := range tests {
+		r := &chunkReader{data: data, chunk: tc.chunk}
+		got, err := readAll(r, tc.size, tc.max, nil)
+		if !errors.Is(err, tc.err) || err == nil && string(got) != tc.want || r.reads != tc.wantReads {
+			t.Errorf("%s: %q, %v in %d reads; want %q, %v in %d", tc.name, got, err, r.reads, tc.want, tc.err, tc.wantReads)
+		}
 	}
 }

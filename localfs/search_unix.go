@@ -16,8 +16,8 @@ import (
 )
 
 var (
-	_ workspace.WalkFS = (*FS)(nil)
-	_ workspace.GrepFS = (*FS)(nil)
+	_ workspace.WalkEachFS = (*FS)(nil)
+	_ workspace.GrepFS     = (*FS)(nil)
 )
 
 // Walk lists a tree. Its result is workspace.WalkGeneric's — it is that walk —
@@ -30,6 +30,15 @@ func (f *FS) Walk(ctx context.Context, req workspace.WalkRequest) (workspace.Wal
 	t := &dirStack{FS: f}
 	defer t.close()
 	return workspace.WalkGeneric(ctx, t, req)
+}
+
+// WalkEach is Walk handing each entry to fn as it is found (see
+// workspace.WalkGenericEach): Grep's walk, which stops where the search
+// does.
+func (f *FS) WalkEach(ctx context.Context, req workspace.WalkRequest, fn func(workspace.WalkEntry) error) error {
+	t := &dirStack{FS: f}
+	defer t.close()
+	return workspace.WalkGenericEach(ctx, t, req, fn)
 }
 
 // dirStack is f for one workspace.WalkGeneric: its ReadDir keeps each
@@ -58,6 +67,14 @@ func (t *dirStack) ReadDir(ctx context.Context, name string) ([]fs.DirEntry, err
 		if d, err = t.openDir(ctx, name); err != nil {
 			return nil, err
 		}
+		// The os package lists a directory opened through a Root with an
+		// lstat of every entry; the walk describes an entry only when
+		// asked (atEntry). So it lists the start through a descriptor of
+		// its own, of the directory the root resolved.
+		if own, err := reopenDir(d, filepath.Join(t.canon, filepath.FromSlash(name))); err == nil {
+			d.Close()
+			d = own
+		}
 	} else {
 		if err := ctx.Err(); err != nil {
 			return nil, &fs.PathError{Op: "readdir", Path: name, Err: err}
@@ -82,6 +99,27 @@ func (t *dirStack) ReadDir(ctx context.Context, name string) ([]fs.DirEntry, err
 	}
 	t.open = append(t.open, heldDir{name, d})
 	return entries, nil
+}
+
+// reopenDir opens the directory d again ("." relative to it), as a file
+// of its own named name.
+func reopenDir(d *os.File, name string) (*os.File, error) {
+	rc, err := d.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	fd := -1
+	if cerr := rc.Control(func(dfd uintptr) {
+		fd, err = ignoringEINTR(func() (int, error) {
+			return unix.Openat(int(dfd), ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		})
+	}); cerr != nil {
+		return nil, cerr
+	}
+	if err != nil {
+		return nil, err
+	}
+	return os.NewFile(uintptr(fd), name), nil
 }
 
 // atEntry is an entry of a directory the walk holds open: its Info is
@@ -169,7 +207,8 @@ func (t *dirStack) close() {
 }
 
 // Grep searches file contents. Its result is workspace.GrepGeneric's: it is
-// workspace.GrepWithBuffers over Walk, with a cheaper reader that reuses its
+// workspace.GrepWithBuffers over WalkEach (so a search that reaches its
+// limit lists no more of the tree), with a cheaper reader that reuses its
 // buffers. Where the system can open a name confined to a directory in one
 // call (Linux's openat2(2) with RESOLVE_BENEATH), each file is opened so
 // beneath the root's descriptor, checked with fstat(2) and read; whatever

@@ -18,7 +18,7 @@ var _ workspace.SwapFS = (*FS)(nil)
 // usual case: a name with no link in it, naming a regular file or nothing.
 // The directory is opened once beneath the root (openat2 with
 // RESOLVE_BENEATH and RESOLVE_NO_SYMLINKS, so that the name is its own real
-// name), and the file is described, read and replaced relative to it, under
+// name; the root's own descriptor for a file of the root), and the file is described, read and replaced relative to it, under
 // the lock with req.Lock, as WriteFile replaces it. Any other case (a link,
 // a directory, a missing parent, a system without openat2) is
 // workspace.SwapGeneric's, before anything is written; the conformance kit
@@ -31,12 +31,17 @@ func (f *FS) Swap(ctx context.Context, req workspace.SwapRequest) (workspace.Swa
 		return workspace.SwapGeneric(ctx, f, req)
 	}
 	dirName, base := path.Dir(req.Name), path.Base(req.Name)
-	dfd, err := openBeneath(int(f.dir.Fd()), dirName, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NONBLOCK|unix.O_CLOEXEC, true)
-	if err != nil {
-		return workspace.SwapGeneric(ctx, f, req)
+	// A file of the root is swapped in the root's own descriptor; another
+	// directory is opened for the swap.
+	dir := f.dir
+	if dirName != "." {
+		dfd, err := openBeneath(int(f.dir.Fd()), dirName, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NONBLOCK|unix.O_CLOEXEC, true)
+		if err != nil {
+			return workspace.SwapGeneric(ctx, f, req)
+		}
+		dir = os.NewFile(uintptr(dfd), dirName)
+		defer dir.Close()
 	}
-	dir := os.NewFile(uintptr(dfd), dirName)
-	defer dir.Close()
 	res, done, err := f.swapIn(ctx, dir, base, req)
 	if !done {
 		return workspace.SwapGeneric(ctx, f, req)

@@ -8,8 +8,10 @@ import (
 	"encoding/hex"
 	"errors"
 	"io/fs"
+	mathrand "math/rand/v2"
 	"os"
 	"path"
+	"sync"
 	"syscall"
 
 	"github.com/sandboxd/sandboxd/workspace"
@@ -119,29 +121,36 @@ func (f *FS) writeEntry(dir *os.File, base string, old *unix.Stat_t, data []byte
 	if err != nil {
 		return err
 	}
-	tmp := os.NewFile(uintptr(fd), base)
+	// The descriptor is used as it is, not as an *os.File (whose making
+	// asks the kernel whether it is non-blocking): each call saved is a
+	// trap under gVisor.
 	err = func() error {
-		defer tmp.Close()
-		if _, err := tmp.Write(data); err != nil {
+		defer func() {
+			if fd >= 0 {
+				unix.Close(fd)
+			}
+		}()
+		if err := writeAll(fd, data); err != nil {
 			return err
 		}
 		if old != nil {
-			unix.Fchown(fd, int(old.Uid), int(old.Gid)) // where the process may
-			if err := unix.Fchmod(fd, uint32(old.Mode)&0o7777); err != nil {
+			if err := matchOwnerAndMode(fd, old, st); err != nil {
 				return err
 			}
 		}
 		if f.opts.sync {
-			if err := tmp.Sync(); err != nil {
+			if err := unix.Fsync(fd); err != nil {
 				return err
 			}
 		}
-		if st != nil {
+		if st != nil && old == nil {
 			if err := unix.Fstat(fd, st); err != nil {
 				return err
 			}
 		}
-		return tmp.Close()
+		err := unix.Close(fd)
+		fd = -1
+		return err
 	}()
 	if err == nil {
 		if old != nil {
@@ -160,9 +169,55 @@ func (f *FS) writeEntry(dir *os.File, base string, old *unix.Stat_t, data []byte
 	return nil
 }
 
+// matchOwnerAndMode gives the new file fd the owner (where the process may)
+// and the permission bits of old, the file it replaces, and sets st, when
+// not nil, to what fstat(2) says of it then. It changes only what differs:
+// the file is described first, and its owner is most often the process's
+// already. (A change of mode alters only the mode and the change time, so
+// st is that first description with the mode set, its change time the
+// earlier one.)
+func matchOwnerAndMode(fd int, old *unix.Stat_t, st *unix.Stat_t) error {
+	var cur unix.Stat_t
+	if err := unix.Fstat(fd, &cur); err != nil {
+		return err
+	}
+	if cur.Uid != old.Uid || cur.Gid != old.Gid {
+		unix.Fchown(fd, int(old.Uid), int(old.Gid)) // where the process may
+		if err := unix.Fchmod(fd, uint32(old.Mode)&0o7777); err != nil {
+			return err
+		}
+		if st != nil {
+			return unix.Fstat(fd, st)
+		}
+		return nil
+	}
+	if want := old.Mode & 0o7777; cur.Mode&0o7777 != want { // Mode's type differs by system
+		if err := unix.Fchmod(fd, uint32(want)); err != nil {
+			return err
+		}
+		cur.Mode = cur.Mode&^0o7777 | want
+	}
+	if st != nil {
+		*st = cur
+	}
+	return nil
+}
+
+// writeAll writes data to fd, whatever the kernel takes per call.
+func writeAll(fd int, data []byte) error {
+	for len(data) > 0 {
+		n, err := ignoringEINTR(func() (int, error) { return unix.Write(fd, data) })
+		if err != nil {
+			return err
+		}
+		data = data[n:]
+	}
+	return nil
+}
+
 // createTemp creates a new hidden file beside base in the directory dfd with
-// perm (less the umask), under a name no other process can predict, and
-// returns its name and descriptor.
+// perm (less the umask), under a name no other process can predict (from
+// tempNames), and returns its name and descriptor.
 func createTemp(dfd int, base string, perm fs.FileMode) (string, int, error) {
 	if len(base) > 128 { // leave room for the rest within NAME_MAX
 		base = base[:128]
@@ -175,7 +230,7 @@ func createTemp(dfd int, base string, perm fs.FileMode) (string, int, error) {
 	}
 	for range 8 {
 		var r [8]byte
-		rand.Read(r[:])
+		tempNames.read(r[:])
 		name := "." + base + tmpInfix + hex.EncodeToString(r[:])
 		fd, err := unix.Openat(dfd, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, mode)
 		if err != unix.EEXIST {
@@ -183,6 +238,29 @@ func createTemp(dfd int, base string, perm fs.FileMode) (string, int, error) {
 		}
 	}
 	return "", -1, unix.EEXIST
+}
+
+// tempNames is where temporary names come from: a ChaCha8 stream (a
+// cryptographically secure generator) seeded once from crypto/rand, so that
+// a name costs no system call (crypto/rand's getrandom(2) is one where the
+// kernel has no vDSO for it, as under gVisor).
+var tempNames chachaSource
+
+type chachaSource struct {
+	once sync.Once
+	mu   sync.Mutex
+	r    *mathrand.ChaCha8
+}
+
+func (c *chachaSource) read(p []byte) {
+	c.once.Do(func() {
+		var seed [32]byte
+		rand.Read(seed[:])
+		c.r = mathrand.NewChaCha8(seed)
+	})
+	c.mu.Lock()
+	c.r.Read(p)
+	c.mu.Unlock()
 }
 
 var _ workspace.AppendFS = (*FS)(nil)

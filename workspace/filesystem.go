@@ -116,6 +116,15 @@ type WalkFS interface {
 	Walk(ctx context.Context, req WalkRequest) (WalkResult, error)
 }
 
+// WalkEachFS is a WalkFS that can also hand a walk's entries out as it
+// finds them (see WalkGenericEach), so that a caller that needs only the
+// first of them (a search that stops at its limit) does not list the rest.
+// The entries, in order, must be its Walk's.
+type WalkEachFS interface {
+	WalkFS
+	WalkEach(ctx context.Context, req WalkRequest, fn func(WalkEntry) error) error
+}
+
 // CheckFS is a FileSystem that refuses some changes by rule (the protect
 // guard of Guard, a scope's commit rules) and can say so before anything is
 // attempted: a command that changes several entries asks first, so that it

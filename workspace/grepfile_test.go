@@ -3,8 +3,10 @@ package workspace
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io/fs"
 	"reflect"
+	"runtime"
 	"slices"
 	"sync"
 	"testing"
@@ -124,3 +126,45 @@ func (mapFS) WriteFile(context.Context, string, []byte, fs.FileMode) error { ret
 func (mapFS) Mkdir(context.Context, string, fs.FileMode) error             { return ErrForbidden }
 func (mapFS) Remove(context.Context, string) error                         { return ErrForbidden }
 func (mapFS) Rename(context.Context, string, string) error                 { return ErrForbidden }
+
+// countingFS counts the directories listed.
+type countingFS struct {
+	mapFS
+	mu    sync.Mutex
+	lists int
+}
+
+func (c *countingFS) ReadDir(ctx context.Context, name string) ([]fs.DirEntry, error) {
+	c.mu.Lock()
+	c.lists++
+	c.mu.Unlock()
+	return c.mapFS.ReadDir(ctx, name)
+}
+
+// A search that reaches its limit stops its walk there: it does not list
+// the rest of the tree first. Its result is the full search's, cut.
+func TestGrepLimitStopsWalk(t *testing.T) {
+	ctx := t.Context()
+	files := mapFS{}
+	const dirs = 600
+	for d := range dirs {
+		files[fmt.Sprintf("d%04d/a.go", d)] = "TODO\n"
+	}
+	full, err := GrepGeneric(ctx, files, GrepRequest{Pattern: "TODO"})
+	if err != nil || full.Matches != dirs {
+		t.Fatalf("the full search: %d matches, %v", full.Matches, err)
+	}
+	fsys := &countingFS{mapFS: files}
+	got, err := GrepGeneric(ctx, fsys, GrepRequest{Pattern: "TODO", Limit: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !got.Truncated || got.Matches != 3 || !reflect.DeepEqual(got.Lines, full.Lines[:3]) {
+		t.Errorf("limit 3: %+v, want the first 3 of the full search's, truncated", got)
+	}
+	// The root, and the directories of at most grepAhead files beyond the
+	// results taken (with the workers' and a channel's slack).
+	if max := 1 + 3 + grepAhead + 2*runtime.GOMAXPROCS(0) + 2; fsys.lists > max {
+		t.Errorf("the search listed %d directories, want at most %d of %d", fsys.lists, max, dirs+1)
+	}
+}

@@ -170,11 +170,56 @@ func WalkGeneric(ctx context.Context, fsys FileSystem, req WalkRequest) (WalkRes
 	if req.Pattern != "" && !doublestar.ValidatePattern(req.Pattern) {
 		return WalkResult{}, PathError("walk", req.Pattern, ErrInvalidArgument)
 	}
+	w := walker{ctx: ctx, fsys: fsys, req: req}
+	return w.walk(start)
+}
+
+// WalkGenericEach is WalkGeneric handing each entry to fn as the walk
+// finds it, in walk order, rather than gathering them: an error of fn ends
+// the walk and is returned. A Limit ends the walk as it ends WalkGeneric's,
+// without an error.
+func WalkGenericEach(ctx context.Context, fsys FileSystem, req WalkRequest, fn func(WalkEntry) error) error {
+	start := req.Dir
+	if start == "" {
+		start = "."
+	}
+	if req.Pattern != "" && !doublestar.ValidatePattern(req.Pattern) {
+		return PathError("walk", req.Pattern, ErrInvalidArgument)
+	}
+	w := walker{ctx: ctx, fsys: fsys, req: req, each: fn}
+	_, err := w.walk(start)
+	return err
+}
+
+// walkEach is the walk of req over fsys, entry by entry: the adapter's
+// WalkEach where it has one, its Walk gone through where it has only that,
+// and WalkGenericEach otherwise.
+func walkEach(ctx context.Context, fsys FileSystem, req WalkRequest, fn func(WalkEntry) error) error {
+	switch w := fsys.(type) {
+	case WalkEachFS:
+		return w.WalkEach(ctx, req, fn)
+	case WalkFS:
+		res, err := w.Walk(ctx, req)
+		if err != nil {
+			return err
+		}
+		for _, e := range res.Entries {
+			if err := fn(e); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	return WalkGenericEach(ctx, fsys, req, fn)
+}
+
+// walk walks from start, a valid name.
+func (w *walker) walk(start string) (WalkResult, error) {
+	ctx, fsys := w.ctx, w.fsys
 	info, err := fsys.Lstat(ctx, start)
 	if err != nil {
 		return WalkResult{}, err
 	}
-	w := walker{ctx: ctx, fsys: fsys, req: req}
 	if !info.IsDir() {
 		if info.Mode()&fs.ModeSymlink != 0 {
 			// A link named as the start is followed once, as a user would expect.
@@ -182,8 +227,7 @@ func WalkGeneric(ctx context.Context, fsys FileSystem, req WalkRequest) (WalkRes
 				return w.result(w.dir(start, 1))
 			}
 		}
-		w.visit(start, info.Mode().Type(), func() (fs.FileInfo, error) { return info, nil })
-		return w.result(nil)
+		return w.result(w.visit(start, info.Mode().Type(), func() (fs.FileInfo, error) { return info, nil }))
 	}
 	return w.result(w.dir(start, 1))
 }
@@ -193,16 +237,38 @@ type walker struct {
 	fsys FileSystem
 	req  WalkRequest
 	out  WalkResult
-	n    int // entries found, error entries left out
+	n    int                   // entries found, error entries left out
+	each func(WalkEntry) error // when set, gets each entry in place of out
 }
 
 var errWalkDone = errors.New("walk limit reached")
 
+// eachError is an error of walker.each, which ends the walk.
+type eachError struct{ err error }
+
+func (e *eachError) Error() string { return e.err.Error() }
+
 func (w *walker) result(err error) (WalkResult, error) {
-	if err != nil && err != errWalkDone {
+	var ee *eachError
+	switch {
+	case errors.As(err, &ee):
+		return WalkResult{}, ee.err
+	case err != nil && err != errWalkDone:
 		return WalkResult{}, err
 	}
 	return w.out, nil
+}
+
+// emit records e, or hands it to each.
+func (w *walker) emit(e WalkEntry) error {
+	if w.each == nil {
+		w.out.Entries = append(w.out.Entries, e)
+		return nil
+	}
+	if err := w.each(e); err != nil {
+		return &eachError{err}
+	}
+	return nil
 }
 
 // visit records an entry, described by info when the request asks for
@@ -228,8 +294,7 @@ func (w *walker) visit(name string, typ fs.FileMode, info func() (fs.FileInfo, e
 			}
 		}
 	}
-	w.out.Entries = append(w.out.Entries, e)
-	return nil
+	return w.emit(e)
 }
 
 // dir lists name, whose entries lie at depth below the start.
@@ -252,13 +317,16 @@ func (w *walker) dir(name string, depth int) error {
 		}
 		if e.IsDir() && !excluded && (w.req.MaxDepth <= 0 || depth < w.req.MaxDepth) { // a link to a directory is not IsDir: never entered
 			if err := w.dir(child, depth+1); err != nil {
-				if err == errWalkDone || w.ctx.Err() != nil {
+				var ee *eachError
+				if err == errWalkDone || errors.As(err, &ee) || w.ctx.Err() != nil {
 					return err
 				}
 				// An unreadable directory below the start is skipped, or
 				// reported when the request asks for errors.
 				if w.req.Errors {
-					w.out.Entries = append(w.out.Entries, WalkEntry{Path: child, Type: fs.ModeDir, Err: err})
+					if err := w.emit(WalkEntry{Path: child, Type: fs.ModeDir, Err: err}); err != nil {
+						return err
+					}
 				}
 			}
 		}

@@ -74,6 +74,12 @@ func TestHardening(t *testing.T) {
 		}},
 		{"writable workspace", "touch /workspace/x && stat -c %u /workspace/x", func(o string) bool { return sessionUID(o) != "" }},
 		{"writable tmp", "echo x > /tmp/x && cat /tmp/x && grep ' /tmp ' /proc/mounts | cut -d' ' -f2,3", func(o string) bool { return o == "x\n/tmp tmpfs\n" }},
+		// The agent (PID 1, not dumpable, not root) cannot raise its own
+		// value for a command to inherit: the command's is set.
+		{"commands are the OOM killer's first choice", "cat /proc/self/oom_score_adj /proc/1/oom_score_adj", func(o string) bool {
+			f := strings.Fields(o)
+			return len(f) == 2 && f[0] == "1000" && f[1] != "1000"
+		}},
 		{"no docker socket", "ls /var/run/docker.sock /run/docker.sock 2>&1; true", func(o string) bool { return strings.Count(o, "No such file") == 2 }},
 		{"pids limit", "cat /sys/fs/cgroup/pids/pids.max 2>/dev/null || cat /sys/fs/cgroup/pids.max", func(o string) bool { return strings.TrimSpace(o) == "256" }},
 	}

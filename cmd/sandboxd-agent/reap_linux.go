@@ -99,7 +99,16 @@ func reapOnce(byPidfd bool, seen map[int]time.Time) []int {
 // of each of its threads) and asks the kernel about each child with a wait
 // that reaps nothing (WNOWAIT): reading a child's own /proc files would make
 // its reaping cost more (the kernel flushes its /proc dentries then).
+//
+// It first asks the kernel whether any child is a zombie at all (one
+// waitid(2) over every child, reaping nothing): most often none is, when
+// the exit that woke the reaper has been reaped by its waiter, and the
+// walk of /proc — a read of every thread's children file, under gVisor
+// several milliseconds — is then spared.
 func exitedChildren() []int {
+	if !anyExited() {
+		return nil
+	}
 	tasks, err := proctree.ReadProcDir("self/task")
 	if err != nil {
 		return nil
@@ -122,6 +131,27 @@ func exitedChildren() []int {
 		}
 	}
 	return out
+}
+
+// anyExited reports whether a child of this process (of any thread,
+// whatever its exit signal) has exited and waits to be reaped; an error
+// other than ECHILD (no child at all) says yes, so that the caller looks.
+func anyExited() bool {
+	for {
+		var info unix.Siginfo
+		err := unix.Waitid(unix.P_ALL, 0, &info, unix.WEXITED|unix.WNOHANG|unix.WNOWAIT|unix.WALL, nil)
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err == unix.ECHILD:
+			return false
+		case err != nil:
+			return true
+		}
+		// With WNOHANG the kernel leaves si_signo 0 when no child is
+		// waitable (and sets it to SIGCHLD for the one it found).
+		return info.Signo == int32(unix.SIGCHLD)
+	}
 }
 
 // probePidfds starts this binary once and reports whether the agent then

@@ -53,6 +53,34 @@ func TestReapOnceLeavesOwnChildren(t *testing.T) {
 	})
 }
 
+// anyExited, the reaper's shortcut, says yes exactly while a child is a
+// zombie: not while it runs, not once it is reaped.
+func TestAnyExited(t *testing.T) {
+	if anyExited() {
+		t.Skip("the test process has a zombie child already")
+	}
+	p, err := os.StartProcess("/proc/self/exe", []string{"probe"}, &os.ProcAttr{Env: []string{probeEnv + "=1"}, Files: []*os.File{nil, nil, nil}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the child to become a zombie", anyExited)
+	if _, err := p.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if anyExited() {
+		t.Error("a zombie after the child was reaped")
+	}
+	sleep := exec.Command("sleep", "60")
+	if err := sleep.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer sleep.Wait()
+	defer sleep.Process.Kill()
+	if anyExited() {
+		t.Error("a zombie while the only child runs")
+	}
+}
+
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	for deadline := time.Now().Add(time.Minute); !cond(); {

@@ -3,6 +3,7 @@ package proctree
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strconv"
 	"strings"
@@ -95,8 +96,13 @@ func startTree(path string, spec Spec, stdio [3]*os.File) (tree, error) {
 		// this one the largest, so the OOM killer's choice. Nothing else
 		// can start meanwhile (every start holds adopt.mu), and nothing of
 		// another command runs to fill memory (none runs).
-		restore := inheritOOMScoreAdj(spec.OOMScoreAdj)
-		spec.OOMScoreAdj = 0
+		// Where this process may not change its own value (not dumpable
+		// and not root: its /proc files are root's), the command's is set
+		// just after its start instead, as for a process group alone.
+		restore, inherited := inheritOOMScoreAdj(spec.OOMScoreAdj)
+		if inherited {
+			spec.OOMScoreAdj = 0
+		}
 		t, err := startDirect(path, spec, stdio)
 		restore()
 		if err != nil {
@@ -115,21 +121,44 @@ func startTree(path string, spec Spec, stdio [3]*os.File) (tree, error) {
 }
 
 // inheritOOMScoreAdj sets this process's own oom_score_adj to n, unless n
-// is zero or it is n already, and returns what sets it back. Going back is
-// always allowed: the kernel refuses an unprivileged process only a value
-// below the last one a privileged writer set, which the old value is not.
-func inheritOOMScoreAdj(n int) (restore func()) {
+// is zero or it is n already, and returns what sets it back; inherited says
+// whether a child started now gets n (false when this process may not
+// write its own value). Going back is always allowed: the kernel refuses an
+// unprivileged process only a value below the last one a privileged writer
+// set, which the old value is not. It reads and writes through one
+// descriptor of the file, opened once (ownOOMScoreAdj): three system calls
+// a command, not three opens of /proc files, each several calls (under
+// gVisor, 0.3 ms apiece at load).
+func inheritOOMScoreAdj(n int) (restore func(), inherited bool) {
 	nothing := func() {}
 	if n == 0 {
-		return nothing
+		return nothing, true
 	}
-	b, err := ReadProc("self/oom_score_adj")
-	old := strings.TrimSpace(string(b))
-	if err != nil || old == strconv.Itoa(n) || writeOOMScoreAdj("self", strconv.Itoa(n)) != nil {
-		return nothing
+	f, err := ownOOMScoreAdj()
+	if err != nil {
+		return nothing, false
 	}
-	return func() { writeOOMScoreAdj("self", old) }
+	var b [16]byte
+	k, err := f.ReadAt(b[:], 0)
+	old := strings.TrimSpace(string(b[:k]))
+	switch {
+	case err != nil && err != io.EOF || old == "":
+		return nothing, false
+	case old == strconv.Itoa(n):
+		return nothing, true
+	}
+	if _, err := f.WriteAt([]byte(strconv.Itoa(n)), 0); err != nil {
+		return nothing, false
+	}
+	return func() { f.WriteAt([]byte(old), 0) }, true
 }
+
+// ownOOMScoreAdj is this process's /proc/self/oom_score_adj, open for
+// reading and writing for the life of the process. The kernel parses each
+// write whole, wherever it is written, and reads from the offset given.
+var ownOOMScoreAdj = sync.OnceValues(func() (*os.File, error) {
+	return openProc("self/oom_score_adj", unix.O_RDWR)
+})
 
 // adoptDone ends the count of an adopted command (direct or shim).
 func adoptDone() {
@@ -151,6 +180,13 @@ func sweep(deadline time.Time) {
 	signalled := map[int]bool{}
 	for {
 		adopt.mu.Lock()
+		if childless() {
+			// Nothing below this process: the walk of /proc would find
+			// no one (and costs a read of every thread's children file,
+			// under gVisor several milliseconds a command).
+			adopt.mu.Unlock()
+			return
+		}
 		pids, family := descendants(self, adopt.shims)
 		fresh := false
 		for _, pid := range pids {
@@ -183,6 +219,20 @@ func sweep(deadline time.Time) {
 		}
 		if !fresh && !time.Now().Before(deadline) {
 			return
+		}
+	}
+}
+
+// childless reports whether the kernel says this process has no child at
+// all, running or a zombie, of any thread, whatever its exit signal
+// (waitid(P_ALL) with __WALL and WNOWAIT, which reaps no one): then it has
+// no descendant either. Any other answer, an error included, is false.
+func childless() bool {
+	var info unix.Siginfo
+	for {
+		err := unix.Waitid(unix.P_ALL, 0, &info, unix.WEXITED|unix.WSTOPPED|unix.WCONTINUED|unix.WNOHANG|unix.WNOWAIT|unix.WALL, nil)
+		if err != unix.EINTR {
+			return err == unix.ECHILD
 		}
 	}
 }

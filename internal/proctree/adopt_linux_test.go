@@ -10,6 +10,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestMain(m *testing.M) {
@@ -158,4 +160,35 @@ func runTrue(t *testing.T, want string) {
 func running(pid int) bool {
 	s := procState(pid)
 	return s != 0 && s != 'Z'
+}
+
+// childless, the sweep's shortcut, says no only while a child of any kind
+// is there: running, or a zombie not yet reaped.
+func TestChildless(t *testing.T) {
+	CloseIdle()
+	if !childless() {
+		t.Skipf("the test process has children already: %v", childrenOfSelf())
+	}
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if childless() {
+		t.Error("childless with a child running")
+	}
+	cmd.Process.Kill()
+	for {
+		var info unix.Siginfo
+		// Until it is a zombie, without reaping it.
+		if err := unix.Waitid(unix.P_PID, cmd.Process.Pid, &info, unix.WEXITED|unix.WNOWAIT, nil); err != unix.EINTR {
+			break
+		}
+	}
+	if childless() {
+		t.Error("childless with a zombie child")
+	}
+	cmd.Wait()
+	if !childless() {
+		t.Errorf("not childless once the child is reaped: %v", childrenOfSelf())
+	}
 }

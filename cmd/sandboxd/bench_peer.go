@@ -290,12 +290,13 @@ type writeFloor struct {
 // writeFloors are the steps of a 4 KB write to the file system in dir with
 // and without the guarantees localfs's write keeps: os.WriteFile (the
 // peer's: in place, not flushed), a temporary file renamed over the target
-// (atomic, not flushed), and the same with the file and the directory
-// flushed (what localfs.WriteFile does).
+// (atomic, not flushed), the same with the file flushed before the rename,
+// and with the directory flushed after it too (what localfs.WriteFile
+// does: the rename itself outlives a crash).
 func writeFloors(dir string) []writeFloor {
 	data := []byte(peerText(0, "alpha"))
 	target := filepath.Join(dir, "floor.txt")
-	atomic := func(sync bool) func() error {
+	atomic := func(sync, syncDir bool) func() error {
 		return func() error {
 			tmp := filepath.Join(dir, ".floor.txt.tmp")
 			f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
@@ -313,7 +314,7 @@ func writeFloors(dir string) []writeFloor {
 				os.Remove(tmp)
 				return err
 			}
-			if sync {
+			if syncDir {
 				d, err := os.Open(dir)
 				if err != nil {
 					return err
@@ -326,8 +327,9 @@ func writeFloors(dir string) []writeFloor {
 	}
 	return []writeFloor{
 		{"4 KB `os.WriteFile` (in place, not flushed: the peer's write)", func() error { return os.WriteFile(target, data, 0o644) }},
-		{"4 KB temporary file renamed over the target, not flushed", atomic(false)},
-		{"4 KB temporary file, fsync, rename, fsync of the directory (localfs's write)", atomic(true)},
+		{"4 KB temporary file renamed over the target, not flushed", atomic(false, false)},
+		{"4 KB temporary file, fsync, rename", atomic(true, false)},
+		{"4 KB temporary file, fsync, rename, fsync of the directory (localfs's write)", atomic(true, true)},
 	}
 }
 

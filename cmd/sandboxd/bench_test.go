@@ -210,6 +210,7 @@ func TestBenchAgainstPeer(t *testing.T) {
 	}
 	for _, f := range []string{"4 KB `os.WriteFile` (in place, not flushed: the peer's write)",
 		"4 KB temporary file renamed over the target, not flushed",
+		"4 KB temporary file, fsync, rename",
 		"4 KB temporary file, fsync, rename, fsync of the directory (localfs's write)"} {
 		if row := rows[f]; len(row) != 2 || !duration.MatchString(row[0]) || !duration.MatchString(row[1]) {
 			t.Errorf("floor %q: %q", f, row)

@@ -305,7 +305,7 @@ func (c *lineConn) Write(ctx context.Context, msg jsonrpc.Message) error {
 	var err error
 	switch {
 	case done == nil:
-		data, err = jsonrpc.EncodeMessage(resp)
+		data, err = encodeResponse(resp)
 	case len(done) == 0:
 		return nil // more of its batch to come
 	default:

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/sandboxd/sandboxd/mcpserver"
 	"github.com/sandboxd/sandboxd/memfs"
@@ -410,5 +411,57 @@ func TestRequestsInFlight(t *testing.T) {
 	}
 	if !ids["7"] || !ids["9"] || ids["8"] {
 		t.Fatalf("answered %v, want 7 and 9 and not the cancelled 8", ids)
+	}
+}
+
+// TestEncodeResponseIsTheSDKs holds the transport's encoding of a response
+// to the SDK's, byte for byte: results as the SDK marshals them (compact,
+// HTML not escaped: <, >, & and U+2028 as they are), IDs of every kind, and
+// errors.
+func TestEncodeResponseIsTheSDKs(t *testing.T) {
+	marshal := func(v any) json.RawMessage {
+		var buf strings.Builder
+		enc := json.NewEncoder(&buf)
+		enc.SetEscapeHTML(false)
+		if err := enc.Encode(v); err != nil {
+			t.Fatal(err)
+		}
+		return json.RawMessage(strings.TrimRight(buf.String(), "\n"))
+	}
+	result := marshal(&mcp.CallToolResult{
+		Content:           []mcp.Content{&mcp.TextContent{Text: "a <b> & c\u2028d\n\"quoted\" \\ \t"}},
+		StructuredContent: map[string]any{"content": "a <b> & c", "n": 1},
+	})
+	id := func(v any) jsonrpc.ID {
+		id, err := jsonrpc.MakeID(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	for _, tc := range []struct {
+		name string
+		resp *jsonrpc.Response
+	}{
+		{"a tool's result", &jsonrpc.Response{ID: id(7.0), Result: result}},
+		{"ID 0", &jsonrpc.Response{ID: id(0.0), Result: marshal(map[string]any{})}},
+		{"a negative ID", &jsonrpc.Response{ID: id(-12.0), Result: marshal([]int{1, 2})}},
+		{"the largest ID", &jsonrpc.Response{ID: id(float64(1 << 53)), Result: marshal("x")}},
+		{"a string ID", &jsonrpc.Response{ID: id("a<&>"), Result: result}},
+		{"an error", &jsonrpc.Response{ID: id(3.0), Error: &jsonrpc.Error{Code: -32602, Message: "bad <params>"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			want, err := jsonrpc.EncodeMessage(tc.resp)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := mcpserver.EncodeResponse(tc.resp)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(got) != string(want) {
+				t.Errorf("got  %s\nwant %s", got, want)
+			}
+		})
 	}
 }

@@ -48,6 +48,24 @@ func (e *FrameError) Encode() []byte {
 	return data
 }
 
+// encodeResponse is jsonrpc.EncodeMessage(resp), byte for byte, without
+// EncodeMessage's pass over a result: it compacts and checks the raw
+// result, which the SDK marshaled (compact and valid) just before — twice
+// the size of a file read, since a result carries the text and its
+// structuredContent. A response with an error or a string ID, which are
+// small, is EncodeMessage's.
+func encodeResponse(resp *jsonrpc.Response) ([]byte, error) {
+	id, ok := resp.ID.Raw().(int64)
+	if !ok || resp.Error != nil || len(resp.Result) == 0 {
+		return jsonrpc.EncodeMessage(resp)
+	}
+	const head, mid = `{"jsonrpc":"2.0","id":`, `,"result":`
+	data := make([]byte, 0, len(head)+20+len(mid)+len(resp.Result)+1)
+	data = strconv.AppendInt(append(data, head...), id, 10)
+	data = append(append(append(data, mid...), resp.Result...), '}')
+	return data, nil
+}
+
 // Decode reads one frame: a JSON-RPC message or, when batch, an array of
 // them. Its error is a *FrameError: jsonrpc.CodeParseError (with the null
 // ID) when frame is not JSON, jsonrpc.CodeInvalidRequest when it is JSON but

@@ -284,7 +284,16 @@ func toolsOf(skills ...string) []string {
 // client to read and for every call to be held to, and no handler checks
 // it again. An argument left out or null, or one the tool tolerates, is
 // not judged.
+//
+// Only a bounded property's argument is decoded: a tool with none (write,
+// edit) costs no pass over its arguments, a 4 KB content among them.
 func checkBounds(in *jsonschema.Schema, args json.RawMessage, tolerate []string) error {
+	bounded := func(p *jsonschema.Schema) bool {
+		return p != nil && (p.ExclusiveMinimum != nil || p.Minimum != nil || p.Maximum != nil)
+	}
+	if in == nil || !slices.ContainsFunc(slices.Collect(maps.Values(in.Properties)), bounded) {
+		return nil
+	}
 	var fields map[string]json.RawMessage
 	if json.Unmarshal(args, &fields) != nil {
 		return nil // decodeArgs judged the shape
@@ -292,7 +301,7 @@ func checkBounds(in *jsonschema.Schema, args json.RawMessage, tolerate []string)
 	for _, name := range slices.Sorted(maps.Keys(fields)) {
 		p, raw := in.Properties[name], fields[name]
 		var v float64
-		if p == nil || string(raw) == "null" || slices.Contains(tolerate, name) || json.Unmarshal(raw, &v) != nil {
+		if !bounded(p) || string(raw) == "null" || slices.Contains(tolerate, name) || json.Unmarshal(raw, &v) != nil {
 			continue
 		}
 		switch {

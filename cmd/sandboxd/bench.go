@@ -33,7 +33,7 @@ import (
 
 var cmdBench = &command{
 	name:    "bench",
-	args:    "[--calls N] [--backends " + strings.Join(backendNames(sessionable), ",") + "] [--floor-calls N] [--image IMAGE]",
+	args:    "[--calls N] [--backends " + strings.Join(backendNames(sessionable), ",") + "] [--floor-calls N] [--image IMAGE] [--fsserver VERSION|PATH|none]",
 	summary: "measure what each tool costs on this machine, per backend over MCP, beside the Docker floors, and print the tables",
 	setup: func(fs *flag.FlagSet) runFunc {
 		var o benchOptions
@@ -42,6 +42,7 @@ var cmdBench = &command{
 		fs.StringVar(&backends, "backends", strings.Join(backendNames(sessionable), ","), "the `backends` to measure, comma-separated; docker adds the Docker floors")
 		fs.IntVar(&o.floorCalls, "floor-calls", 10, "timed runs of each Docker floor (each takes a fraction of a second to seconds)")
 		fs.StringVar(&o.image, "image", images.Default, "the docker backend's and the floors' `image`")
+		fs.StringVar(&o.peer, "fsserver", fsserverVersion, "with local, the `version` of "+fsserverModule+" to build from the module proxy and hold the local backend's read, write and edit to, or the path of its binary; none skips it")
 		return func(ctx context.Context, sio stdio, args []string) error {
 			if len(args) > 0 {
 				return usagef("unexpected arguments %q", args)
@@ -75,6 +76,7 @@ type benchOptions struct {
 	calls, floorCalls int
 	backends          []string
 	image             string
+	peer              string // benchPeer's: a version, a binary's path, or none
 }
 
 // benchOp is one tool call bench times; args makes the i-th call's
@@ -124,6 +126,15 @@ func bench(ctx context.Context, sio stdio, o benchOptions) error {
 			return fmt.Errorf("%s backend: %w", b, err)
 		}
 		results[b] = stats
+	}
+	var peer *peerRun
+	if slices.Contains(o.backends, "local") && o.peer != "none" {
+		fmt.Fprintf(sio.err, "sandboxd bench: the local backend against mcp-filesystem-server, %d calls of each…\n", o.calls)
+		run, err := benchPeer(ctx, sio, exe, o)
+		if err != nil {
+			return fmt.Errorf("against mcp-filesystem-server: %w", err)
+		}
+		peer = &run
 	}
 	var floors []benchFloor
 	if slices.Contains(o.backends, "docker") {
@@ -186,6 +197,9 @@ func bench(ctx context.Context, sio stdio, o benchOptions) error {
 		for _, f := range floors {
 			fmt.Fprintf(w, "| %s | %s | %s |\n", f.name, ms(f.stats.median), ms(f.stats.p90))
 		}
+	}
+	if peer != nil {
+		printPeer(w, *peer)
 	}
 	return nil
 }
@@ -287,6 +301,7 @@ func benchBackend(ctx context.Context, exe, backend string, o benchOptions) ([]b
 // benchClient speaks MCP to a spawned `sandboxd mcp`, one request at a time,
 // one JSON-RPC message a line.
 type benchClient struct {
+	who    string // the server, for errors: sandboxd mcp unless set
 	cmd    *exec.Cmd
 	in     io.WriteCloser
 	out    *bufio.Scanner
@@ -296,7 +311,7 @@ type benchClient struct {
 }
 
 func startBench(ctx context.Context, exe string, args ...string) (*benchClient, error) {
-	c := &benchClient{cmd: exec.CommandContext(ctx, exe, args...)}
+	c := &benchClient{who: "sandboxd mcp", cmd: exec.CommandContext(ctx, exe, args...)}
 	c.cmd.Stderr = &c.stderr
 	var err error
 	if c.in, err = c.cmd.StdinPipe(); err != nil {
@@ -346,7 +361,7 @@ func (c *benchClient) request(method string, params any) (json.RawMessage, error
 			} `json:"error"`
 		}
 		if err := json.Unmarshal(c.out.Bytes(), &msg); err != nil {
-			return nil, fmt.Errorf("sandboxd mcp answered %q: %w", c.out.Bytes(), err)
+			return nil, fmt.Errorf("%s answered %q: %w", c.who, c.out.Bytes(), err)
 		}
 		switch {
 		case msg.ID == nil || *msg.ID != c.id:
@@ -362,7 +377,7 @@ func (c *benchClient) request(method string, params any) (json.RawMessage, error
 // failed adds what sandboxd mcp said on standard error to err.
 func (c *benchClient) failed(err error) error {
 	if s := strings.TrimSpace(c.stderr.String()); s != "" {
-		return fmt.Errorf("%w; sandboxd mcp said: %s", err, s)
+		return fmt.Errorf("%w; %s said: %s", err, c.who, s)
 	}
 	return err
 }

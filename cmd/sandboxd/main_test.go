@@ -19,6 +19,13 @@ import (
 var sandboxdBin string
 
 func TestMain(m *testing.M) {
+	if os.Getenv(fakePeerEnv) != "" && len(os.Args) == 2 { // bench's stand-in peer: see serveFakePeer
+		if err := serveFakePeer(os.Args[1]); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	dir, err := os.MkdirTemp("", "sandboxd-test-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -1,0 +1,4 @@
+package mcpserver
+
+// EncodeResponse is encodeResponse, for the tests.
+var EncodeResponse = encodeResponse

@@ -3,8 +3,10 @@ package httpapi
 import (
 	"bytes"
 	"encoding/json"
+	"io"
 	"net/http/httptest"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 )
@@ -48,5 +50,18 @@ func same(t *testing.T, got []byte, v any) {
 	json.Unmarshal(want, &w)
 	if !reflect.DeepEqual(g, w) {
 		t.Errorf("streamed %.300s\nwant %.300s", got, want)
+	}
+}
+
+// BenchmarkWriteResult answers a 4 KB read's result (its text and its
+// structured content), as callTool does for each call.
+func BenchmarkWriteResult(b *testing.B) {
+	text := strings.Repeat(strings.Repeat("x", 63)+"\n", 64)
+	r := CallResult{Content: []Content{{Type: "text", Text: text}}, StructuredContent: map[string]any{"path": "f4k.txt", "content": text, "totalLines": 64}}
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := writeResult(io.Discard, r); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

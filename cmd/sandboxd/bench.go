@@ -63,6 +63,12 @@ var cmdBench = &command{
 			if len(o.backends) == 0 {
 				return usagef("--backends names no backend")
 			}
+			if o.floorServer != "" && !slices.Contains(o.backends, "docker") {
+				return usagef("--floor-server holds Docker calls to the floor: add docker to --backends")
+			}
+			if o.cpuProfile != "" && o.floorServer == "" {
+				return usagef("--cpuprofile profiles the calls against the floor: give --floor-server too")
+			}
 			// The table's order is the backends', as mcp (which bench spawns) offers them.
 			order := backendNames(sessionable)
 			slices.SortFunc(o.backends, func(a, b string) int { return slices.Index(order, a) - slices.Index(order, b) })
@@ -135,7 +141,7 @@ func bench(ctx context.Context, sio stdio, o benchOptions) error {
 		}
 	}
 	var floorRows []floorRow
-	if o.floorServer != "" && slices.Contains(o.backends, "docker") {
+	if o.floorServer != "" {
 		fmt.Fprintf(sio.err, "sandboxd bench: the calls against the floor server, %d rounds…\n", o.calls)
 		if floorRows, err = benchAgainstFloor(ctx, sio, o); err != nil {
 			return fmt.Errorf("the floor server: %w", err)

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sandboxd/sandboxd/journal"
@@ -126,7 +127,12 @@ func writeStatus(w http.ResponseWriter, st CallStatus) {
 // megabytes (a detached call's, kept) holds no copy of it, where
 // encoding/json would hold its base64 whole, in a buffer grown by doubling.
 func writeResult(w io.Writer, r CallResult) error {
-	bw := bufio.NewWriterSize(w, writeChunk)
+	bw := resultWriters.Get().(*bufio.Writer)
+	bw.Reset(w)
+	defer func() {
+		bw.Reset(nil) // holds no response past its call
+		resultWriters.Put(bw)
+	}()
 	bw.WriteString(`{"content":[`)
 	for i, c := range r.Content {
 		if i > 0 {
@@ -151,6 +157,11 @@ func writeResult(w io.Writer, r CallResult) error {
 	fmt.Fprintf(bw, `,"isError":%t}`, r.IsError)
 	return bw.Flush()
 }
+
+// resultWriters are writeResult's buffers, kept between calls: each would
+// otherwise allocate and clear writeChunk bytes to answer a result of a
+// few hundred.
+var resultWriters = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, writeChunk) }}
 
 // marshal is v's JSON as writeJSON writes it, without its newline.
 func marshal(v any) []byte {

@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"io/fs"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -66,6 +68,19 @@ func TestClassifyNoSpace(t *testing.T) {
 	} {
 		if status, kind := classify(err); status != http.StatusInsufficientStorage || kind != "NoSpace" {
 			t.Errorf("classify(%v) = %d %s, want 507 NoSpace", err, status, kind)
+		}
+	}
+}
+
+// BenchmarkWriteResult answers a 4 KB read's result (its text and its
+// structured content), as callTool does for each call.
+func BenchmarkWriteResult(b *testing.B) {
+	text := strings.Repeat(strings.Repeat("x", 63)+"\n", 64)
+	r := CallResult{Content: []Content{{Type: "text", Text: text}}, StructuredContent: map[string]any{"path": "f4k.txt", "content": text, "totalLines": 64}}
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := writeResult(io.Discard, r); err != nil {
+			b.Fatal(err)
 		}
 	}
 }

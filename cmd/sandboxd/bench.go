@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"cmp"
 	"context"
-	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -23,7 +22,6 @@ import (
 	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/client"
 
-	"github.com/sandboxd/sandboxd/backend"
 	"github.com/sandboxd/sandboxd/backend/docker"
 	"github.com/sandboxd/sandboxd/images"
 	"github.com/sandboxd/sandboxd/policy"
@@ -43,6 +41,8 @@ var cmdBench = &command{
 		fs.IntVar(&o.floorCalls, "floor-calls", 10, "timed runs of each Docker floor (each takes a fraction of a second to seconds)")
 		fs.StringVar(&o.image, "image", images.Default, "the docker backend's and the floors' `image`")
 		fs.StringVar(&o.peer, "fsserver", fsserverVersion, "with local, the `version` of "+fsserverModule+" to build from the module proxy and hold the local backend's read, write and edit to, or the path of its binary; none skips it")
+		fs.StringVar(&o.floorServer, "floor-server", "", "with docker: the floor server's static `binary` (CGO_ENABLED=0 go build ./cmd/sandboxd/testdata/floorserver), to hold a read, a stat, an ls and bash `true` through the HTTP API and MCP to it")
+		fs.StringVar(&o.cpuProfile, "cpuprofile", "", "with --floor-server: write a CPU profile of this process (the HTTP API's daemon runs in it) over the floor calls to `file`")
 		return func(ctx context.Context, sio stdio, args []string) error {
 			if len(args) > 0 {
 				return usagef("unexpected arguments %q", args)
@@ -64,6 +64,12 @@ var cmdBench = &command{
 			if len(o.backends) == 0 {
 				return usagef("--backends names no backend")
 			}
+			if o.floorServer != "" && !slices.Contains(o.backends, "docker") {
+				return usagef("--floor-server holds Docker calls to the floor: add docker to --backends")
+			}
+			if o.cpuProfile != "" && o.floorServer == "" {
+				return usagef("--cpuprofile profiles the calls against the floor: give --floor-server too")
+			}
 			// The table's order is the backends', as mcp (which bench spawns) offers them.
 			order := backendNames(sessionable)
 			slices.SortFunc(o.backends, func(a, b string) int { return slices.Index(order, a) - slices.Index(order, b) })
@@ -77,6 +83,8 @@ type benchOptions struct {
 	backends          []string
 	image             string
 	peer              string // benchPeer's: a version, a binary's path, or none
+	floorServer       string // the floor server binary, or ""
+	cpuProfile        string // where the floor calls' CPU profile goes, or ""
 }
 
 // benchOp is one tool call bench times; args makes the i-th call's
@@ -143,6 +151,13 @@ func bench(ctx context.Context, sio stdio, o benchOptions) error {
 			return fmt.Errorf("docker floors: %w", err)
 		}
 	}
+	var floorRows []floorRow
+	if o.floorServer != "" {
+		fmt.Fprintf(sio.err, "sandboxd bench: the calls against the floor server, %d rounds…\n", o.calls)
+		if floorRows, err = benchAgainstFloor(ctx, sio, o); err != nil {
+			return fmt.Errorf("the floor server: %w", err)
+		}
+	}
 	loadAfter := loadAverage()
 
 	w := sio.out
@@ -200,6 +215,9 @@ func bench(ctx context.Context, sio stdio, o benchOptions) error {
 	}
 	if peer != nil {
 		printPeer(w, *peer)
+	}
+	if len(floorRows) > 0 {
+		printFloor(w, floorRows)
 	}
 	return nil
 }
@@ -435,25 +453,14 @@ type benchFloor struct {
 // containers carry this run's owner labels, so a run killed midway leaves
 // them to the next `sandboxd mcp --backend docker` to remove.
 func dockerFloors(ctx context.Context, sio stdio, o benchOptions) ([]benchFloor, error) {
-	cli, err := dockerClient(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("%w (run 'sandboxd doctor')", err)
-	}
-	defer cli.Close()
-	b, ref, err := dockerBackend(ctx, sio, cli, o.image, false)
+	e, err := openBenchEngine(ctx, sio, o.image)
 	if err != nil {
 		return nil, err
 	}
-	daemon := "cli-bench-" + strings.ToLower(rand.Text()[:8])
-	labels := backend.Self().Labels()
-	labels[backend.LabelDaemon] = daemon
 	// Whatever a floor left — a removal that lost a race, a warm container
 	// a pool was still making at its shutdown — goes at the end.
-	defer func() {
-		if _, err := docker.Reap(context.WithoutCancel(ctx), cli, map[string]string{backend.LabelDaemon: daemon}, nil); err != nil {
-			fmt.Fprintf(sio.err, "sandboxd bench: removing the floors' containers: %v\n", err)
-		}
-	}()
+	defer e.close(ctx, sio)
+	cli, b, ref, daemon, labels := e.cli, e.b, e.ref, e.daemon, e.labels
 	create := func(cmd ...string) (string, error) {
 		ct, err := cli.ContainerCreate(ctx, client.ContainerCreateOptions{
 			Config:     &container.Config{Image: ref, Entrypoint: cmd, Labels: labels},

@@ -18,11 +18,21 @@ import (
 // TestBench runs `sandboxd bench` briefly — a few calls on the memory and
 // local backends, and on docker with its floors under CI — and checks the
 // shape of what it prints: the load, a row per tool with a median and a
-// 90th percentile for each backend, the ratios, and the floors with docker.
+// 90th percentile for each backend, the ratios, and the floors with docker;
+// with docker, also the calls held to the floor server (built here, as
+// BENCHMARKS.md's rerun builds it), each on its three paths with the ratios.
 func TestBench(t *testing.T) {
 	backends := []string{"local", "memory"}
+	args := []string{"bench", "--calls", "3", "--floor-calls", "1"}
 	if os.Getenv("CI") != "" {
 		backends = append(backends, "docker")
+		floor := filepath.Join(t.TempDir(), "floorserver")
+		build := exec.Command("go", "build", "-o", floor, "./testdata/floorserver")
+		build.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := build.CombinedOutput(); err != nil {
+			t.Fatalf("building the floor server: %v: %s", err, out)
+		}
+		args = append(args, "--floor-server", floor)
 	}
 	// Docker's floors start containers: more than runBinary's bound on a
 	// loaded machine.
@@ -30,7 +40,7 @@ func TestBench(t *testing.T) {
 	defer cancel()
 	// The pairs against mcp-filesystem-server would build it from the
 	// module proxy: TestBenchAgainstPeer has them, against a stand-in.
-	cmd := exec.CommandContext(ctx, sandboxdBin, "bench", "--calls", "3", "--floor-calls", "1", "--backends", strings.Join(backends, ","), "--fsserver", "none")
+	cmd := exec.CommandContext(ctx, sandboxdBin, append(args, "--backends", strings.Join(backends, ","), "--fsserver", "none")...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
@@ -97,6 +107,29 @@ func TestBench(t *testing.T) {
 		}
 		if ok && (len(row) != 2 || !duration.MatchString(row[0]) || !duration.MatchString(row[1])) {
 			t.Errorf("floor %q: %q", f, row)
+		}
+	}
+	for _, c := range floorCalls {
+		row, ok := rows[c.name]
+		if ok != (len(backends) == 3) {
+			t.Errorf("floor call %q shown: %v, with backends %q", c.name, ok, backends)
+		}
+		if !ok {
+			continue
+		}
+		if len(row) != 7 {
+			t.Errorf("floor call %q: %q", c.name, row)
+			continue
+		}
+		timed := regexp.MustCompile(`^\d+\.\d\d ms / \d+\.\d\d ms$`)
+		for i, cell := range row {
+			re := map[bool]*regexp.Regexp{true: timed, false: factor}[i < 5]
+			if i == 1 && c.port == nil {
+				re = regexp.MustCompile(`^–$`) // bash has no port call
+			}
+			if !re.MatchString(cell) {
+				t.Errorf("floor call %q: cell %d is %q", c.name, i, cell)
+			}
 		}
 	}
 }

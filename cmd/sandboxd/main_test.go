@@ -95,6 +95,8 @@ func TestUsage(t *testing.T) {
 		{args: []string{"session", "call", "only-an-id"}, code: 2, err: "sandboxd session call: want a session ID"},
 		{args: []string{"session", "ls", "--token", ""}, code: 1, err: "sandboxd session ls: "},
 		{args: []string{"version"}, code: 0, out: "sandboxd "},
+		{args: []string{"bench", "--backends", "memory", "--floor-server", "floorserver"}, code: 2, err: "--floor-server holds Docker calls to the floor: add docker to --backends"},
+		{args: []string{"bench", "--cpuprofile", "cpu.prof"}, code: 2, err: "--cpuprofile profiles the calls against the floor: give --floor-server too"},
 		{args: []string{"version", "x"}, code: 2, err: "no arguments"},
 		{args: []string{"mcp", "--frob"}, code: 2, err: "sandboxd mcp: flag provided but not defined: -frob"},
 		{args: []string{"mcp", "--workspace", ws, "extra"}, code: 2, err: "unexpected arguments"},

@@ -3,6 +3,7 @@ package runner
 import (
 	"context"
 	"encoding/json"
+	"os"
 	"sync"
 	"testing"
 
@@ -116,4 +117,17 @@ func WatchNewBaselines(t testing.TB) (holding, waiting <-chan struct{}) {
 func ForkStoredFirst(tb testing.TB) {
 	forkStoredFirst.Store(true)
 	tb.Cleanup(func() { forkStoredFirst.Store(false) })
+}
+
+// DamageForkSpool makes each fork's spool, until the test ends, hold at
+// offset at another byte than the store wrote there, as a disk might.
+func DamageForkSpool(tb testing.TB, at int64) {
+	spoolWritten = func(spool *os.File, off int64, n int) {
+		if off <= at && at < off+int64(n) {
+			b := make([]byte, 1)
+			spool.ReadAt(b, at)
+			spool.WriteAt([]byte{b[0] ^ 0xff}, at)
+		}
+	}
+	tb.Cleanup(func() { spoolWritten = nil })
 }

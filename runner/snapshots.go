@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"os"
 	"sync"
@@ -439,8 +441,11 @@ var forkStoredFirst atomic.Bool
 // source is frozen only as long as the snapshot takes, not as long as
 // the slowest fork's copy. Each fork gets the pack's bytes, the stream
 // its manifest was made of (which a restore checks the stored pack
-// against); a fork is made only once the snapshot is whole, so one that
-// fails — refused, cut short — fails every fork.
+// against), and checks what it read of the spool against the SHA-256 of
+// what the store wrote into it, so a spool changed or cut short on its
+// disk is snapshot.ErrCorrupt, never a fork's tree; a fork is made only
+// once the snapshot is whole, so one that fails — refused, cut short,
+// damaged — fails every fork.
 type fanout struct {
 	n int
 	// ready is closed once n forks have joined: the snapshot starts then.
@@ -448,9 +453,12 @@ type fanout struct {
 	// spool holds the pack as the store writes it, for the forks to read
 	// behind it; size is how much of it is written.
 	spool *os.File
+	sum   hash.Hash // of what Write wrote, the one writer's
 	mu    sync.Mutex
 	grown *sync.Cond
 	size  int64
+	// digest is sum's, once finished.
+	digest []byte
 	// joined counts the forks that took their stream; finished is set
 	// once the snapshot is made (info) or has failed (err), and done
 	// closed.
@@ -470,7 +478,7 @@ func newFanout(n int, dir string) (*fanout, error) {
 		return nil, err
 	}
 	os.Remove(spool.Name()) // read and written through spool alone
-	f := &fanout{n: n, ready: make(chan struct{}), done: make(chan struct{}), spool: spool}
+	f := &fanout{n: n, ready: make(chan struct{}), done: make(chan struct{}), spool: spool, sum: sha256.New()}
 	f.grown = sync.NewCond(&f.mu)
 	return f, nil
 }
@@ -483,12 +491,16 @@ func (f *fanout) join() io.Reader {
 	if f.joined++; f.joined == f.n {
 		close(f.ready)
 	}
-	return &follower{f: f}
+	return &follower{f: f, sum: sha256.New()}
 }
 
 // Write appends p to the spool, for the forks to read.
 func (f *fanout) Write(p []byte) (int, error) {
 	n, err := f.spool.WriteAt(p, f.size)
+	f.sum.Write(p[:n])
+	if spoolWritten != nil {
+		spoolWritten(f.spool, f.size, n)
+	}
 	f.mu.Lock()
 	f.size += int64(n)
 	f.grown.Broadcast()
@@ -500,7 +512,7 @@ func (f *fanout) Write(p []byte) (int, error) {
 // has read what was written before, and lets the spool go.
 func (f *fanout) finish(info snapshot.Info, err error) {
 	f.mu.Lock()
-	f.info, f.err, f.finished = info, err, true
+	f.info, f.err, f.finished, f.digest = info, err, true, f.sum.Sum(nil)
 	f.grown.Broadcast()
 	f.mu.Unlock()
 	close(f.done)
@@ -509,10 +521,16 @@ func (f *fanout) finish(info snapshot.Info, err error) {
 // close removes the spool, once no fork reads it.
 func (f *fanout) close() { f.spool.Close() }
 
-// follower reads the spool behind the store.
+// spoolWritten, when set (a test's), is called after each write of a
+// fanout's spool with what was written where, before any fork reads it.
+var spoolWritten func(spool *os.File, off int64, n int)
+
+// follower reads the spool behind the store, and at its end checks what
+// it read against what the store wrote.
 type follower struct {
 	f   *fanout
 	off int64
+	sum hash.Hash // of what it read
 }
 
 func (r *follower) Read(p []byte) (int, error) {
@@ -521,15 +539,22 @@ func (r *follower) Read(p []byte) (int, error) {
 	for r.off == f.size && !f.finished {
 		f.grown.Wait()
 	}
-	size, finished, err := f.size, f.finished, f.err
+	size, finished, err, digest := f.size, f.finished, f.err, f.digest
 	f.mu.Unlock()
 	if r.off == size && finished {
+		if err == nil && !bytes.Equal(r.sum.Sum(nil), digest) {
+			err = fmt.Errorf("%w: a fork's copy of it differs from what the store wrote (its spool, on the store's disk, was changed or cut short)", snapshot.ErrCorrupt)
+		}
 		return 0, cmp.Or(err, io.EOF)
 	}
 	n, rerr := f.spool.ReadAt(p[:min(int64(len(p)), size-r.off)], r.off)
+	r.sum.Write(p[:n])
 	r.off += int64(n)
-	if rerr == io.EOF && n > 0 {
+	switch {
+	case rerr == io.EOF && n > 0:
 		rerr = nil
+	case rerr == io.EOF: // the spool holds less than was written to it
+		rerr = fmt.Errorf("%w: its spool ends at %d of %d bytes written", snapshot.ErrCorrupt, r.off, size)
 	}
 	return n, rerr
 }

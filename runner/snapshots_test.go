@@ -2,6 +2,7 @@ package runner_test
 
 import (
 	"archive/tar"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -327,6 +328,28 @@ func (b cutExport) Open(ctx context.Context, spec backend.Spec) (*backend.Instan
 // TestForkSnapshotCut: a fork whose snapshot fails after its forks began
 // to copy it (their stream is the snapshot's as it is read) makes none of
 // them, says why, and leaves no snapshot.
+// TestForkSpoolDamaged: a fork's copies read the pack from a spool on the
+// store's disk; one byte of a file's contents there other than the store
+// wrote makes the fork fail as damaged, and no fork is made.
+func TestForkSpoolDamaged(t *testing.T) {
+	m := newManager(t, memory.Backend{}, runner.WithSnapshots(snapshotStore(t)))
+	s, err := m.Create(t.Context(), runner.CreateRequest{Tenant: "acme"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.FS().WriteFile(t.Context(), "a.txt", bytes.Repeat([]byte("x"), 64<<10), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	runner.DamageForkSpool(t, 512+1000) // within a.txt's contents, after the pack's first header
+	_, err = m.Fork(t.Context(), "acme", s.ID(), runner.ForkRequest{Count: 2})
+	if !errors.Is(err, snapshot.ErrCorrupt) {
+		t.Fatalf("a fork whose spool was damaged: %v, want snapshot.ErrCorrupt", err)
+	}
+	if n := len(m.List("acme")); n != 1 {
+		t.Errorf("%d sessions after a damaged fork", n)
+	}
+}
+
 func TestForkSnapshotCut(t *testing.T) {
 	st := snapshotStore(t)
 	m := newManager(t, cutExport{}, runner.WithSnapshots(st))

@@ -24,6 +24,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moby/moby/client"
+
+	"github.com/sandboxd/sandboxd/backend"
 	"github.com/sandboxd/sandboxd/httpapi"
 	"github.com/sandboxd/sandboxd/policy"
 	"github.com/sandboxd/sandboxd/testharness/agentbin"
@@ -266,13 +269,17 @@ func serveE2B(t *testing.T) (url, key, caFile string) {
 	}
 	key = "e2b_sdk_test_key"
 	caFile, certFile, keyFile := testCA(t, dir, "*."+sdkDomain)
+	daemon := dockertest.DaemonName("e2b-sdk")
 	cfg, _ := json.Marshal(map[string]any{
 		"listen":  "127.0.0.1:0",
 		"backend": "docker",
-		"daemon":  dockertest.DaemonName("e2b-sdk"),
-		"tenants": []map[string]any{{"name": "sdk", "tokens": []string{httpapi.HashToken(key)}, "maxSessions": 50}},
-		"limits":  map[string]any{"sessionsPerTenant": 50},
-		"policy":  dockertest.Policy(policy.Policy{Images: []string{"sandboxd/*"}}),
+		"daemon":  daemon,
+		// Sessions outlive a stopped daemon unless told otherwise: the
+		// suite's interrupt at its end must end what its tests left.
+		"endSessionsOnExit": true,
+		"tenants":           []map[string]any{{"name": "sdk", "tokens": []string{httpapi.HashToken(key)}, "maxSessions": 50}},
+		"limits":            map[string]any{"sessionsPerTenant": 50},
+		"policy":            dockertest.Policy(policy.Policy{Images: []string{"sandboxd/*"}}),
 		"e2b": map[string]any{"enabled": true, "domain": sdkDomain, "ports": map[string]any{
 			"listen": "127.0.0.1:0", "certFile": certFile, "keyFile": keyFile, "tenants": []string{"sdk"}}},
 	})
@@ -299,6 +306,9 @@ func serveE2B(t *testing.T) (url, key, caFile string) {
 			t.Errorf("serve after its interrupt: %v\n%s", err, out)
 		}
 		errLog.Close()
+		if left := dockertest.Leftovers(t, make(client.Filters).Add("label", backend.LabelDaemon+"="+daemon)); len(left) > 0 {
+			t.Errorf("left on the engine after serve's stop: %v", left)
+		}
 	})
 	listening := regexp.MustCompile(`listening on (http://\S+)`)
 	lines := bufio.NewScanner(stdout)

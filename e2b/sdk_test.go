@@ -158,9 +158,11 @@ func TestSDK(t *testing.T) {
 	args := append([]string{"-m", "pytest", "-p", "no:cacheprovider", "-q", "-o", "timeout=120", "--junitxml=" + report}, suites...)
 	cmd := exec.CommandContext(t.Context(), sdkPython, args...)
 	cmd.Dir = sdkDir
-	// The sandboxes' ports are reached as E2B's SDK builds their hosts,
-	// over HTTPS with a certificate of the test's own authority.
-	cmd.Env = sdkEnv(map[string]string{"E2B_API_KEY": key, "E2B_API_URL": url + "/e2b", "E2B_SANDBOX_URL": url, "SSL_CERT_FILE": caFile})
+	// The sandboxes' envd and ports are reached as E2B's SDK builds their
+	// hosts from the domain create answers (PORT-ID.DOMAIN: no
+	// E2B_SANDBOX_URL, as against E2B itself), over HTTPS with a
+	// certificate of the test's own authority.
+	cmd.Env = sdkEnv(map[string]string{"E2B_API_KEY": key, "E2B_API_URL": url + "/e2b", "SSL_CERT_FILE": caFile})
 	log, _ := os.Create(filepath.Join(dir, "pytest.log"))
 	cmd.Stdout, cmd.Stderr = log, log
 	start := time.Now()

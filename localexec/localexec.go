@@ -170,7 +170,13 @@ func (b *Bash) run(ctx context.Context, cmd workspace.Command, term *workspace.T
 		if out.fn == nil {
 			out.fn = func(workspace.Stream, []byte) {}
 		}
-		if tty, err = openTerminal(term.Size, &spec); err != nil {
+		size := term.Size
+		if term.Resize != nil {
+			// A size asked for before the start: the program must never
+			// run at the start's (Attach applies it only once it runs).
+			size = term.Resize.Opening(size)
+		}
+		if tty, err = openTerminal(size, &spec); err != nil {
 			return workspace.Result{}, &fs.PathError{Op: "run", Path: cmd.Dir, Err: fmt.Errorf("%w: a terminal: %v", workspace.ErrUnavailable, err)}
 		}
 		defer tty.close()
